@@ -1,0 +1,350 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mcpmesh::control::client::ControlClient;
+use mcpmesh::control::{ControlError, codes, methods};
+use mcpmesh::paths::Profile;
+use serde_json::{Value, json};
+
+/// Share MCP servers between machines, peer to peer.
+#[derive(Debug, Parser)]
+#[command(name = "mcpmesh", version, about, propagate_version = true)]
+struct Cli {
+    /// Keep all of this node's state under DIR (same as MCPMESH_HOME).
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<PathBuf>,
+    /// Print one JSON value on stdout (errors as one JSON line on stderr).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show this node's endpoint id and dialable addresses (starts the node if needed).
+    Id,
+    /// Start the node in the background.
+    Up,
+    /// Stop the node and every server it spawned.
+    Down,
+    /// Run the node in the foreground.
+    Daemon,
+    /// List trusted peers, or add one.
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersAction>,
+    },
+    /// Serve a local stdio MCP server to peers, spawned once per session.
+    Serve {
+        /// The service's name, as peers will mount it (`<this node>/<NAME>`).
+        name: String,
+        /// Who may use it: a peer name, `eid:<hex>`, a user or a group. Repeatable.
+        #[arg(long = "allow", value_name = "PRINCIPAL")]
+        allow: Vec<String>,
+        /// Sessions running at once (default 4).
+        #[arg(long, value_name = "N")]
+        max_sessions: Option<u32>,
+        /// The server command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Be the stdio MCP server for a peer's service (what AI clients launch).
+    Connect {
+        /// PEER/SERVICE
+        target: String,
+    },
+    /// Two nodes on this machine share a tool, end to end: no network, no accounts.
+    Demo,
+    /// The demo's built-in stdio MCP server.
+    #[command(hide = true)]
+    DemoServer,
+}
+
+#[derive(Debug, Subcommand)]
+enum PeersAction {
+    /// Trust a peer by its endpoint id (static trust, no ceremony).
+    Add {
+        name: String,
+        id: String,
+        /// An address the peer can be reached at (HOST:PORT). Repeatable.
+        #[arg(long = "addr", value_name = "HOST:PORT")]
+        addrs: Vec<String>,
+    },
+}
+
+/// A failure as the user sees it: a stable code (when there is one) and a message.
+struct Failure {
+    code: Option<i64>,
+    message: String,
+}
+
+impl From<ControlError> for Failure {
+    fn from(e: ControlError) -> Self {
+        Failure {
+            code: Some(e.code),
+            message: e.message,
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure {
+            code: None,
+            message: format!("{e:#}"),
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json_mode = cli.json;
+    init_logging(&cli.command);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if json_mode {
+                eprintln!(
+                    "{}",
+                    json!({ "error": { "code": f.code, "message": f.message } })
+                );
+            } else {
+                eprintln!("mcpmesh: {}", f.message);
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(command: &Command) {
+    let default = match command {
+        Command::Daemon => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MCPMESH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    let profile = Profile::resolve(cli.home.clone()).context("locating the node's files")?;
+    let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
+    let out = Output { json: cli.json };
+    match cli.command {
+        Command::Daemon => daemon(profile),
+        Command::DemoServer => {
+            mcpmesh::demo::serve_stdio("mcpmesh-demo", false).context("demo server")?;
+            Ok(())
+        }
+        Command::Demo => {
+            let mut stdout = std::io::stdout().lock();
+            mcpmesh::demo::run(&exe, &mut stdout).context("demo failed")?;
+            Ok(())
+        }
+        Command::Connect { target } => connect(&profile, &exe, &target),
+        Command::Up => {
+            ControlClient::connect_or_start(&profile, &exe)?;
+            let socket = profile.socket_path().display().to_string();
+            out.print(json!({ "socket": socket }), || {
+                format!("node is up (control socket {socket})")
+            });
+            Ok(())
+        }
+        Command::Down => {
+            let was_running = match ControlClient::connect(&profile)? {
+                Some(mut client) => {
+                    client.call(methods::NODE_SHUTDOWN, json!({}))?;
+                    true
+                }
+                None => false,
+            };
+            out.print(
+                json!({ "stopped": true, "was_running": was_running }),
+                || {
+                    if was_running {
+                        "node stopped".into()
+                    } else {
+                        "no node was running".into()
+                    }
+                },
+            );
+            Ok(())
+        }
+        Command::Id => {
+            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
+            let v = client.call(methods::NODE_ID, json!({}))?;
+            out.print(v.clone(), || {
+                let addrs: Vec<&str> = v["addrs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                format!(
+                    "{}\naddresses: {}",
+                    v["id"].as_str().unwrap_or_default(),
+                    addrs.join(" ")
+                )
+            });
+            Ok(())
+        }
+        Command::Peers { action: None } => {
+            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
+            let v = client.call(methods::PEERS_LIST, json!({}))?;
+            out.print(v.clone(), || render_peers(&v));
+            Ok(())
+        }
+        Command::Peers {
+            action: Some(PeersAction::Add { name, id, addrs }),
+        } => {
+            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
+            let v = client.call(
+                methods::PEERS_ADD,
+                json!({ "name": name, "id": id, "addrs": addrs }),
+            )?;
+            out.print(json!({ "peer": v["peer"], "id": v["id"] }), || {
+                format!("trusting {name}. Next: mcpmesh serve SERVICE --allow {name} -- COMMAND…, or mcpmesh connect {name}/SERVICE")
+            });
+            Ok(())
+        }
+        Command::Serve {
+            name,
+            allow,
+            max_sessions,
+            cmd,
+        } => {
+            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
+            let v = client.call(
+                methods::SERVICES_SERVE,
+                json!({ "name": name, "run": cmd, "allow": allow, "max_sessions": max_sessions }),
+            )?;
+            let node = client.node_id().to_owned();
+            out.print(json!({ "service": v["service"], "serving": true }), || {
+                let peers: Vec<&str> = v["allowed_peers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                if peers.is_empty() {
+                    format!("serving {name}, to nobody yet. Next: mcpmesh serve {name} --allow PEER -- {}", cmd.join(" "))
+                } else {
+                    format!(
+                        "serving {name} to {}. They mount it with: mcpmesh connect <your name>/{name} (this node is {}…)",
+                        peers.join(", "),
+                        node.get(..12).unwrap_or_default()
+                    )
+                }
+            });
+            Ok(())
+        }
+    }
+}
+
+fn render_peers(v: &Value) -> String {
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    if peers.is_empty() {
+        return "no peers yet. Next: mcpmesh peers add NAME ID --addr HOST:PORT".into();
+    }
+    let mut s = String::new();
+    for p in peers {
+        let services: Vec<&str> = p["services"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        s.push_str(&format!(
+            "{:<16} {}…  {}  may use: {}\n",
+            p["name"].as_str().unwrap_or_default(),
+            p["id"]
+                .as_str()
+                .unwrap_or_default()
+                .get(..12)
+                .unwrap_or_default(),
+            if p["connected"] == json!(true) {
+                "connected"
+            } else {
+                "idle     "
+            },
+            if services.is_empty() {
+                "-".to_owned()
+            } else {
+                services.join(", ")
+            },
+        ));
+    }
+    s.trim_end().to_owned()
+}
+
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn print(&self, value: Value, human: impl FnOnce() -> String) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = if self.json {
+            writeln!(stdout, "{value}")
+        } else {
+            writeln!(stdout, "{}", human())
+        };
+    }
+}
+
+fn daemon(profile: Profile) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(mcpmesh::daemon::run(profile, |ready| {
+        // One line on stdout says "ready" to whoever started us; logs go to stderr.
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(
+            stdout,
+            "{}",
+            json!({ "ready": true, "id": ready.id.to_string(), "socket": ready.socket.display().to_string() })
+        );
+        let _ = stdout.flush();
+    }));
+    match result {
+        Ok(()) => Ok(()),
+        Err(mcpmesh::daemon::DaemonError::AlreadyRunning(socket)) => {
+            // Whoever started us learns, on the same line, that a node is there to talk to.
+            println!(
+                "{}",
+                json!({ "ready": true, "already_running": true, "socket": socket })
+            );
+            Err(Failure {
+                code: Some(codes::CONFLICT),
+                message: format!(
+                    "a node is already running for this profile (control socket {socket})"
+                ),
+            })
+        }
+        Err(e) => Err(anyhow::Error::new(e).into()),
+    }
+}
+
+fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(), Failure> {
+    let (peer, service) = target.split_once('/').ok_or_else(|| Failure {
+        code: Some(codes::INVALID_PARAMS),
+        message: format!("expected PEER/SERVICE, got {target:?}"),
+    })?;
+    let opened =
+        ControlClient::connect_or_start(profile, exe).and_then(|c| c.open_session(peer, service));
+    match opened {
+        Ok((stream, leftover)) => {
+            mcpmesh::proxy::pipe_stdio(stream, &leftover).context("connect")?;
+            Ok(())
+        }
+        Err(e) => {
+            // The client gets a JSON-RPC error for its request, and the reason goes to stderr.
+            eprintln!("mcpmesh connect {target}: {}", e.message);
+            mcpmesh::proxy::answer_failed_open(&e).context("connect")?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! `mcpmesh`: the command line and the node daemon. Parses arguments, talks to the node over
+//! its control socket, renders the answer for people or, with `--json`, for scripts.
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cli::main()
+}

@@ -1,0 +1,91 @@
+//! Building the node's iroh endpoint for one of the three network modes.
+
+use std::net::SocketAddr;
+
+use iroh::address_lookup::MemoryLookup;
+use iroh::endpoint::{PortmapperConfig, QuicTransportConfig, presets};
+use iroh::{Endpoint, RelayMode, RelayUrl, SecretKey};
+
+/// How the endpoint reaches peers beyond its own addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayPolicy {
+    /// iroh's public relays and address lookup.
+    Default,
+    /// Self-hosted iroh relays only; no public address lookup.
+    Custom(Vec<RelayUrl>),
+    /// Hermetic: no relay, no address lookup, no port mapping. Nothing leaves the host unless
+    /// a peer's own address says so.
+    Disabled,
+}
+
+/// The network part of a node's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    pub relay: RelayPolicy,
+    /// Sockets to bind. Empty means iroh's defaults (all interfaces, a random port).
+    pub bind: Vec<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("cannot bind {addr}: {reason}")]
+    BadBind { addr: SocketAddr, reason: String },
+    #[error("cannot start the network endpoint: {0}")]
+    Bind(String),
+}
+
+/// Sessions one peer may have open on one connection at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+
+/// Binds an endpoint with `secret` as its identity. `book` is the address source for dialing
+/// by key (filled from persisted address hints); it is consulted in every mode.
+pub async fn bind(
+    secret: SecretKey,
+    config: &NetworkConfig,
+    alpns: Vec<Vec<u8>>,
+    book: MemoryLookup,
+) -> Result<Endpoint, EndpointError> {
+    let transport = QuicTransportConfig::builder()
+        .max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into())
+        .build();
+    let mut builder = match &config.relay {
+        RelayPolicy::Default => Endpoint::builder(presets::N0),
+        RelayPolicy::Custom(urls) => {
+            Endpoint::builder(presets::Minimal).relay_mode(RelayMode::custom(urls.iter().cloned()))
+        }
+        RelayPolicy::Disabled => Endpoint::builder(presets::Minimal)
+            .relay_mode(RelayMode::Disabled)
+            .portmapper_config(PortmapperConfig::Disabled),
+    };
+    builder = builder
+        .secret_key(secret)
+        .alpns(alpns)
+        .transport_config(transport)
+        .address_lookup(book);
+    if !config.bind.is_empty() {
+        builder = builder.clear_ip_transports();
+        for addr in &config.bind {
+            builder = builder
+                .bind_addr(*addr)
+                .map_err(|e| EndpointError::BadBind {
+                    addr: *addr,
+                    reason: e.to_string(),
+                })?;
+        }
+    }
+    builder
+        .bind()
+        .await
+        .map_err(|e| EndpointError::Bind(e.to_string()))
+}
+
+/// The endpoint's dialable direct addresses (relay urls are not included).
+pub fn direct_addrs(endpoint: &Endpoint) -> Vec<SocketAddr> {
+    let mut addrs: Vec<SocketAddr> = endpoint.addr().ip_addrs().copied().collect();
+    if addrs.is_empty() {
+        addrs = endpoint.bound_sockets();
+    }
+    addrs.sort();
+    addrs.dedup();
+    addrs
+}

@@ -1,0 +1,147 @@
+//! The error band: the JSON-RPC errors the mesh itself synthesizes.
+//!
+//! Every frame built here carries `"data":{"source":"mcpmesh"}` so a client can tell a mesh
+//! failure from an error its MCP server returned. This is the only place such frames are made.
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+
+/// The codes of the band (DESIGN §4), plus the JSON-RPC parse error used where the mesh has
+/// to parse input and cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// A line longer than the frame cap.
+    FrameTooLarge,
+    /// The session is not ready, or a trust change severed it mid-request.
+    NotReady,
+    /// Rate limited or at capacity; carries `retry_after_ms`.
+    Busy,
+    /// Unknown or unauthorized service (indistinguishable on purpose).
+    UnknownService,
+    /// Peer unreachable, or the session was lost before the answer.
+    Unreachable,
+    /// Input the mesh had to parse was not JSON.
+    Parse,
+}
+
+impl ErrorCode {
+    pub const fn code(self) -> i64 {
+        match self {
+            ErrorCode::FrameTooLarge => -32051,
+            ErrorCode::NotReady => -32052,
+            ErrorCode::Busy => -32053,
+            ErrorCode::UnknownService => -32054,
+            ErrorCode::Unreachable => -32055,
+            ErrorCode::Parse => -32700,
+        }
+    }
+
+    /// The message a client sees when the caller gives none.
+    pub const fn default_message(self) -> &'static str {
+        match self {
+            ErrorCode::FrameTooLarge => "frame larger than the 16 MiB cap",
+            ErrorCode::NotReady => "session not ready or severed by a trust change",
+            ErrorCode::Busy => "rate limited or at capacity, retry later",
+            ErrorCode::UnknownService => "unknown or unauthorized service",
+            ErrorCode::Unreachable => "peer unreachable or session lost",
+            ErrorCode::Parse => "parse error: not a JSON value",
+        }
+    }
+}
+
+/// Builds one error line of the band. The id is echoed as the raw JSON it arrived as, so its
+/// value and JSON type survive (`"7"` stays a string, `7` a number).
+#[derive(Debug, Clone)]
+pub struct ErrorFrame {
+    code: ErrorCode,
+    id: Option<Box<RawValue>>,
+    message: Option<String>,
+    data: Map<String, Value>,
+}
+
+impl ErrorFrame {
+    pub fn new(code: ErrorCode) -> Self {
+        let mut data = Map::new();
+        data.insert("source".into(), Value::from("mcpmesh"));
+        ErrorFrame {
+            code,
+            id: None,
+            message: None,
+            data,
+        }
+    }
+
+    /// Echo this request id (raw JSON). Without it the frame carries `"id":null`.
+    pub fn id(mut self, id: Option<&RawValue>) -> Self {
+        self.id = id.map(RawValue::to_owned);
+        self
+    }
+
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    pub fn retry_after_ms(mut self, ms: u64) -> Self {
+        self.data.insert("retry_after_ms".into(), Value::from(ms));
+        self
+    }
+
+    /// The frame as one compact JSON line, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        let id = self.id.as_deref().map_or("null", RawValue::get);
+        let error = json!({
+            "code": self.code.code(),
+            "message": self.message.as_deref().unwrap_or(self.code.default_message()),
+            "data": self.data,
+        });
+        // The error object is built by serde_json; only the already-valid raw id is spliced in.
+        let mut line = Vec::with_capacity(96 + id.len());
+        line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+        line.extend_from_slice(id.as_bytes());
+        line.extend_from_slice(br#","error":"#);
+        line.extend_from_slice(error.to_string().as_bytes());
+        line.extend_from_slice(b"}\n");
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &[u8]) -> Value {
+        assert_eq!(line.last(), Some(&b'\n'));
+        serde_json::from_slice(line).unwrap()
+    }
+
+    #[test]
+    fn every_band_frame_is_marked_as_coming_from_the_mesh() {
+        for code in [
+            ErrorCode::FrameTooLarge,
+            ErrorCode::NotReady,
+            ErrorCode::Busy,
+            ErrorCode::UnknownService,
+            ErrorCode::Unreachable,
+            ErrorCode::Parse,
+        ] {
+            let v = parse(&ErrorFrame::new(code).to_line());
+            assert_eq!(v["error"]["code"], code.code());
+            assert_eq!(v["error"]["data"]["source"], "mcpmesh");
+            assert_eq!(v["id"], Value::Null);
+        }
+    }
+
+    #[test]
+    fn echoed_ids_keep_their_json_type() {
+        let raw = RawValue::from_string("\"7\"".into()).unwrap();
+        let v = parse(
+            &ErrorFrame::new(ErrorCode::Busy)
+                .id(Some(&raw))
+                .retry_after_ms(250)
+                .to_line(),
+        );
+        assert_eq!(v["id"], Value::from("7"));
+        assert_eq!(v["error"]["data"]["retry_after_ms"], 250);
+    }
+}

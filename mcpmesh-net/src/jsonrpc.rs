@@ -1,0 +1,100 @@
+//! Just enough JSON-RPC to make decisions about a frame without changing it.
+//!
+//! [`peek`] borrows from the line: the id and params stay raw slices, nothing is re-serialized,
+//! and the caller forwards the original bytes.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The members of a JSON-RPC message that routing decisions look at.
+#[derive(Debug, Deserialize)]
+pub struct Peek<'a> {
+    #[serde(borrow, default)]
+    pub id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub params: Option<&'a RawValue>,
+}
+
+/// What kind of message a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Notification,
+    Response,
+}
+
+impl Peek<'_> {
+    pub fn kind(&self) -> Kind {
+        match (&self.method, &self.id) {
+            (Some(_), Some(_)) => Kind::Request,
+            (Some(_), None) => Kind::Notification,
+            (None, _) => Kind::Response,
+        }
+    }
+
+    /// For `notifications/cancelled`, the id of the request it cancels.
+    pub fn cancelled_request(&self) -> Option<&RawValue> {
+        #[derive(Deserialize)]
+        struct Cancelled<'a> {
+            #[serde(borrow, rename = "requestId")]
+            request_id: &'a RawValue,
+        }
+        if self.method.as_deref() != Some("notifications/cancelled") {
+            return None;
+        }
+        let params: Cancelled<'_> = serde_json::from_str(self.params?.get()).ok()?;
+        Some(params.request_id)
+    }
+}
+
+/// Peeks at one frame (a JSON object); `None` if it is not one.
+pub fn peek(line: &[u8]) -> Option<Peek<'_>> {
+    serde_json::from_slice(line).ok()
+}
+
+/// A key under which two spellings of the same id compare equal (`1` and `1`, `"a"` and
+/// `"\u0061"`), for matching a response to its request.
+pub fn id_key(id: &RawValue) -> String {
+    match serde_json::from_str::<serde_json::Value>(id.get()) {
+        Ok(v) => v.to_string(),
+        Err(_) => id.get().to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_are_told_apart() {
+        let req = peek(br#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{}}"#).unwrap();
+        assert_eq!(req.kind(), Kind::Request);
+        assert_eq!(req.id.unwrap().get(), r#""x""#);
+        let note = peek(br#"{"jsonrpc":"2.0","method":"notifications/progress"}"#).unwrap();
+        assert_eq!(note.kind(), Kind::Notification);
+        let resp = peek(br#"{"jsonrpc":"2.0","result":{"big":[1,2,3]},"id":3}"#).unwrap();
+        assert_eq!(resp.kind(), Kind::Response);
+        assert!(peek(b"[1,2]").is_none());
+        assert!(peek(b"not json").is_none());
+    }
+
+    #[test]
+    fn cancellation_names_its_request() {
+        let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}"#).unwrap();
+        assert_eq!(p.cancelled_request().unwrap().get(), "7");
+    }
+
+    #[test]
+    fn id_keys_match_equal_ids_only() {
+        let a = RawValue::from_string(r#""a""#.into()).unwrap();
+        let b = RawValue::from_string(r#""\u0061""#.into()).unwrap();
+        let one = RawValue::from_string("1".into()).unwrap();
+        let one_s = RawValue::from_string(r#""1""#.into()).unwrap();
+        assert_eq!(id_key(&a), id_key(&b));
+        assert_ne!(id_key(&one), id_key(&one_s));
+    }
+}

@@ -1,0 +1,377 @@
+//! The mesh session protocol (ALPN `mcpmesh/mcp/1`): one bidirectional stream per MCP session.
+//!
+//! The dialer opens a stream and writes one preamble line naming the service, then its
+//! client's MCP bytes, untouched. The acceptor gates the connection before reading anything,
+//! reads the preamble, and hands the stream to a [`SessionHandler`] (the node's policy).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iroh::address_lookup::MemoryLookup;
+use iroh::endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use iroh::{Endpoint, EndpointAddr, EndpointId};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::PeerIdentity;
+use crate::errors::{ErrorCode, ErrorFrame};
+use crate::gate::{CLOSE_SEVERED, CLOSE_UNKNOWN_PEER, TrustGate};
+use crate::jsonrpc;
+use crate::registry::ConnectionRegistry;
+use crate::transport::{FrameReader, MAX_FRAME, NdjsonTransport, TransportError};
+
+/// ALPN of MCP sessions between nodes.
+pub const ALPN_MCP: &[u8] = b"mcpmesh/mcp/1";
+
+/// The session protocol version a preamble carries.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A preamble is one short line; anything longer is not one.
+const MAX_PREAMBLE: usize = 1024;
+
+/// How long the acceptor waits for a preamble, or a refused session's first frame.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An accepted session's wire.
+pub type MeshTransport = NdjsonTransport<RecvStream, SendStream>;
+
+/// The first line of every session stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preamble {
+    pub mcpmesh: u32,
+    pub service: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PreambleError {
+    #[error("the session preamble is not JSON")]
+    NotJson,
+    #[error("unsupported session protocol version {0}")]
+    Version(u32),
+    #[error("invalid service name")]
+    ServiceName,
+}
+
+impl Preamble {
+    pub fn new(service: &str) -> Self {
+        Preamble {
+            mcpmesh: PROTOCOL_VERSION,
+            service: service.to_owned(),
+        }
+    }
+
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+
+    pub fn parse(line: &[u8]) -> Result<Self, PreambleError> {
+        let p: Preamble = serde_json::from_slice(line).map_err(|_| PreambleError::NotJson)?;
+        if p.mcpmesh != PROTOCOL_VERSION {
+            return Err(PreambleError::Version(p.mcpmesh));
+        }
+        if !valid_service_name(&p.service) {
+            return Err(PreambleError::ServiceName);
+        }
+        Ok(p)
+    }
+}
+
+/// Service names: 1–64 characters of `A-Z a-z 0-9 . _ -`, starting with a letter or digit.
+pub fn valid_service_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && name.len() <= 64
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// The node's side of an accepted, gated session: authorize, then run a backend.
+pub trait SessionHandler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        peer: PeerIdentity,
+        service: String,
+        transport: MeshTransport,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The `mcpmesh/mcp/1` protocol handler: gate, preamble, hand-off.
+#[derive(Debug)]
+pub struct MeshProtocol<G, H> {
+    gate: Arc<G>,
+    handler: Arc<H>,
+    registry: Arc<ConnectionRegistry>,
+}
+
+impl<G, H> MeshProtocol<G, H> {
+    pub fn new(gate: Arc<G>, handler: Arc<H>, registry: Arc<ConnectionRegistry>) -> Self {
+        MeshProtocol {
+            gate,
+            handler,
+            registry,
+        }
+    }
+}
+
+impl<G, H> ProtocolHandler for MeshProtocol<G, H>
+where
+    G: TrustGate + std::fmt::Debug,
+    H: SessionHandler + std::fmt::Debug,
+{
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let remote = conn.remote_id();
+        if self.gate.resolve(&remote).is_none() {
+            tracing::info!(peer = %remote.fmt_short(), "refused a connection from an unknown key");
+            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            return Ok(());
+        }
+        self.registry.register(&conn);
+        while let Ok((send, recv)) = conn.accept_bi().await {
+            // Resolved per stream, so a rename or a revocation applies to the next session.
+            let Some(peer) = self.gate.resolve(&remote) else {
+                conn.close(VarInt::from_u32(CLOSE_SEVERED), b"no longer trusted");
+                break;
+            };
+            let handler = self.handler.clone();
+            tokio::spawn(async move {
+                let mut transport = NdjsonTransport::new(recv, send, MAX_PREAMBLE);
+                let preamble = read_preamble(&mut transport).await;
+                transport.reader_mut().set_max_frame(MAX_FRAME);
+                match preamble {
+                    Ok(p) => handler.handle(peer, p.service, transport).await,
+                    Err(frame) => {
+                        let _ = transport.send_raw(&frame.to_line()).await;
+                        let _ = transport.writer_mut().shutdown().await;
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+}
+
+async fn read_preamble(transport: &mut MeshTransport) -> Result<Preamble, ErrorFrame> {
+    let line = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, transport.recv_line()).await {
+        Ok(Ok(Some(line))) => line,
+        Ok(Err(TransportError::FrameTooLarge(_))) => {
+            return Err(ErrorFrame::new(ErrorCode::Parse).message("session preamble too long"));
+        }
+        _ => return Err(ErrorFrame::new(ErrorCode::Parse).message("no session preamble")),
+    };
+    Preamble::parse(&line).map_err(|e| match e {
+        PreambleError::NotJson => ErrorFrame::new(ErrorCode::Parse).message(e.to_string()),
+        PreambleError::Version(_) => ErrorFrame::new(ErrorCode::NotReady).message(e.to_string()),
+        PreambleError::ServiceName => ErrorFrame::new(ErrorCode::UnknownService),
+    })
+}
+
+/// Reads a refused session's first frame and returns its id (`None` when it has none or is not
+/// JSON), bounded in time and size.
+pub async fn first_frame_id<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+) -> Option<Box<RawValue>> {
+    let line = tokio::time::timeout(FIRST_BYTES_TIMEOUT, reader.next_line())
+        .await
+        .ok()?
+        .ok()??;
+    jsonrpc::peek(&line)?.id.map(RawValue::to_owned)
+}
+
+/// Answers a refused session: `frame` echoing the first frame's id, then end of stream.
+pub async fn refuse<R, W>(transport: &mut NdjsonTransport<R, W>, frame: ErrorFrame)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let id = first_frame_id(transport.reader_mut()).await;
+    let _ = transport.send_raw(&frame.id(id.as_deref()).to_line()).await;
+    let _ = transport.writer_mut().shutdown().await;
+}
+
+/// Why a session could not be opened, or ended early, as the dialing side sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DialError {
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    #[error("the peer refused this node")]
+    Refused,
+    #[error("no session could be opened within {0:?}")]
+    Timeout(Duration),
+}
+
+impl DialError {
+    pub fn error_code(&self) -> ErrorCode {
+        match self {
+            DialError::Refused => ErrorCode::UnknownService,
+            _ => ErrorCode::Unreachable,
+        }
+    }
+}
+
+/// The error-band code for a session whose connection closed with `reason`.
+pub fn close_reason_code(reason: Option<&ConnectionError>) -> ErrorCode {
+    match reason {
+        Some(ConnectionError::ApplicationClosed(close)) => {
+            match u32::try_from(close.error_code.into_inner()) {
+                Ok(CLOSE_UNKNOWN_PEER) => ErrorCode::UnknownService,
+                Ok(CLOSE_SEVERED) => ErrorCode::NotReady,
+                _ => ErrorCode::Unreachable,
+            }
+        }
+        _ => ErrorCode::Unreachable,
+    }
+}
+
+/// Opens sessions to peers by key, over one pooled connection per peer.
+#[derive(Debug)]
+pub struct Dialer {
+    endpoint: Endpoint,
+    book: MemoryLookup,
+    registry: Arc<ConnectionRegistry>,
+    pool: std::sync::Mutex<HashMap<EndpointId, Arc<tokio::sync::Mutex<Option<Connection>>>>>,
+    timeout: Duration,
+}
+
+/// An opened session: the stream pair and the connection it rides on (whose close reason
+/// tells a refusal from a loss).
+#[derive(Debug)]
+pub struct OpenedSession {
+    pub send: SendStream,
+    pub recv: RecvStream,
+    pub connection: Connection,
+}
+
+impl Dialer {
+    pub fn new(
+        endpoint: Endpoint,
+        book: MemoryLookup,
+        registry: Arc<ConnectionRegistry>,
+        timeout: Duration,
+    ) -> Self {
+        Dialer {
+            endpoint,
+            book,
+            registry,
+            pool: Default::default(),
+            timeout,
+        }
+    }
+
+    /// Teaches the address book where a peer can be reached.
+    pub fn add_address_hint(&self, addr: EndpointAddr) {
+        if !addr.is_empty() {
+            self.book.add_endpoint_info(addr);
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Opens a session to `service` on `peer`: a stream on the pooled connection (dialed if
+    /// needed) with the preamble written, so the peer sees the stream at once.
+    pub async fn open(&self, peer: EndpointId, service: &str) -> Result<OpenedSession, DialError> {
+        let attempt = async {
+            // A pooled connection may have died since it was last used: one fresh dial is part
+            // of opening, never of a session already running.
+            for fresh in [false, true] {
+                let connection = self.connection(peer, fresh).await?;
+                let Ok((mut send, recv)) = connection.open_bi().await else {
+                    if let Some(reason) = connection.close_reason() {
+                        if close_reason_code(Some(&reason)) == ErrorCode::UnknownService {
+                            return Err(DialError::Refused);
+                        }
+                    }
+                    continue;
+                };
+                if send
+                    .write_all(&Preamble::new(service).to_line())
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+                return Ok(OpenedSession {
+                    send,
+                    recv,
+                    connection,
+                });
+            }
+            Err(DialError::Unreachable(
+                "the connection closed while opening a session".into(),
+            ))
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| DialError::Timeout(self.timeout))?
+    }
+
+    async fn connection(&self, peer: EndpointId, fresh: bool) -> Result<Connection, DialError> {
+        let slot = {
+            let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.entry(peer).or_default().clone()
+        };
+        // Holding the slot's lock across the dial makes concurrent opens share one connection.
+        let mut slot = slot.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            if !fresh && conn.close_reason().is_none() {
+                return Ok(conn.clone());
+            }
+        }
+        let conn = self
+            .endpoint
+            .connect(peer, ALPN_MCP)
+            .await
+            .map_err(|e| DialError::Unreachable(e.to_string()))?;
+        self.registry.register(&conn);
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops the pooled connection to `peer` (after the peer was removed or severed).
+    pub fn forget(&self, peer: &EndpointId) {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(peer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preamble_round_trips_and_rejects_bad_input() {
+        let line = Preamble::new("notes").to_line();
+        assert_eq!(line, b"{\"mcpmesh\":1,\"service\":\"notes\"}\n");
+        assert_eq!(
+            Preamble::parse(&line[..line.len() - 1]).unwrap().service,
+            "notes"
+        );
+        assert_eq!(Preamble::parse(b"hello"), Err(PreambleError::NotJson));
+        assert_eq!(
+            Preamble::parse(br#"{"mcpmesh":2,"service":"notes"}"#),
+            Err(PreambleError::Version(2))
+        );
+        assert_eq!(
+            Preamble::parse(br#"{"mcpmesh":1,"service":"no\u0007tes"}"#),
+            Err(PreambleError::ServiceName)
+        );
+    }
+
+    #[test]
+    fn service_names_are_plain() {
+        assert!(valid_service_name("notes"));
+        assert!(valid_service_name("fs.home_2-x"));
+        assert!(!valid_service_name(""));
+        assert!(!valid_service_name("-x"));
+        assert!(!valid_service_name("a/b"));
+        assert!(!valid_service_name(&"a".repeat(65)));
+    }
+}

@@ -1,0 +1,316 @@
+//! NDJSON framing: one codec for every wire (mesh stream, child stdio, control socket).
+//!
+//! [`FrameReader`] finds newlines in chunks and hands out runs of whole lines as shared
+//! [`Bytes`] without parsing them; [`forward`] is the line pump built on it. Forwarded bytes
+//! are never changed: JSON is parsed only where a decision needs it and never re-serialized on
+//! the way through. A line longer than the cap is discarded and reported, not buffered.
+
+use std::io;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The frame cap of DESIGN §4.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+
+/// How much one read may take from the source. Smaller than the cap, so within one run of
+/// lines only the first (which may have started in an earlier read) can exceed it.
+const READ_CHUNK: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("frame larger than the {0}-byte cap")]
+    FrameTooLarge(usize),
+    #[error("frame is not JSON: {0}")]
+    Parse(#[from] serde_json::Error),
+}
+
+/// What one read of a line source produced.
+#[derive(Debug)]
+pub enum Batch {
+    /// One or more complete lines, each ending in `\n` (the last may lack it at EOF).
+    Lines(Bytes),
+    /// A line over the cap was discarded (the rest of it is skipped as it arrives).
+    Oversize,
+}
+
+/// Reads newline-delimited frames from a byte source, in chunks.
+#[derive(Debug)]
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    /// Complete lines already split off the buffer but not yet handed out.
+    pending: Bytes,
+    /// `buf[..scanned]` holds no newline: a long line is scanned once, not once per read.
+    scanned: usize,
+    max_frame: usize,
+    /// Inside an oversized line: drop bytes until its newline.
+    discarding: bool,
+    eof: bool,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R, max_frame: usize) -> Self {
+        FrameReader {
+            inner,
+            buf: BytesMut::with_capacity(16 * 1024),
+            pending: Bytes::new(),
+            scanned: 0,
+            max_frame,
+            discarding: false,
+            eof: false,
+        }
+    }
+
+    /// The next run of complete lines, or `None` at EOF. Cancel-safe: bytes read stay buffered.
+    pub async fn next_batch(&mut self) -> io::Result<Option<Batch>> {
+        loop {
+            if let Some(batch) = self.take_buffered() {
+                return Ok(Some(batch));
+            }
+            if self.eof {
+                return Ok(None);
+            }
+            let n = self
+                .inner
+                .read_buf(&mut (&mut self.buf).limit(READ_CHUNK))
+                .await?;
+            if n == 0 {
+                self.eof = true;
+            }
+        }
+    }
+
+    /// The next non-blank line without its line ending, `Err(TransportError::FrameTooLarge)`
+    /// for a discarded oversized line, or `None` at EOF.
+    pub async fn next_line(&mut self) -> Result<Option<Bytes>, TransportError> {
+        loop {
+            if !self.pending.is_empty() {
+                let end =
+                    memchr::memchr(b'\n', &self.pending).map_or(self.pending.len(), |i| i + 1);
+                let line = trim_line_ending(self.pending.split_to(end));
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Ok(Some(line));
+            }
+            match self.next_batch().await? {
+                None => return Ok(None),
+                Some(Batch::Oversize) => return Err(TransportError::FrameTooLarge(self.max_frame)),
+                Some(Batch::Lines(lines)) => self.pending = lines,
+            }
+        }
+    }
+
+    /// Changes the cap for the lines still to come (a preamble is read under a small cap, the
+    /// session under the frame cap).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
+    }
+
+    /// The source and everything read from it but not yet handed out, in order.
+    pub fn into_parts(self) -> (R, BytesMut) {
+        let mut rest = BytesMut::from(&self.pending[..]);
+        rest.extend_from_slice(&self.buf);
+        (self.inner, rest)
+    }
+
+    fn take_buffered(&mut self) -> Option<Batch> {
+        if !self.pending.is_empty() {
+            return Some(Batch::Lines(std::mem::take(&mut self.pending)));
+        }
+        if self.discarding {
+            match memchr::memchr(b'\n', &self.buf) {
+                Some(i) => {
+                    self.buf.advance(i + 1);
+                    self.discarding = false;
+                }
+                None => {
+                    self.buf.clear();
+                    return None;
+                }
+            }
+        }
+        let from = self.scanned.min(self.buf.len());
+        match memchr::memchr(b'\n', &self.buf[from..]).map(|i| from + i) {
+            Some(i) if i > self.max_frame => {
+                self.buf.advance(i + 1);
+                self.scanned = 0;
+                Some(Batch::Oversize)
+            }
+            Some(i) => {
+                let last = memchr::memrchr(b'\n', &self.buf[i..]).map_or(i, |j| i + j);
+                self.scanned = 0;
+                Some(Batch::Lines(self.buf.split_to(last + 1).freeze()))
+            }
+            None if self.buf.len() > self.max_frame => {
+                self.buf.clear();
+                self.scanned = 0;
+                self.discarding = true;
+                Some(Batch::Oversize)
+            }
+            None if self.eof && !self.buf.is_empty() => {
+                self.scanned = 0;
+                Some(Batch::Lines(self.buf.split().freeze()))
+            }
+            None => {
+                self.scanned = self.buf.len();
+                None
+            }
+        }
+    }
+}
+
+fn trim_line_ending(mut line: Bytes) -> Bytes {
+    if line.last() == Some(&b'\n') {
+        line.truncate(line.len() - 1);
+    }
+    if line.last() == Some(&b'\r') {
+        line.truncate(line.len() - 1);
+    }
+    line
+}
+
+/// Iterates the lines of a run (each without its line ending), skipping blank ones.
+pub fn lines(run: &[u8]) -> impl Iterator<Item = &[u8]> {
+    run.split(|b| *b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        (!line.iter().all(u8::is_ascii_whitespace)).then_some(line)
+    })
+}
+
+/// A bidirectional NDJSON wire: a [`FrameReader`] and a byte sink.
+///
+/// `recv_value`/`send_value` parse and serialize, for the few places that decide on a frame's
+/// content (control socket, tests). Session traffic goes through [`FrameReader::next_batch`]
+/// and raw writes instead.
+#[derive(Debug)]
+pub struct NdjsonTransport<R, W> {
+    reader: FrameReader<R>,
+    writer: W,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> NdjsonTransport<R, W> {
+    pub fn new(reader: R, writer: W, max_frame: usize) -> Self {
+        NdjsonTransport {
+            reader: FrameReader::new(reader, max_frame),
+            writer,
+        }
+    }
+
+    /// The next frame parsed as JSON, or `None` at EOF.
+    pub async fn recv_value(&mut self) -> Result<Option<Value>, TransportError> {
+        match self.reader.next_line().await? {
+            None => Ok(None),
+            Some(line) => Ok(Some(serde_json::from_slice(&line)?)),
+        }
+    }
+
+    /// The next frame's raw bytes (line ending removed), or `None` at EOF.
+    pub async fn recv_line(&mut self) -> Result<Option<Bytes>, TransportError> {
+        self.reader.next_line().await
+    }
+
+    /// Serializes one value as a compact line.
+    pub async fn send_value(&mut self, value: Value) -> Result<(), TransportError> {
+        let mut line = serde_json::to_vec(&value)?;
+        line.push(b'\n');
+        self.send_raw(&line).await
+    }
+
+    /// Writes bytes that already are one or more complete lines.
+    pub async fn send_raw(&mut self, lines: &[u8]) -> Result<(), TransportError> {
+        self.writer.write_all(lines).await?;
+        self.writer.flush().await?;
+        Ok(())
+    }
+
+    pub fn into_parts(self) -> (FrameReader<R>, W) {
+        (self.reader, self.writer)
+    }
+
+    pub fn reader_mut(&mut self) -> &mut FrameReader<R> {
+        &mut self.reader
+    }
+
+    pub fn writer_mut(&mut self) -> &mut W {
+        &mut self.writer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncWriteExt, duplex};
+
+    async fn batches(input: Vec<u8>, max: usize) -> Vec<Result<Vec<u8>, ()>> {
+        let (mut tx, rx) = duplex(1024);
+        let writer = tokio::spawn(async move {
+            tx.write_all(&input).await.unwrap();
+        });
+        let mut reader = FrameReader::new(rx, max);
+        let mut out = Vec::new();
+        while let Some(b) = reader.next_batch().await.unwrap() {
+            out.push(match b {
+                Batch::Lines(l) => Ok(l.to_vec()),
+                Batch::Oversize => Err(()),
+            });
+        }
+        writer.await.unwrap();
+        out
+    }
+
+    fn joined(batches: &[Result<Vec<u8>, ()>]) -> Vec<u8> {
+        batches.iter().flatten().flatten().copied().collect()
+    }
+
+    #[tokio::test]
+    async fn lines_pass_byte_for_byte_in_whole_lines() {
+        let input = b"{\"a\": 1}\n{ \"b\" :[1,2] }\r\n\n{\"c\":\"\xc3\xa9\"}\n".to_vec();
+        let out = batches(input.clone(), 1024).await;
+        assert_eq!(joined(&out), input);
+        for b in out.iter().flatten() {
+            assert_eq!(b.last(), Some(&b'\n'), "runs end on a line boundary");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_is_dropped_and_its_neighbours_survive() {
+        let mut input = b"{\"ok\":1}\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 5000));
+        input.extend_from_slice(b"\n{\"ok\":2}\n");
+        let out = batches(input, 100).await;
+        assert!(out.iter().any(Result::is_err), "oversize reported");
+        assert_eq!(joined(&out), b"{\"ok\":1}\n{\"ok\":2}\n");
+    }
+
+    #[tokio::test]
+    async fn a_line_at_the_cap_is_kept() {
+        let mut input = vec![b'y'; 100];
+        input.push(b'\n');
+        let out = batches(input.clone(), 100).await;
+        assert_eq!(out, vec![Ok(input)]);
+    }
+
+    #[tokio::test]
+    async fn a_trailing_line_without_newline_is_delivered_at_eof() {
+        let out = batches(b"{\"a\":1}\n{\"b\":2}".to_vec(), 100).await;
+        assert_eq!(joined(&out), b"{\"a\":1}\n{\"b\":2}");
+    }
+
+    #[tokio::test]
+    async fn next_line_skips_blank_lines_and_strips_endings() {
+        let (mut tx, rx) = duplex(1024);
+        tx.write_all(b"\n  \r\n{\"x\":1}\r\n").await.unwrap();
+        drop(tx);
+        let mut reader = FrameReader::new(rx, 100);
+        assert_eq!(
+            reader.next_line().await.unwrap().unwrap(),
+            &b"{\"x\":1}"[..]
+        );
+        assert!(reader.next_line().await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,566 @@
+//! `config.toml`: what the node serves, whom it trusts statically, how it reaches the network.
+//!
+//! Read with serde and validated into clear errors that name the offending key. Written only
+//! through [`ConfigFile`], which edits the document in place (a user's comments and layout
+//! survive), validates the result, and replaces the file atomically.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use iroh::{EndpointId, RelayUrl};
+use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
+use mcpmesh_net::session::valid_service_name;
+use serde::Deserialize;
+
+/// Sessions a service runs at once unless it says otherwise.
+pub const DEFAULT_MAX_SESSIONS: u32 = 4;
+/// Requests per minute per (service, caller) unless configured otherwise.
+pub const DEFAULT_RATE_PER_MIN: u32 = 120;
+const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
+
+/// Environment variables the node sets for a child; no config may set them.
+pub const RESERVED_ENV_PREFIX: &str = "MCPMESH_";
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub identity: IdentitySection,
+    #[serde(default)]
+    pub network: NetworkSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+    #[serde(default)]
+    pub services: BTreeMap<String, ServiceConfig>,
+    #[serde(default)]
+    pub peers: BTreeMap<String, PeerConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentitySection {
+    /// The name this node suggests to peers.
+    pub nickname: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    #[default]
+    Default,
+    Custom,
+    Disabled,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    #[serde(default)]
+    pub relay_mode: RelayMode,
+    #[serde(default)]
+    pub relay_urls: Vec<String>,
+    /// `"127.0.0.1:0"` or a list of such; empty means all interfaces.
+    #[serde(default)]
+    pub bind: OneOrMany,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    #[serde(default = "default_rate")]
+    pub rate_limit_per_min: u32,
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: u32,
+    #[serde(default = "default_dial_timeout")]
+    pub dial_timeout_secs: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        LimitsSection {
+            rate_limit_per_min: DEFAULT_RATE_PER_MIN,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            dial_timeout_secs: DEFAULT_DIAL_TIMEOUT_SECS,
+        }
+    }
+}
+
+fn default_rate() -> u32 {
+    DEFAULT_RATE_PER_MIN
+}
+fn default_max_sessions() -> u32 {
+    DEFAULT_MAX_SESSIONS
+}
+fn default_dial_timeout() -> u64 {
+    DEFAULT_DIAL_TIMEOUT_SECS
+}
+
+/// A string or a list of strings (`run = "python3 srv.py"` or `run = ["python3", "srv.py"]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn items(&self) -> Vec<String> {
+        match self {
+            OneOrMany::None => Vec::new(),
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// The command spawned once per session. A string is split like a shell would.
+    pub run: OneOrMany,
+    /// Principals admitted: peer nicknames, `eid:<hex>`, user ids or groups. Empty: nobody.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    pub max_sessions: Option<u32>,
+    pub rate_limit_per_min: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub id: String,
+    #[serde(default)]
+    pub addrs: Vec<String>,
+}
+
+/// A config error, with the file and the key it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// A service as the node runs it, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub cmd: Vec<String>,
+    pub allow: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    pub max_sessions: u32,
+    pub rate_limit_per_min: u32,
+}
+
+/// A statically trusted peer, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub name: String,
+    pub id: EndpointId,
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// The validated configuration the daemon runs on.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub nickname: Option<String>,
+    pub network: NetworkConfig,
+    pub rate_limit_per_min: u32,
+    pub dial_timeout: Duration,
+    pub services: Vec<ServiceSpec>,
+    pub peers: Vec<PeerSpec>,
+}
+
+impl Config {
+    /// Parses and validates config text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Settings, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: origin.to_owned(),
+            message,
+        })
+    }
+
+    fn validate(&self) -> Result<Settings, String> {
+        let relay = match self.network.relay_mode {
+            RelayMode::Default => RelayPolicy::Default,
+            RelayMode::Disabled => RelayPolicy::Disabled,
+            RelayMode::Custom => {
+                if self.network.relay_urls.is_empty() {
+                    return Err(
+                        "network.relay_urls: relay_mode = \"custom\" needs at least one relay url"
+                            .into(),
+                    );
+                }
+                let urls = self
+                    .network
+                    .relay_urls
+                    .iter()
+                    .map(|u| {
+                        u.parse::<RelayUrl>().map_err(|e| {
+                            format!("network.relay_urls: {u:?} is not a relay url: {e}")
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                RelayPolicy::Custom(urls)
+            }
+        };
+        let bind = self
+            .network
+            .bind
+            .items()
+            .iter()
+            .map(|b| {
+                b.parse::<SocketAddr>().map_err(|_| {
+                    format!("network.bind: {b:?} is not an address like \"127.0.0.1:0\"")
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        if self.limits.max_sessions == 0 {
+            return Err("limits.max_sessions: must be at least 1".into());
+        }
+        if self.limits.rate_limit_per_min == 0 {
+            return Err("limits.rate_limit_per_min: must be at least 1".into());
+        }
+        let mut services = Vec::new();
+        for (name, svc) in &self.services {
+            services.push(validate_service(name, svc, &self.limits)?);
+        }
+        let mut peers = Vec::new();
+        for (name, peer) in &self.peers {
+            peers.push(validate_peer(name, peer)?);
+        }
+        for (i, a) in peers.iter().enumerate() {
+            if let Some(b) = peers[..i].iter().find(|b| b.id == a.id) {
+                return Err(format!(
+                    "peers.{}.id: the same key is already configured as peers.{}",
+                    a.name, b.name
+                ));
+            }
+        }
+        Ok(Settings {
+            nickname: self.identity.nickname.clone(),
+            network: NetworkConfig { relay, bind },
+            rate_limit_per_min: self.limits.rate_limit_per_min,
+            dial_timeout: Duration::from_secs(self.limits.dial_timeout_secs.max(1)),
+            services,
+            peers,
+        })
+    }
+}
+
+fn validate_service(
+    name: &str,
+    svc: &ServiceConfig,
+    limits: &LimitsSection,
+) -> Result<ServiceSpec, String> {
+    if !valid_service_name(name) {
+        return Err(format!(
+            "services.{name}: a service name is 1-64 letters, digits, '.', '_' or '-'"
+        ));
+    }
+    let cmd = match &svc.run {
+        OneOrMany::One(line) => shlex::split(line)
+            .ok_or_else(|| format!("services.{name}.run: unbalanced quotes in {line:?}"))?,
+        OneOrMany::Many(v) => v.clone(),
+        OneOrMany::None => Vec::new(),
+    };
+    if cmd.first().is_none_or(|c| c.is_empty()) {
+        return Err(format!("services.{name}.run: must name a command"));
+    }
+    if let Some(key) = svc.env.keys().find(|k| k.starts_with(RESERVED_ENV_PREFIX)) {
+        return Err(format!(
+            "services.{name}.env.{key}: variables starting with {RESERVED_ENV_PREFIX} are set by the node"
+        ));
+    }
+    if let Some(bad) = svc
+        .env
+        .keys()
+        .find(|k| k.is_empty() || k.contains(['=', '\0']))
+    {
+        return Err(format!(
+            "services.{name}.env: {bad:?} is not a variable name"
+        ));
+    }
+    let max_sessions = svc.max_sessions.unwrap_or(limits.max_sessions);
+    if max_sessions == 0 {
+        return Err(format!("services.{name}.max_sessions: must be at least 1"));
+    }
+    let rate = svc.rate_limit_per_min.unwrap_or(limits.rate_limit_per_min);
+    if rate == 0 {
+        return Err(format!(
+            "services.{name}.rate_limit_per_min: must be at least 1"
+        ));
+    }
+    Ok(ServiceSpec {
+        name: name.to_owned(),
+        cmd,
+        allow: svc.allow.clone(),
+        env: svc.env.clone(),
+        cwd: svc.cwd.clone(),
+        max_sessions,
+        rate_limit_per_min: rate,
+    })
+}
+
+fn validate_peer(name: &str, peer: &PeerConfig) -> Result<PeerSpec, String> {
+    if !valid_service_name(name) {
+        return Err(format!(
+            "peers.{name}: a peer name is 1-64 letters, digits, '.', '_' or '-'"
+        ));
+    }
+    let id = parse_endpoint_id(&peer.id)
+        .ok_or_else(|| format!("peers.{name}.id: not an endpoint id (64 hex characters)"))?;
+    let addrs = peer
+        .addrs
+        .iter()
+        .map(|a| {
+            a.parse::<SocketAddr>().map_err(|_| {
+                format!("peers.{name}.addrs: {a:?} is not an address like \"192.0.2.7:4433\"")
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(PeerSpec {
+        name: name.to_owned(),
+        id,
+        addrs,
+    })
+}
+
+/// Parses an endpoint id given as hex (or iroh's base32).
+pub fn parse_endpoint_id(text: &str) -> Option<EndpointId> {
+    text.trim().parse().ok()
+}
+
+/// The config file of a profile: read, and edited in place.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ConfigFile { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's text; empty when there is no file yet (every setting has a default).
+    pub fn read_text(&self) -> Result<String, ConfigError> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(t) => Ok(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+            Err(source) => Err(ConfigError::Read {
+                path: self.shown(),
+                source,
+            }),
+        }
+    }
+
+    pub fn load(&self) -> Result<Settings, ConfigError> {
+        Config::parse(&self.read_text()?, &self.shown())
+    }
+
+    /// Applies `change` to the document, validates the result and replaces the file
+    /// atomically. Nothing is written when the result would be invalid.
+    pub fn edit(
+        &self,
+        change: impl FnOnce(&mut toml_edit::DocumentMut),
+    ) -> Result<Settings, ConfigError> {
+        let text = self.read_text()?;
+        let mut doc: toml_edit::DocumentMut =
+            text.parse()
+                .map_err(|e: toml_edit::TomlError| ConfigError::Invalid {
+                    path: self.shown(),
+                    message: e.to_string(),
+                })?;
+        change(&mut doc);
+        let new_text = doc.to_string();
+        let settings = Config::parse(&new_text, &self.shown())?;
+        write_atomically(&self.path, new_text.as_bytes()).map_err(|source| ConfigError::Write {
+            path: self.shown(),
+            source,
+        })?;
+        Ok(settings)
+    }
+
+    fn shown(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Writes `bytes` to a new file beside `path` and renames it over `path`: a reader sees the
+/// old file or the new one, never half of either.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Sets `[peers.NAME]`.
+pub fn set_peer(
+    doc: &mut toml_edit::DocumentMut,
+    name: &str,
+    id: &EndpointId,
+    addrs: &[SocketAddr],
+) {
+    let peers = table(doc, "peers");
+    let mut entry = toml_edit::Table::new();
+    entry["id"] = toml_edit::value(id.to_string());
+    if !addrs.is_empty() {
+        let list: toml_edit::Array = addrs.iter().map(|a| a.to_string()).collect();
+        entry["addrs"] = toml_edit::value(list);
+    }
+    peers[name] = toml_edit::Item::Table(entry);
+}
+
+/// Sets `[services.NAME]`.
+pub fn set_service(
+    doc: &mut toml_edit::DocumentMut,
+    name: &str,
+    cmd: &[String],
+    allow: &[String],
+    max_sessions: Option<u32>,
+) {
+    let services = table(doc, "services");
+    let mut entry = toml_edit::Table::new();
+    entry["run"] = toml_edit::value(cmd.iter().collect::<toml_edit::Array>());
+    entry["allow"] = toml_edit::value(allow.iter().collect::<toml_edit::Array>());
+    if let Some(n) = max_sessions {
+        entry["max_sessions"] = toml_edit::value(i64::from(n));
+    }
+    services[name] = toml_edit::Item::Table(entry);
+}
+
+fn table<'a>(doc: &'a mut toml_edit::DocumentMut, key: &str) -> &'a mut toml_edit::Table {
+    if !doc.contains_table(key) {
+        let mut t = toml_edit::Table::new();
+        t.set_implicit(true);
+        doc[key] = toml_edit::Item::Table(t);
+    }
+    match doc[key].as_table_mut() {
+        Some(t) => t,
+        None => unreachable!("just ensured {key} is a table"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HERMETIC: &str = r#"
+[identity]
+nickname = "alice"
+
+[network]
+relay_mode = "disabled"
+bind = "127.0.0.1:0"
+
+[services.notes]
+run = "python3 -m notes --dir '/tmp/my notes'"
+allow = ["bob"]
+max_sessions = 2
+
+[peers.bob]
+id = "7c2ef0e3a1d2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c"
+addrs = ["127.0.0.1:4433"]
+"#;
+
+    #[test]
+    fn a_hermetic_config_parses() {
+        let s = Config::parse(HERMETIC, "config.toml").unwrap();
+        assert_eq!(s.network.relay, RelayPolicy::Disabled);
+        assert_eq!(s.network.bind, vec!["127.0.0.1:0".parse().unwrap()]);
+        assert_eq!(
+            s.services[0].cmd,
+            ["python3", "-m", "notes", "--dir", "/tmp/my notes"]
+        );
+        assert_eq!(s.services[0].max_sessions, 2);
+        assert_eq!(s.peers[0].addrs.len(), 1);
+    }
+
+    fn error_of(text: &str) -> String {
+        Config::parse(text, "config.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        assert!(error_of("[services.x]\nrun = []\n").contains("services.x.run"));
+        assert!(error_of("[peers.bob]\nid = \"nope\"\n").contains("peers.bob.id"));
+        assert!(error_of("[network]\nrelay_mode = \"custom\"\n").contains("network.relay_urls"));
+        assert!(error_of("[network]\nbind = \"here\"\n").contains("network.bind"));
+        assert!(
+            error_of("[services.x]\nrun = \"a\"\nenv = { MCPMESH_PEER_EID = \"x\" }\n")
+                .contains("services.x.env.MCPMESH_PEER_EID")
+        );
+        assert!(
+            error_of("[services.x]\nrun = \"a\"\nmax_sessions = \"two\"\n")
+                .contains("max_sessions")
+        );
+        assert!(error_of("[services.x]\nrun = \"a\"\nalow = []\n").contains("alow"));
+        assert!(error_of("[services.\"a/b\"]\nrun = \"a\"\n").contains("services.a/b"));
+    }
+
+    #[test]
+    fn edits_keep_comments_and_refuse_invalid_results() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "# my node\n[network]\nrelay_mode = \"disabled\"\n").unwrap();
+        let file = ConfigFile::new(&path);
+        let id = parse_endpoint_id(&"ab".repeat(32)).unwrap();
+        let s = file
+            .edit(|d| set_peer(d, "bob", &id, &["127.0.0.1:9".parse().unwrap()]))
+            .unwrap();
+        assert_eq!(s.peers[0].id, id);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# my node\n"), "{text}");
+        let err = file.edit(|d| set_service(d, "bad", &[], &[], None));
+        assert!(err.is_err());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "invalid edit wrote nothing"
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! The local control API: newline-delimited JSON-RPC 2.0 over the node's Unix socket.
+//!
+//! Every verb and `connect` speak it; so can third-party tools (see `docs/control-api.md`).
+//! The socket is `0600` and the server checks that the peer runs as the same user.
+
+pub mod client;
+pub mod server;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The API version `hello` negotiates.
+pub const API_VERSION: u32 = 1;
+
+/// Largest control frame (the session tunnel has its own, larger cap).
+pub const MAX_CONTROL_FRAME: usize = 1024 * 1024;
+
+/// Method names.
+pub mod methods {
+    pub const HELLO: &str = "hello";
+    pub const NODE_ID: &str = "node.id";
+    pub const NODE_SHUTDOWN: &str = "node.shutdown";
+    pub const PEERS_ADD: &str = "peers.add";
+    pub const PEERS_LIST: &str = "peers.list";
+    pub const SERVICES_SERVE: &str = "services.serve";
+    pub const SESSION_OPEN: &str = "session.open";
+}
+
+/// Stable error codes of the control API. The session codes are the mesh error band's.
+pub mod codes {
+    pub const PARSE: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const UNKNOWN_METHOD: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const UNKNOWN_SERVICE: i64 = -32054;
+    pub const UNREACHABLE: i64 = -32055;
+    /// The change would make the config invalid, or the config on disk is invalid.
+    pub const CONFIG: i64 = 1001;
+    /// No peer by that name.
+    pub const UNKNOWN_PEER: i64 = 1002;
+    /// Client and node speak different API versions.
+    pub const API_MISMATCH: i64 = 1003;
+    /// The node is not running and could not be started or reached.
+    pub const NODE_UNAVAILABLE: i64 = 1004;
+    /// The name or key is already used by another entry.
+    pub const CONFLICT: i64 = 1005;
+}
+
+/// An error as the control API reports it: a stable code and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ControlError {
+    pub code: i64,
+    pub message: String,
+}
+
+impl ControlError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        ControlError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(codes::INVALID_PARAMS, message)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(default)]
+    pub jsonrpc: String,
+    pub id: Value,
+    pub method: String,
+    #[serde(default)]
+    pub params: Value,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub jsonrpc: String,
+    pub id: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ControlError>,
+}
+
+impl Response {
+    pub fn to_line(id: Value, outcome: Result<Value, ControlError>) -> Vec<u8> {
+        let (result, error) = match outcome {
+            Ok(v) => (Some(v), None),
+            Err(e) => (None, Some(e)),
+        };
+        let mut line = serde_json::to_vec(&Response {
+            jsonrpc: "2.0".into(),
+            id,
+            result,
+            error,
+        })
+        .unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+}
+
+/// Parameters of `session.open`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SessionOpen {
+    pub peer: String,
+    pub service: String,
+}

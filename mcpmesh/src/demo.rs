@@ -1,0 +1,425 @@
+//! `mcpmesh demo`: two hermetic nodes on this machine share a small built-in tool, end to end.
+//!
+//! Also home of that tool: a tiny, fast stdio MCP server answering from memory, which the demo
+//! serves and the test suites and benchmarks use as their child server.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::control::client::ControlClient;
+use crate::control::{ControlError, methods};
+use crate::paths::Profile;
+
+/// How long the demo waits for any one answer.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Serves MCP over stdio until stdin closes. Tools: `echo` (also the default for a call
+/// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
+/// identity env the node set), `blob` (a text of `bytes` bytes). With `test_tools`, also
+/// `crash` (exits mid-call) and `sleep` (answers after `ms`).
+pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
+    let stdin = std::io::stdin().lock();
+    let mut out = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
+    let mut reader = BufReader::with_capacity(256 * 1024, stdin);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                respond(&mut out, &Value::Null, Err((-32700, "parse error".into())))?;
+            }
+            continue;
+        };
+        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
+        else {
+            continue; // notifications and responses need no answer
+        };
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let result = match method {
+            "initialize" => Ok(json!({
+                "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),
+                "capabilities": { "tools": {} },
+                "serverInfo": { "name": name, "version": env!("CARGO_PKG_VERSION") },
+            })),
+            "ping" => Ok(json!({})),
+            "tools/list" => Ok(json!({ "tools": tool_list(test_tools) })),
+            "tools/call" => call_tool(&params, test_tools),
+            _ => Err((-32601, format!("method not found: {method}"))),
+        };
+        respond(&mut out, id, result)?;
+    }
+}
+
+fn tool_list(test_tools: bool) -> Vec<Value> {
+    let text_schema = json!({ "type": "object", "properties": { "text": { "type": "string" } } });
+    let mut tools = vec![
+        json!({ "name": "echo", "description": "Echoes `text` back.", "inputSchema": text_schema }),
+        json!({ "name": "whoami", "description": "Who the mesh says is calling.", "inputSchema": { "type": "object" } }),
+        json!({ "name": "blob", "description": "Returns a text of `bytes` bytes.",
+                "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" } } } }),
+    ];
+    if test_tools {
+        tools.push(json!({ "name": "crash", "description": "Exits without answering.", "inputSchema": { "type": "object" } }));
+        tools.push(json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
+                           "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }));
+    }
+    tools
+}
+
+fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
+    let args = params.get("arguments").cloned().unwrap_or(Value::Null);
+    let text_result = |text: String| json!({ "content": [{ "type": "text", "text": text }] });
+    match params.get("name").and_then(Value::as_str).unwrap_or("echo") {
+        "echo" => {
+            let mut result = text_result(
+                args.get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            result["peer_name"] =
+                std::env::var("MCPMESH_PEER_NAME").map_or(Value::Null, Value::from);
+            Ok(result)
+        }
+        "whoami" => {
+            let env: serde_json::Map<String, Value> = std::env::vars()
+                .filter(|(k, _)| k.starts_with("MCPMESH_"))
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect();
+            let mut result = text_result(Value::Object(env.clone()).to_string());
+            result["structuredContent"] = Value::Object(env);
+            Ok(result)
+        }
+        "blob" => {
+            let n = args
+                .get("bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(64 << 20) as usize;
+            Ok(text_result("x".repeat(n)))
+        }
+        "crash" if test_tools => std::process::exit(3),
+        "sleep" if test_tools => {
+            let ms = args
+                .get("ms")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(60_000);
+            std::thread::sleep(Duration::from_millis(ms));
+            Ok(text_result(format!("slept {ms} ms")))
+        }
+        other => Err((-32602, format!("unknown tool: {other}"))),
+    }
+}
+
+fn respond(
+    out: &mut impl Write,
+    id: &Value,
+    result: Result<Value, (i64, String)>,
+) -> std::io::Result<()> {
+    let msg = match result {
+        Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+        Err((code, message)) => {
+            json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+        }
+    };
+    serde_json::to_writer(&mut *out, &msg)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// Why the demo stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("{step}: {message}")]
+    Step { step: &'static str, message: String },
+}
+
+fn fail(step: &'static str) -> impl Fn(&dyn std::fmt::Display) -> DemoError {
+    move |e| DemoError::Step {
+        step,
+        message: e.to_string(),
+    }
+}
+
+/// Two nodes that are stopped however the demo ends.
+struct Nodes(Vec<Profile>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for profile in &self.0 {
+            if let Ok(Some(mut client)) = ControlClient::connect(profile) {
+                let _ = client.call(methods::NODE_SHUTDOWN, json!({}));
+            }
+        }
+    }
+}
+
+/// Runs the demo with `exe` (this `mcpmesh` binary) as node, tool and `connect`, printing each
+/// step with its timing to `out`.
+pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
+    let total = Instant::now();
+    let base = tempfile::Builder::new()
+        .prefix("mcpmesh-demo-")
+        .tempdir()
+        .map_err(|e| fail("creating temporary profiles")(&e))?;
+    let say = |out: &mut dyn Write, started: Instant, text: String| {
+        let _ = writeln!(
+            out,
+            "  [{:>6.1} ms] {text}",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    };
+    let _ = writeln!(
+        out,
+        "mcpmesh demo: two nodes on this machine share a tool (no network, no accounts)"
+    );
+
+    let alice = Profile::at(base.path().join("alice"));
+    let bob = Profile::at(base.path().join("bob"));
+    let mut nodes = Nodes(Vec::new());
+    let mut clients = Vec::new();
+    for (profile, nick) in [(&alice, "alice"), (&bob, "bob")] {
+        let t = Instant::now();
+        profile
+            .create_dirs()
+            .map_err(|e| fail("creating a profile")(&e))?;
+        let config = format!(
+            "[identity]\nnickname = \"{nick}\"\n\n[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n"
+        );
+        std::fs::write(profile.config_file(), config).map_err(|e| fail("writing a config")(&e))?;
+        nodes.0.push(profile.clone());
+        let mut client = ControlClient::connect_or_start(profile, exe)
+            .map_err(|e| fail("starting a node")(&e))?;
+        let id = client
+            .call(methods::NODE_ID, json!({}))
+            .map_err(|e| fail("asking a node its id")(&e))?;
+        say(
+            out,
+            t,
+            format!(
+                "started node {nick:<5} id {}… at {}",
+                id["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .get(..12)
+                    .unwrap_or_default(),
+                id["addrs"][0].as_str().unwrap_or("?")
+            ),
+        );
+        clients.push((client, id));
+    }
+    let [(mut a, a_id), (mut b, b_id)]: [(ControlClient, Value); 2] = clients
+        .try_into()
+        .map_err(|_| fail("starting nodes")(&"two nodes expected"))?;
+
+    let t = Instant::now();
+    let add = |c: &mut ControlClient, name: &str, id: &Value| -> Result<Value, ControlError> {
+        c.call(
+            methods::PEERS_ADD,
+            json!({ "name": name, "id": id["id"], "addrs": id["addrs"] }),
+        )
+    };
+    add(&mut a, "bob", &b_id).map_err(|e| fail("alice trusting bob")(&e))?;
+    add(&mut b, "alice", &a_id).map_err(|e| fail("bob trusting alice")(&e))?;
+    say(out, t, "alice and bob trust each other's keys".into());
+
+    let t = Instant::now();
+    let run = vec![exe.display().to_string(), "demo-server".to_owned()];
+    a.call(
+        methods::SERVICES_SERVE,
+        json!({ "name": "demo", "run": run, "allow": ["bob"] }),
+    )
+    .map_err(|e| fail("alice serving demo")(&e))?;
+    say(
+        out,
+        t,
+        "alice serves \"demo\" (a built-in MCP server) to bob".into(),
+    );
+
+    let t = Instant::now();
+    let mut connect =
+        McpProcess::start(exe, &bob, "alice/demo").map_err(|e| fail("starting connect")(&e))?;
+    let init = connect
+        .request(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": { "name": "mcpmesh-demo", "version": env!("CARGO_PKG_VERSION") },
+            }),
+        )
+        .map_err(|e| fail("initialize through the mesh")(&e))?;
+    connect
+        .notify("notifications/initialized")
+        .map_err(|e| fail("initialized")(&e))?;
+    say(
+        out,
+        t,
+        format!(
+            "bob ran `mcpmesh connect alice/demo`: initialize answered by {:?}",
+            init["serverInfo"]["name"].as_str().unwrap_or("?")
+        ),
+    );
+
+    let t = Instant::now();
+    let tools = connect
+        .request("tools/list", json!({}))
+        .map_err(|e| fail("tools/list")(&e))?;
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    say(out, t, format!("tools/list: {}", names.join(", ")));
+
+    let t = Instant::now();
+    let echo = connect
+        .request(
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "text": "hello from bob" } }),
+        )
+        .map_err(|e| fail("tools/call echo")(&e))?;
+    say(
+        out,
+        t,
+        format!(
+            "tools/call echo → {:?}",
+            echo["content"][0]["text"].as_str().unwrap_or("?")
+        ),
+    );
+
+    let t = Instant::now();
+    let who = connect
+        .request("tools/call", json!({ "name": "whoami", "arguments": {} }))
+        .map_err(|e| fail("tools/call whoami")(&e))?;
+    let seen = &who["structuredContent"];
+    say(
+        out,
+        t,
+        format!(
+            "tools/call whoami → alice's server saw caller {} ({}…)",
+            seen["MCPMESH_PEER_NAME"].as_str().unwrap_or("?"),
+            seen["MCPMESH_PEER_EID"]
+                .as_str()
+                .unwrap_or("?")
+                .get(..16)
+                .unwrap_or("?"),
+        ),
+    );
+
+    let t = Instant::now();
+    connect.finish();
+    drop(nodes);
+    say(out, t, "closed the session and stopped both nodes".into());
+    let _ = writeln!(
+        out,
+        "done in {:.0} ms. Share your own tool: mcpmesh serve NAME --allow PEER -- COMMAND…",
+        total.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// An MCP client over a child's stdio: the demo's stand-in for an AI client.
+struct McpProcess {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<Value>,
+    next_id: u64,
+}
+
+impl McpProcess {
+    fn start(exe: &Path, profile: &Profile, target: &str) -> std::io::Result<Self> {
+        let mut cmd = Command::new(exe);
+        if let Some(home) = &profile.home {
+            cmd.arg("--home").arg(home);
+        }
+        let mut child = cmd
+            .args(["connect", target])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if let Ok(v) = serde_json::from_str(&line) {
+                    if tx.send(v).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Ok(McpProcess {
+            child,
+            stdin,
+            lines,
+            next_id: 0,
+        })
+    }
+
+    fn send(&mut self, msg: &Value) -> std::io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("closed"))?;
+        let mut line = serde_json::to_vec(msg)?;
+        line.push(b'\n');
+        stdin.write_all(&line)?;
+        stdin.flush()
+    }
+
+    fn notify(&mut self, method: &str) -> std::io::Result<()> {
+        self.send(&json!({ "jsonrpc": "2.0", "method": method }))
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let msg = self
+                .lines
+                .recv_timeout(left)
+                .map_err(|_| "no answer".to_owned())?;
+            if msg["id"] != json!(id) {
+                continue;
+            }
+            if let Some(err) = msg.get("error") {
+                return Err(err.to_string());
+            }
+            return Ok(msg["result"].clone());
+        }
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for McpProcess {
+    fn drop(&mut self) {
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The device key: minted on first run, kept `0600`, never logged.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use iroh::SecretKey;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("cannot read the device key {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot create the device key {path}: {source}")]
+    Create {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the device key {path} is readable by others (mode {mode:o}); run: chmod 600 {path}")]
+    Permissions { path: String, mode: u32 },
+    #[error("the device key {path} is damaged (expected 64 hex characters)")]
+    Malformed { path: String },
+}
+
+/// Loads the device key, minting and storing it (`0600`) if there is none yet.
+pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
+    let shown = path.display().to_string();
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(KeyError::Permissions { path: shown, mode });
+            }
+            let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
+                path: shown.clone(),
+                source,
+            })?;
+            parse_hex(text.trim()).ok_or(KeyError::Malformed { path: shown })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path),
+        Err(source) => Err(KeyError::Read {
+            path: shown,
+            source,
+        }),
+    }
+}
+
+fn create(path: &Path) -> Result<SecretKey, KeyError> {
+    let err = |source| KeyError::Create {
+        path: path.display().to_string(),
+        source,
+    };
+    let key = SecretKey::generate();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    let hex: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    file.write_all(format!("{hex}\n").as_bytes()).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    Ok(key)
+}
+
+fn parse_hex(text: &str) -> Option<SecretKey> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(SecretKey::from_bytes(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minted_key_is_private_and_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.key");
+        let first = load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(load_or_create(&path).unwrap().public(), first.public());
+    }
+
+    #[test]
+    fn a_key_readable_by_others_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device.key");
+        load_or_create(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            load_or_create(&path),
+            Err(KeyError::Permissions { .. })
+        ));
+    }
+}

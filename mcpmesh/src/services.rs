@@ -1,0 +1,202 @@
+//! Services: who may open which, and the session handler that runs them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::session::{MeshTransport, SessionHandler, refuse};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::spawn::{SpawnBackend, SpawnOptions};
+use crate::config::ServiceSpec;
+use crate::limits::RateLimiter;
+
+/// A caller's principal set: `{eid:<hex>, nickname, user_id?} ∪ groups`. The one definition
+/// every authorization site uses.
+pub fn principal_set(peer: &PeerIdentity) -> Vec<String> {
+    let mut set = vec![peer.principal(), peer.name.clone()];
+    set.extend(peer.user_id.iter().cloned());
+    set.extend(peer.groups.iter().cloned());
+    set
+}
+
+/// Whether `allow` admits `peer`. An empty list admits nobody (local use only).
+pub fn is_allowed(allow: &[String], peer: &PeerIdentity) -> bool {
+    let principals = principal_set(peer);
+    allow.iter().any(|a| principals.iter().any(|p| p == a))
+}
+
+/// A served service with the state that outlives a config reload: its session semaphore and
+/// its rate limiter.
+#[derive(Debug, Clone)]
+pub struct ServiceEntry {
+    pub spec: ServiceSpec,
+    pub sessions: Arc<Semaphore>,
+    pub limiter: Arc<RateLimiter>,
+}
+
+/// Every served service by name. Rebuilt from config on change, keeping the runtime state of
+/// services whose limits did not change.
+#[derive(Debug, Default, Clone)]
+pub struct ServiceTable {
+    entries: HashMap<String, ServiceEntry>,
+}
+
+impl ServiceTable {
+    pub fn rebuild(&self, specs: &[ServiceSpec]) -> ServiceTable {
+        let entries = specs
+            .iter()
+            .map(|spec| {
+                let entry = match self.entries.get(&spec.name) {
+                    Some(old)
+                        if old.spec.max_sessions == spec.max_sessions
+                            && old.spec.rate_limit_per_min == spec.rate_limit_per_min =>
+                    {
+                        ServiceEntry {
+                            spec: spec.clone(),
+                            ..old.clone()
+                        }
+                    }
+                    _ => ServiceEntry {
+                        spec: spec.clone(),
+                        sessions: Arc::new(Semaphore::new(spec.max_sessions as usize)),
+                        limiter: RateLimiter::per_minute_shared(spec.rate_limit_per_min),
+                    },
+                };
+                (spec.name.clone(), entry)
+            })
+            .collect();
+        ServiceTable { entries }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ServiceEntry> {
+        self.entries.get(name)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<_> = self.entries.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Services `peer` may open.
+    pub fn granted_to(&self, peer: &PeerIdentity) -> Vec<String> {
+        let mut v: Vec<_> = self
+            .entries
+            .values()
+            .filter(|e| is_allowed(&e.spec.allow, peer))
+            .map(|e| e.spec.name.clone())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// The serving side of mesh sessions: authorizes the caller for the named service and runs
+/// its backend. Sessions are tracked so shutdown can end them and wait for their children.
+#[derive(Debug)]
+pub struct ServiceHost {
+    table: Arc<RwLock<ServiceTable>>,
+    audit: AuditSink,
+    shutdown: CancellationToken,
+    sessions: TaskTracker,
+}
+
+impl ServiceHost {
+    pub fn new(
+        table: Arc<RwLock<ServiceTable>>,
+        audit: AuditSink,
+        shutdown: CancellationToken,
+    ) -> Self {
+        ServiceHost {
+            table,
+            audit,
+            shutdown,
+            sessions: TaskTracker::new(),
+        }
+    }
+
+    /// Sessions currently running.
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Waits for every session to end (after the shutdown token fired).
+    pub async fn drain(&self) {
+        self.sessions.close();
+        self.sessions.wait().await;
+    }
+
+    fn entry(&self, name: &str) -> Option<ServiceEntry> {
+        self.table
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+}
+
+impl SessionHandler for ServiceHost {
+    async fn handle(&self, peer: PeerIdentity, service: String, mut transport: MeshTransport) {
+        let entry = self
+            .entry(&service)
+            .filter(|e| is_allowed(&e.spec.allow, &peer));
+        let Some(entry) = entry else {
+            // Unknown and unauthorized look the same to the caller, on purpose.
+            tracing::info!(peer = %peer.name, %service, "refused a session: unknown or unauthorized service");
+            self.audit.record(AuditEvent::SessionRefused {
+                service,
+                principal: peer.principal(),
+                peer: peer.name,
+                code: ErrorCode::UnknownService.code(),
+            });
+            refuse(&mut transport, ErrorFrame::new(ErrorCode::UnknownService)).await;
+            return;
+        };
+        let backend = SpawnBackend {
+            cmd: entry.spec.cmd.clone(),
+            concurrency: entry.sessions.clone(),
+            service: service.clone(),
+            audit: self.audit.clone(),
+            limiter: entry.limiter.clone(),
+        };
+        let options = SpawnOptions {
+            env: entry.spec.env.clone(),
+            cwd: entry.spec.cwd.clone(),
+            shutdown: self.shutdown.child_token(),
+        };
+        let run = backend.run_session(Some(peer.clone()), None, transport, &options);
+        if let Err(e) = self.sessions.track_future(run).await {
+            tracing::warn!(peer = %peer.name, %service, "session ended with an error: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> PeerIdentity {
+        PeerIdentity {
+            endpoint: [1; 32],
+            name: "bob".into(),
+            user_id: Some("u-bob".into()),
+            groups: vec!["eng".into()],
+        }
+    }
+
+    #[test]
+    fn allow_matches_any_principal_and_empty_admits_nobody() {
+        let p = peer();
+        assert!(is_allowed(&["bob".into()], &p));
+        assert!(is_allowed(&[p.principal()], &p));
+        assert!(is_allowed(&["u-bob".into()], &p));
+        assert!(is_allowed(&["eng".into()], &p));
+        assert!(!is_allowed(&["alice".into(), "ops".into()], &p));
+        assert!(!is_allowed(&[], &p));
+    }
+}
