@@ -198,7 +198,7 @@ where
 pub enum DialError {
     #[error("peer unreachable: {0}")]
     Unreachable(String),
-    #[error("the peer refused this node")]
+    #[error("the peer does not trust this node")]
     Refused,
     #[error("no session could be opened within {0:?}")]
     Timeout(Duration),

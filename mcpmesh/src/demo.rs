@@ -20,7 +20,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves MCP over stdio until stdin closes. Tools: `echo` (also the default for a call
 /// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
-/// identity env the node set), `blob` (a text of `bytes` bytes). With `test_tools`, also
+/// identity env the node set, and the server's pid), `blob` (a text of `bytes` bytes). With `test_tools`, also
 /// `crash` (exits mid-call) and `sleep` (answers after `ms`).
 pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
     let stdin = std::io::stdin().lock();
@@ -90,10 +90,11 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
             Ok(result)
         }
         "whoami" => {
-            let env: serde_json::Map<String, Value> = std::env::vars()
+            let mut env: serde_json::Map<String, Value> = std::env::vars()
                 .filter(|(k, _)| k.starts_with("MCPMESH_"))
                 .map(|(k, v)| (k, Value::from(v)))
                 .collect();
+            env.insert("pid".into(), Value::from(std::process::id()));
             let mut result = text_result(Value::Object(env.clone()).to_string());
             result["structuredContent"] = Value::Object(env);
             Ok(result)

@@ -95,6 +95,25 @@ enum End {
     Shutdown,
 }
 
+/// The error every unanswered request gets when a session ends this way.
+fn failure(end: End) -> (ErrorCode, &'static str) {
+    match end {
+        End::ServerClosed | End::ClientClosed | End::ClientGone => (
+            ErrorCode::Unreachable,
+            "the service ended the session before answering",
+        ),
+        End::Lost(ErrorCode::UnknownService) => (
+            ErrorCode::UnknownService,
+            "the peer does not trust this node",
+        ),
+        End::Lost(ErrorCode::NotReady) => {
+            (ErrorCode::NotReady, "session severed by a trust change")
+        }
+        End::Lost(code) => (code, "peer unreachable or session lost before the answer"),
+        End::Shutdown => (ErrorCode::Unreachable, "the local node is shutting down"),
+    }
+}
+
 /// Runs one session between a `connect` process (`local`) and the mesh stream, until either
 /// side ends it. On failure every unanswered request gets an error of the band.
 pub async fn tunnel(
@@ -155,25 +174,13 @@ pub async fn tunnel(
             )
             .await;
             match drained {
-                Ok(Ok(())) => (
-                    ErrorCode::Unreachable,
-                    "the service ended the session before answering",
-                ),
-                _ => (ErrorCode::Unreachable, "session lost before the answer"),
+                Ok(Ok(())) => failure(End::ServerClosed),
+                _ => failure(End::Lost(close_reason_code(
+                    connection.close_reason().as_ref(),
+                ))),
             }
         }
-        End::ServerClosed => (
-            ErrorCode::Unreachable,
-            "the service ended the session before answering",
-        ),
-        End::Lost(ErrorCode::UnknownService) => {
-            (ErrorCode::UnknownService, "unknown or unauthorized service")
-        }
-        End::Lost(ErrorCode::NotReady) => {
-            (ErrorCode::NotReady, "session severed by a trust change")
-        }
-        End::Lost(code) => (code, "peer unreachable or session lost"),
-        End::Shutdown => (ErrorCode::Unreachable, "the local node is shutting down"),
+        other => failure(other),
     };
     let answers = {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());

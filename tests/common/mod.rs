@@ -1,0 +1,341 @@
+//! The harness of the cross-node suites: real `mcpmesh` processes in temporary hermetic
+//! profiles on loopback, real `connect` processes driven over their stdio.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mcpmesh_net::transport::FrameReader;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+pub const MCPMESH: &str = env!("CARGO_BIN_EXE_mcpmesh");
+pub const STUB: &str = env!("CARGO_BIN_EXE_echo_mcp_stub");
+
+/// Longest any single answer may take before a test fails instead of hanging.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub const HERMETIC: &str = "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n";
+
+/// One node in a temporary profile. Stopped (with its children) when dropped.
+pub struct TestNode {
+    pub dir: tempfile::TempDir,
+    pub name: String,
+    pub id: String,
+    pub addrs: Vec<String>,
+}
+
+impl TestNode {
+    pub fn start(name: &str) -> Self {
+        Self::start_with(name, "", &[])
+    }
+
+    /// A node whose config is hermetic plus `extra`, started with `envs` in its environment.
+    pub fn start_with(name: &str, extra: &str, envs: &[(&str, &str)]) -> Self {
+        let dir = tempfile::Builder::new().prefix("mm-").tempdir().unwrap();
+        let config = format!("[identity]\nnickname = \"{name}\"\n\n{HERMETIC}\n{extra}");
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        let mut node = TestNode {
+            dir,
+            name: name.to_owned(),
+            id: String::new(),
+            addrs: Vec::new(),
+        };
+        let out = node
+            .command(&["--json", "id"])
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        let v = parse_ok(&out);
+        node.id = v["id"].as_str().unwrap().to_owned();
+        node.addrs = v["addrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        node
+    }
+
+    pub fn home(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(self.home())
+            .args(args)
+            .env_remove("MCPMESH_HOME");
+        cmd
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Runs a verb with `--json` and returns its stdout value; fails the test on an error.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        parse_ok(&self.cli(&all))
+    }
+
+    /// Makes this node trust `other` under `other`'s nickname, with its addresses.
+    pub fn trust(&self, other: &TestNode) {
+        let mut args = vec!["peers", "add", other.name.as_str(), other.id.as_str()];
+        for a in &other.addrs {
+            args.extend(["--addr", a.as_str()]);
+        }
+        self.json(&args);
+    }
+
+    /// Serves the stub under `service`; `marker` tags its processes for [`procs_with`].
+    pub fn serve_stub(
+        &self,
+        service: &str,
+        allow: &[&str],
+        max_sessions: Option<u32>,
+        marker: &str,
+    ) {
+        let mut args = vec!["serve".to_owned(), service.to_owned()];
+        for a in allow {
+            args.extend(["--allow".to_owned(), (*a).to_owned()]);
+        }
+        if let Some(n) = max_sessions {
+            args.extend(["--max-sessions".to_owned(), n.to_string()]);
+        }
+        args.extend([
+            "--".to_owned(),
+            STUB.to_owned(),
+            "--marker".to_owned(),
+            marker.to_owned(),
+        ]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let v = self.json(&refs);
+        assert_eq!(v, json!({ "service": service, "serving": true }));
+    }
+
+    /// Launches `mcpmesh connect target` as an AI client would.
+    pub fn connect(&self, target: &str) -> McpSession {
+        let mut cmd = tokio::process::Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(self.home())
+            .args(["connect", target])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        McpSession::spawn(cmd)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.home().join("state/mcpmesh.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let _ = self.cli(&["down"]);
+    }
+}
+
+pub fn parse_ok(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "command failed: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON value ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// An MCP client over a child process's stdio.
+pub struct McpSession {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    reader: FrameReader<ChildStdout>,
+    next_id: i64,
+}
+
+impl McpSession {
+    pub fn spawn(mut cmd: tokio::process::Command) -> Self {
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        McpSession {
+            child,
+            stdin,
+            reader: FrameReader::new(stdout, 64 << 20),
+            next_id: 100,
+        }
+    }
+
+    /// The served stub run directly, for comparisons against the mesh.
+    pub fn direct_stub() -> Self {
+        let mut cmd = tokio::process::Command::new(STUB);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        Self::spawn(cmd)
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    pub async fn send(&mut self, msg: &Value) {
+        let mut line = serde_json::to_vec(msg).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line).await;
+    }
+
+    /// The next line's raw bytes (without the newline); `None` at EOF.
+    pub async fn recv_raw(&mut self) -> Option<Vec<u8>> {
+        tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_line())
+            .await
+            .expect("an answer in time")
+            .expect("a readable line")
+            .map(|b| b.to_vec())
+    }
+
+    pub async fn recv(&mut self) -> Option<Value> {
+        let line = self.recv_raw().await?;
+        Some(serde_json::from_slice(&line).expect("a JSON line"))
+    }
+
+    /// Sends a request and returns the message answering it (skipping anything else).
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))
+            .await;
+        loop {
+            let msg = self.recv().await.expect("an answer before EOF");
+            if msg["id"] == json!(id) {
+                return msg;
+            }
+        }
+    }
+
+    pub async fn initialize(&mut self) -> Value {
+        let r = self
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": { "name": "mcpmesh-tests", "version": "0" },
+                }),
+            )
+            .await;
+        self.send(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
+            .await;
+        r
+    }
+
+    pub async fn call(&mut self, tool: &str, args: Value) -> Value {
+        self.request("tools/call", json!({ "name": tool, "arguments": args }))
+            .await
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    pub async fn wait_eof(&mut self) {
+        while self.recv_raw().await.is_some() {}
+    }
+}
+
+/// Processes whose command line contains `marker`, with their state letter (`Z` = zombie).
+pub fn procs_with(marker: &str) -> Vec<(u32, char)> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if !cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg == marker.as_bytes())
+        {
+            continue;
+        }
+        let state = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.trim_start().chars().next())
+            })
+            .unwrap_or('?');
+        found.push((pid, state));
+    }
+    found
+}
+
+/// A tag unique to this test run, for [`procs_with`].
+pub fn marker(test: &str) -> String {
+    format!(
+        "mm-marker-{test}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    )
+}
+
+/// Waits for a process this test did not spawn to exit, by its pidfd (an event, not a poll).
+pub async fn wait_exit(pid: u32, limit: Duration) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    let fd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(_) => return true, // already gone
+    };
+    // A pidfd turns readable when its process exits.
+    tokio::task::spawn_blocking(move || {
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let limit = rustix::event::Timespec::try_from(limit).unwrap_or(rustix::event::Timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        });
+        matches!(rustix::event::poll(&mut fds, Some(&limit)), Ok(n) if n > 0)
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// For conditions no event announces (another process reaping its child): checks `cond`
+/// until it holds or `limit` passes.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub fn stub_path() -> PathBuf {
+    PathBuf::from(STUB)
+}

@@ -1,0 +1,306 @@
+//! Two and three nodes on loopback: gating, authorization, failures, caps, teardown, framing
+//! and identity — each through real `mcpmesh` daemons and `connect` processes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn band_error(msg: &Value, code: i64) {
+    assert_eq!(msg["error"]["code"], code, "expected {code}: {msg}");
+    assert_eq!(msg["error"]["data"]["source"], "mcpmesh", "{msg}");
+}
+
+/// alice serves the stub as `svc` to bob; bob trusts alice.
+fn pair(marker: &str, max_sessions: Option<u32>) -> (TestNode, TestNode) {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], max_sessions, marker);
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_through_two_nodes_reaches_the_served_tool() {
+    let m = marker("basic");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    let init = s.initialize().await;
+    assert_eq!(init["result"]["serverInfo"]["name"], "echo-stub");
+    let tools = s.request("tools/list", json!({})).await;
+    assert!(
+        tools["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "echo")
+    );
+    let echo = s.call("echo", json!({ "text": "hi ✓" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "hi ✓");
+    assert_eq!(echo["result"]["peer_name"], "bob");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_untrusted_node_is_refused_before_any_mcp_byte_and_nothing_is_spawned() {
+    let m = marker("untrusted");
+    let (alice, _bob) = pair(&m, None);
+    let carol = TestNode::start("carol");
+    carol.trust(&alice); // carol trusts alice; alice has never heard of carol
+    let mut s = carol.connect("alice/svc");
+    let answer = s
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    band_error(&answer, -32054);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not trust"),
+        "refused by the gate, at connection level: {answer}"
+    );
+    s.wait_eof().await;
+    assert!(
+        procs_with(&m).is_empty(),
+        "no child was spawned for an untrusted key"
+    );
+    assert!(
+        alice
+            .log()
+            .contains("refused a connection from an unknown key")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_outside_allow_gets_what_a_missing_service_gets() {
+    let m = marker("allow");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("private", &["carol"], None, &m);
+
+    let mut answers = Vec::new();
+    for target in ["alice/private", "alice/nosuch"] {
+        let mut s = bob.connect(target);
+        let a = s
+            .request(
+                "initialize",
+                json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+            )
+            .await;
+        band_error(&a, -32054);
+        s.wait_eof().await;
+        answers.push(a["error"].clone());
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "unauthorized and unknown are indistinguishable"
+    );
+    assert!(procs_with(&m).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backend_crash_mid_call_answers_the_pending_id_with_32055_within_a_second() {
+    let m = marker("crash");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "crash-1", "method": "tools/call",
+                    "params": { "name": "crash", "arguments": {} } }),
+    )
+    .await;
+    let sent = Instant::now();
+    let answer = s.recv().await.expect("an answer, not EOF");
+    let waited = sent.elapsed();
+    band_error(&answer, -32055);
+    assert_eq!(
+        answer["id"], "crash-1",
+        "the pending id, with its JSON type"
+    );
+    assert!(waited < Duration::from_secs(1), "answered after {waited:?}");
+    s.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn six_sessions_on_a_two_session_service_spawn_two_and_refuse_four() {
+    let m = marker("cap");
+    let (_alice, bob) = pair(&m, Some(2));
+    let mut sessions: Vec<McpSession> = (0..6).map(|_| bob.connect("alice/svc")).collect();
+    // Every initialize is written before any answer is read: six sessions open at once.
+    let init = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                       "params": { "protocolVersion": "2025-06-18", "capabilities": {} } });
+    for s in &mut sessions {
+        s.send(&init).await;
+    }
+    let mut answers = Vec::new();
+    for s in &mut sessions {
+        answers.push(s.recv().await.expect("an answer"));
+    }
+    let ok = answers.iter().filter(|a| a.get("result").is_some()).count();
+    let refused: Vec<&Value> = answers
+        .iter()
+        .filter(|a| a.get("error").is_some())
+        .collect();
+    assert_eq!(ok, 2, "{answers:?}");
+    assert_eq!(refused.len(), 4);
+    for r in refused {
+        band_error(r, -32053);
+        assert!(r["error"]["data"]["retry_after_ms"].as_u64().unwrap() > 0);
+    }
+    let alive: Vec<_> = procs_with(&m)
+        .into_iter()
+        .filter(|(_, s)| *s != 'Z')
+        .collect();
+    assert_eq!(alive.len(), 2, "exactly two children alive: {alive:?}");
+}
+
+async fn whoami(s: &mut McpSession) -> Value {
+    s.call("whoami", json!({})).await["result"]["structuredContent"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_connects_stdin_ends_the_remote_child_within_a_second() {
+    let m = marker("stdin");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    s.close_stdin();
+    assert!(
+        wait_exit(pid, Duration::from_secs(1)).await,
+        "child {pid} still running"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || !procs_with(&m)
+            .iter()
+            .any(|(p, _)| *p == pid))
+        .await,
+        "child {pid} was not reaped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_connect_ends_the_remote_child_within_a_second() {
+    let m = marker("kill");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    s.child.start_kill().unwrap();
+    assert!(
+        wait_exit(pid, Duration::from_secs(1)).await,
+        "child {pid} still running"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || !procs_with(&m)
+            .iter()
+            .any(|(p, _)| *p == pid))
+        .await,
+        "child {pid} was not reaped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_8_mib_response_passes_byte_identical() {
+    let m = marker("8mib");
+    let (_alice, bob) = pair(&m, None);
+    let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                          "params": { "name": "blob", "arguments": { "bytes": 8 << 20 } } });
+    let mut direct = McpSession::direct_stub();
+    direct.send(&request).await;
+    let expected = direct.recv_raw().await.unwrap();
+    assert!(expected.len() > 8 << 20);
+
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.send(&request).await;
+    let got = s.recv_raw().await.unwrap();
+    assert!(
+        got == expected,
+        "8 MiB response differs ({} vs {} bytes)",
+        got.len(),
+        expected.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_line_over_16_mib_is_refused_and_the_session_survives_the_strike() {
+    let m = marker("oversize");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let mut huge = br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"text":""#.to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 17 << 20));
+    huge.extend_from_slice(b"\"}}}\n");
+    s.send_raw(&huge).await;
+    let refusal = s.recv().await.unwrap();
+    band_error(&refusal, -32051);
+    assert_eq!(refusal["id"], Value::Null);
+    let echo = s.call("echo", json!({ "text": "still here" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "still here");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_identity_env_reaches_the_child_and_cannot_be_overridden() {
+    let m = marker("identity");
+    // The serving node itself runs with forged identity variables in its environment.
+    let alice = TestNode::start_with(
+        "alice",
+        "",
+        &[
+            ("MCPMESH_PEER_NAME", "mallory"),
+            ("MCPMESH_PEER_EID", "eid:forged"),
+            ("MCPMESH_PEER_USER", "root"),
+        ],
+    );
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+    // A service env may not set them either: the config refuses the key.
+    std::fs::write(
+        alice.home().join("config.toml"),
+        std::fs::read_to_string(alice.home().join("config.toml")).unwrap()
+            + "\n[services.forged]\nrun = \"true\"\nenv = { MCPMESH_PEER_NAME = \"mallory\" }\n",
+    )
+    .unwrap();
+    let err = alice.cli(&["--json", "serve", "other", "--", "true"]);
+    assert!(!err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("services.forged.env.MCPMESH_PEER_NAME"));
+
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_NAME"], "bob");
+    assert_eq!(env["MCPMESH_PEER_EID"], format!("eid:{}", bob.id));
+    assert_eq!(env["MCPMESH_SERVICE"], "svc");
+    assert_eq!(env["MCPMESH_PEER_GROUPS"], "");
+    assert!(
+        env.get("MCPMESH_PEER_USER").is_none(),
+        "no user is known for a static peer: {env}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_peer_answers_32055_and_then_eof() {
+    let bob = TestNode::start_with("bob", "[limits]\ndial_timeout_secs = 2\n", &[]);
+    // A key nobody holds, at an address nobody answers on.
+    let ghost = "a".repeat(64);
+    bob.json(&["peers", "add", "ghost", &ghost, "--addr", "127.0.0.1:9"]);
+    let mut s = bob.connect("ghost/svc");
+    let answer = s
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    band_error(&answer, -32055);
+    s.wait_eof().await;
+}
