@@ -282,10 +282,10 @@ impl Dialer {
             for fresh in [false, true] {
                 let connection = self.connection(peer, fresh).await?;
                 let Ok((mut send, recv)) = connection.open_bi().await else {
-                    if let Some(reason) = connection.close_reason() {
-                        if close_reason_code(Some(&reason)) == ErrorCode::UnknownService {
-                            return Err(DialError::Refused);
-                        }
+                    if close_reason_code(connection.close_reason().as_ref())
+                        == ErrorCode::UnknownService
+                    {
+                        return Err(DialError::Refused);
                     }
                     continue;
                 };
@@ -318,10 +318,11 @@ impl Dialer {
         };
         // Holding the slot's lock across the dial makes concurrent opens share one connection.
         let mut slot = slot.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            if !fresh && conn.close_reason().is_none() {
-                return Ok(conn.clone());
-            }
+        if let Some(conn) = slot
+            .as_ref()
+            .filter(|c| !fresh && c.close_reason().is_none())
+        {
+            return Ok(conn.clone());
         }
         let conn = self
             .endpoint

@@ -14,8 +14,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// The frame cap of DESIGN §4.
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 
-/// How much one read may take from the source. Smaller than the cap, so within one run of
-/// lines only the first (which may have started in an earlier read) can exceed it.
+/// How much one read may take from the source (never more than the cap either, so within one
+/// run of lines only the first, which may have started in an earlier read, can exceed it).
 const READ_CHUNK: usize = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
@@ -74,9 +74,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if self.eof {
                 return Ok(None);
             }
+            let limit = self.read_limit();
             let n = self
                 .inner
-                .read_buf(&mut (&mut self.buf).limit(READ_CHUNK))
+                .read_buf(&mut (&mut self.buf).limit(limit))
                 .await?;
             if n == 0 {
                 self.eof = true;
@@ -116,6 +117,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let mut rest = BytesMut::from(&self.pending[..]);
         rest.extend_from_slice(&self.buf);
         (self.inner, rest)
+    }
+
+    fn read_limit(&self) -> usize {
+        READ_CHUNK.min(self.max_frame.max(1))
     }
 
     fn take_buffered(&mut self) -> Option<Batch> {
@@ -246,8 +251,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncWriteExt, duplex};
 
+    /// The whole input is usually available to the reader's first read.
     async fn batches(input: Vec<u8>, max: usize) -> Vec<Result<Vec<u8>, ()>> {
-        let (mut tx, rx) = duplex(1024);
+        let (mut tx, rx) = duplex(1 << 20);
         let writer = tokio::spawn(async move {
             tx.write_all(&input).await.unwrap();
         });

@@ -168,10 +168,10 @@ async fn bind_endpoint(
             }
             Err(e) => return Err(e.into()),
         };
-    if let Some(port) = endpoint.bound_sockets().first().map(SocketAddr::port) {
-        if remembered != Some(port) {
-            let _ = config::write_atomically(&profile.port_file(), format!("{port}\n").as_bytes());
-        }
+    if let Some(port) = endpoint.bound_sockets().first().map(SocketAddr::port)
+        && remembered != Some(port)
+    {
+        let _ = config::write_atomically(&profile.port_file(), format!("{port}\n").as_bytes());
     }
     Ok(endpoint)
 }

@@ -357,10 +357,10 @@ impl McpProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { return };
-                if let Ok(v) = serde_json::from_str(&line) {
-                    if tx.send(v).is_err() {
-                        return;
-                    }
+                if let Ok(v) = serde_json::from_str(&line)
+                    && tx.send(v).is_err()
+                {
+                    return;
                 }
             }
         });

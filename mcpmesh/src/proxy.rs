@@ -49,10 +49,10 @@ impl Outstanding {
             };
             if let Some(cancelled) = peek.cancelled_request() {
                 self.ids.remove(&jsonrpc::id_key(cancelled));
-            } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
-                if self.ids.len() < MAX_TRACKED {
-                    self.ids.insert(jsonrpc::id_key(id), id.to_owned());
-                }
+            } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id)
+                && self.ids.len() < MAX_TRACKED
+            {
+                self.ids.insert(jsonrpc::id_key(id), id.to_owned());
             }
         }
     }
@@ -259,8 +259,7 @@ pub fn answer_failed_open(error: &ControlError) -> std::io::Result<()> {
     };
     let mut stdout = std::io::stdout().lock();
     let stdin = std::io::stdin().lock();
-    let mut reader = std::io::BufRead::split(stdin, b'\n');
-    while let Some(line) = reader.next() {
+    for line in std::io::BufRead::split(stdin, b'\n') {
         let line = line?;
         let Some(peek) = jsonrpc::peek(&line) else {
             continue;
