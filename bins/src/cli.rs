@@ -32,7 +32,11 @@ enum Command {
     /// Stop the node and every server it spawned.
     Down,
     /// Run the node in the foreground.
-    Daemon,
+    Daemon {
+        /// Report readiness or failure as one JSON line on stdout (for whoever started us).
+        #[arg(long, hide = true)]
+        notify: bool,
+    },
     /// List trusted peers, or add one.
     Peers {
         #[command(subcommand)]
@@ -122,7 +126,7 @@ pub fn main() -> ExitCode {
 
 fn init_logging(command: &Command) {
     let default = match command {
-        Command::Daemon => "info",
+        Command::Daemon { .. } => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCPMESH_LOG")
@@ -138,9 +142,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
     match cli.command {
-        Command::Daemon => daemon(profile),
+        Command::Daemon { notify } => daemon(profile, notify),
         Command::DemoServer => {
-            mcpmesh::demo::serve_stdio("mcpmesh-demo", false).context("demo server")?;
+            crate::stub_server::serve_stdio("mcpmesh-demo", false).context("demo server")?;
             Ok(())
         }
         Command::Demo => {
@@ -158,13 +162,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Down => {
-            let was_running = match ControlClient::connect(&profile)? {
-                Some(mut client) => {
-                    client.call(methods::NODE_SHUTDOWN, json!({}))?;
-                    true
-                }
-                None => false,
-            };
+            let was_running = ControlClient::shutdown(&profile)?;
             out.print(
                 json!({ "stopped": true, "was_running": was_running }),
                 || {
@@ -294,38 +292,37 @@ impl Output {
     }
 }
 
-fn daemon(profile: Profile) -> Result<(), Failure> {
+fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let result = runtime.block_on(mcpmesh::daemon::run(profile, |ready| {
-        // One line on stdout says "ready" to whoever started us; logs go to stderr.
+        // One line on stdout once ready; logs go to stderr.
+        let id = ready.id.to_string();
+        let socket = ready.socket.display().to_string();
+        let line = if notify {
+            json!({ "ready": true, "id": id, "socket": socket }).to_string()
+        } else {
+            format!("node {id} is up; control socket {socket}")
+        };
         let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(
-            stdout,
-            "{}",
-            json!({ "ready": true, "id": ready.id.to_string(), "socket": ready.socket.display().to_string() })
-        );
+        let _ = writeln!(stdout, "{line}");
         let _ = stdout.flush();
     }));
-    match result {
-        Ok(()) => Ok(()),
-        Err(mcpmesh::daemon::DaemonError::AlreadyRunning(socket)) => {
-            // Whoever started us learns, on the same line, that a node is there to talk to.
-            println!(
-                "{}",
-                json!({ "ready": true, "already_running": true, "socket": socket })
-            );
-            Err(Failure {
-                code: Some(codes::CONFLICT),
-                message: format!(
-                    "a node is already running for this profile (control socket {socket})"
-                ),
-            })
-        }
-        Err(e) => Err(anyhow::Error::new(e).into()),
+    let Err(e) = result else { return Ok(()) };
+    let failure = Failure {
+        code: Some(e.code()),
+        message: e.to_string(),
+    };
+    if notify {
+        // Whoever started us learns why, on the line it waits for.
+        println!(
+            "{}",
+            json!({ "error": { "code": failure.code, "message": failure.message } })
+        );
     }
+    Err(failure)
 }
 
 fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(), Failure> {

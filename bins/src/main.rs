@@ -2,6 +2,7 @@
 //! its control socket, renders the answer for people or, with `--json`, for scripts.
 
 mod cli;
+mod stub_server;
 
 use std::process::ExitCode;
 

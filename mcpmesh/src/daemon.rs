@@ -50,6 +50,17 @@ pub enum DaemonError {
     },
 }
 
+impl DaemonError {
+    /// The control API's stable code for this failure.
+    pub fn code(&self) -> i64 {
+        match self {
+            DaemonError::AlreadyRunning(_) => codes::CONFLICT,
+            DaemonError::Config(_) => codes::CONFIG,
+            _ => codes::NODE_UNAVAILABLE,
+        }
+    }
+}
+
 /// What the daemon reports once it is ready.
 #[derive(Debug, Clone)]
 pub struct Ready {
@@ -135,6 +146,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
     tracing::info!("node stopped");
+    // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
     Ok(())
 }

@@ -27,6 +27,25 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
+    /// Stops the profile's node, if one runs, and returns once it has exited (its children
+    /// ended). `Ok(false)` when no node was running.
+    pub fn shutdown(profile: &Profile) -> Result<bool, ControlError> {
+        let Some(mut client) = Self::connect(profile)? else {
+            return Ok(false);
+        };
+        client.call(methods::NODE_SHUTDOWN, json!({}))?;
+        // The node holds its profile lock until its very last step; taking it means it is gone.
+        let lock = std::fs::File::open(profile.lock_file()).map_err(io_err)?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(lock.lock().is_ok());
+        });
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(true) => Ok(true),
+            _ => Err(unavailable("the node did not exit in time")),
+        }
+    }
+
     /// Connects to the profile's running node; `Ok(None)` when none is running.
     pub fn connect(profile: &Profile) -> Result<Option<Self>, ControlError> {
         match UnixStream::connect(profile.socket_path()) {
@@ -159,7 +178,7 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
     if let Some(home) = &profile.home {
         cmd.arg("--home").arg(home);
     }
-    cmd.arg("daemon")
+    cmd.args(["daemon", "--notify"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -173,12 +192,24 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut line = String::new();
-        let n = BufReader::new(stdout).read_line(&mut line).unwrap_or(0);
-        let _ = tx.send(n > 0);
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
     });
-    if rx.recv_timeout(START_TIMEOUT).unwrap_or(false) {
-        // Ready, or another start's node already owns the profile (it says so on the same
-        // line). The daemon runs on in its own process group.
+    let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+    let report: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+    if let Some(err) = report.get("error") {
+        let _ = child.wait();
+        if err["code"] == json!(codes::CONFLICT) {
+            // Another start won the race; its node owns the profile.
+            return Ok(());
+        }
+        return Err(ControlError::new(
+            err["code"].as_i64().unwrap_or(codes::NODE_UNAVAILABLE),
+            err["message"].as_str().unwrap_or("the node did not start"),
+        ));
+    }
+    if report.get("ready").is_some() {
+        // The daemon runs on in its own process group.
         return Ok(());
     }
     let _ = child.kill();

@@ -36,8 +36,6 @@ pub mod codes {
     pub const UNREACHABLE: i64 = -32055;
     /// The change would make the config invalid, or the config on disk is invalid.
     pub const CONFIG: i64 = 1001;
-    /// No peer by that name.
-    pub const UNKNOWN_PEER: i64 = 1002;
     /// Client and node speak different API versions.
     pub const API_MISMATCH: i64 = 1003;
     /// The node is not running and could not be started or reached.

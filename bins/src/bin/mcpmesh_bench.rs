@@ -1,0 +1,400 @@
+//! `mcpmesh-bench`: the same stdio MCP server, measured directly and through two hermetic
+//! nodes (daemons + `mcpmesh connect`), in interleaved rounds of one run. Prints the median of
+//! each figure over the rounds and the ratio mesh / direct.
+//!
+//! Build the release binaries first; this looks for `mcpmesh` and `echo_mcp_stub` beside itself:
+//!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+const PIPELINE: usize = 16;
+const BIG: usize = 8 << 20;
+
+struct Args {
+    rounds: usize,
+    calls: usize,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        rounds: 3,
+        calls: 2000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || -> anyhow::Result<usize> {
+            it.next()
+                .context("a number after the flag")?
+                .parse()
+                .context("a number")
+        };
+        match a.as_str() {
+            "--rounds" => args.rounds = value()?.max(1),
+            "--calls" => args.calls = value()?.max(100),
+            other => bail!("unknown argument {other:?} (try --rounds N, --calls N)"),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let dir = std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .to_path_buf();
+    let mcpmesh = dir.join("mcpmesh");
+    let stub = dir.join("echo_mcp_stub");
+    for b in [&mcpmesh, &stub] {
+        if !b.exists() {
+            bail!(
+                "{} not found: run `cargo build --release` first",
+                b.display()
+            );
+        }
+    }
+    let mesh = Mesh::start(&mcpmesh, &stub)?;
+    let direct_cmd = vec![stub.display().to_string()];
+    let mesh_cmd = vec![
+        mcpmesh.display().to_string(),
+        "--home".into(),
+        mesh.bob.display().to_string(),
+        "connect".into(),
+        "alice/bench".into(),
+    ];
+
+    let figures = [
+        "session open p50 ms",
+        "call p50 µs",
+        "call p90 µs",
+        "call p99 µs",
+        "pipelined x16 calls/s",
+        "8 MiB result MB/s",
+        "8 MiB request MB/s",
+    ];
+    let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    for round in 1..=args.rounds {
+        eprintln!("round {round}/{}", args.rounds);
+        for (cmd, into) in [(&direct_cmd, &mut direct), (&mesh_cmd, &mut meshed)] {
+            let r = measure(cmd, args.calls)?;
+            for (slot, v) in into.iter_mut().zip(r) {
+                slot.push(v);
+            }
+        }
+    }
+    println!(
+        "\nmcpmesh-bench: {} rounds, {} sequential calls each, release build, loopback",
+        args.rounds, args.calls
+    );
+    println!(
+        "{:<24} {:>12} {:>12} {:>10}",
+        "figure (median)", "direct", "mesh", "mesh/direct"
+    );
+    for (i, name) in figures.iter().enumerate() {
+        let (d, m) = (median(&direct[i]), median(&meshed[i]));
+        println!("{name:<24} {d:>12.1} {m:>12.1} {:>9.2}x", m / d);
+    }
+    drop(mesh);
+    Ok(())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+/// One pass over every figure against the server `cmd` starts.
+fn measure(cmd: &[String], calls: usize) -> anyhow::Result<Vec<f64>> {
+    let mut opens = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut c = Client::start(cmd)?;
+        c.initialize()?;
+        opens.push(t.elapsed().as_secs_f64() * 1e3);
+        c.close();
+    }
+    let mut c = Client::start(cmd)?;
+    c.initialize()?;
+    let text = "x".repeat(130);
+    for _ in 0..200 {
+        c.call_echo(&text)?;
+    }
+    let mut rtts = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        c.call_echo(&text)?;
+        rtts.push(t.elapsed());
+    }
+    rtts.sort();
+    let pipelined = c.pipelined(&text, calls)?;
+    let result = c.throughput(
+        json!({ "name": "blob", "arguments": { "bytes": BIG } }),
+        BIG,
+    )?;
+    let request = c.throughput(
+        json!({ "name": "size", "arguments": { "text": "y".repeat(BIG) } }),
+        BIG,
+    )?;
+    c.close();
+    Ok(vec![
+        median(&opens),
+        percentile(&rtts, 0.50),
+        percentile(&rtts, 0.90),
+        percentile(&rtts, 0.99),
+        pipelined,
+        result,
+        request,
+    ])
+}
+
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+    line: Vec<u8>,
+}
+
+impl Client {
+    fn start(cmd: &[String]) -> anyhow::Result<Self> {
+        let mut child = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", cmd[0]))?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = BufReader::with_capacity(1 << 20, child.stdout.take().context("stdout")?);
+        Ok(Client {
+            child,
+            stdin,
+            stdout,
+            next_id: 0,
+            line: Vec::with_capacity(1 << 16),
+        })
+    }
+
+    fn send(&mut self, method: &str, params: &Value) -> anyhow::Result<u64> {
+        self.next_id += 1;
+        let mut msg = serde_json::to_vec(
+            &json!({ "jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params }),
+        )?;
+        msg.push(b'\n');
+        self.stdin.write_all(&msg)?;
+        Ok(self.next_id)
+    }
+
+    /// Reads one line; checks only that it answers `id` (both modes do the same work).
+    fn recv(&mut self, id: u64) -> anyhow::Result<usize> {
+        self.line.clear();
+        let n = self.stdout.read_until(b'\n', &mut self.line)?;
+        if n == 0 {
+            bail!("the server closed its output");
+        }
+        let head = &self.line[..self.line.len().min(64)];
+        let needle = format!("\"id\":{id},");
+        if !head.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+            bail!(
+                "unexpected answer: {}",
+                String::from_utf8_lossy(&self.line[..self.line.len().min(300)])
+            );
+        }
+        Ok(n)
+    }
+
+    fn initialize(&mut self) -> anyhow::Result<()> {
+        let id = self.send(
+            "initialize",
+            &json!({ "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "mcpmesh-bench", "version": "0" } }),
+        )?;
+        self.recv(id)?;
+        self.stdin
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")?;
+        Ok(())
+    }
+
+    fn call_echo(&mut self, text: &str) -> anyhow::Result<()> {
+        let id = self.send(
+            "tools/call",
+            &json!({ "name": "echo", "arguments": { "text": text } }),
+        )?;
+        self.recv(id)?;
+        Ok(())
+    }
+
+    /// Calls per second with `PIPELINE` requests kept in flight.
+    fn pipelined(&mut self, text: &str, calls: usize) -> anyhow::Result<f64> {
+        let first = self.next_id + 1;
+        let lines: Vec<Vec<u8>> = (0..calls as u64)
+            .map(|i| {
+                let mut l = serde_json::to_vec(
+                    &json!({ "jsonrpc": "2.0", "id": first + i, "method": "tools/call",
+                    "params": { "name": "echo", "arguments": { "text": text } } }),
+                )
+                .unwrap_or_default();
+                l.push(b'\n');
+                l
+            })
+            .collect();
+        self.next_id += calls as u64;
+        let (credit_tx, credit_rx) = sync_channel::<()>(PIPELINE);
+        for _ in 0..PIPELINE {
+            credit_tx.send(())?;
+        }
+        let mut stdin = clone_stdin(&self.stdin)?;
+        let t = Instant::now();
+        let writer = std::thread::spawn(move || -> std::io::Result<()> {
+            for l in lines {
+                if credit_rx.recv().is_err() {
+                    break;
+                }
+                stdin.write_all(&l)?;
+            }
+            Ok(())
+        });
+        for i in 0..calls as u64 {
+            self.recv(first + i)?;
+            let _ = credit_tx.try_send(());
+        }
+        let elapsed = t.elapsed();
+        writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("writer panicked"))??;
+        Ok(calls as f64 / elapsed.as_secs_f64())
+    }
+
+    /// MB/s for one call moving `bytes` (median of five).
+    fn throughput(&mut self, params: Value, bytes: usize) -> anyhow::Result<f64> {
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let id = self.send("tools/call", &params)?;
+            self.recv(id)?;
+            rates.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e6);
+        }
+        Ok(median(&rates))
+    }
+
+    fn close(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
+
+/// A second handle on the child's stdin, for the pipelined writer thread.
+fn clone_stdin(stdin: &ChildStdin) -> std::io::Result<ChildStdin> {
+    use std::os::fd::AsFd;
+    Ok(ChildStdin::from(stdin.as_fd().try_clone_to_owned()?))
+}
+
+/// Two hermetic nodes in temporary profiles; alice serves the stub as `bench` to bob.
+struct Mesh {
+    _dir: tempfile::TempDir,
+    mcpmesh: PathBuf,
+    alice: PathBuf,
+    bob: PathBuf,
+}
+
+impl Mesh {
+    fn start(mcpmesh: &Path, stub: &Path) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcpmesh-bench-")
+            .tempdir()?;
+        let (alice, bob) = (dir.path().join("alice"), dir.path().join("bob"));
+        let mesh = Mesh {
+            mcpmesh: mcpmesh.to_path_buf(),
+            alice: alice.clone(),
+            bob: bob.clone(),
+            _dir: dir,
+        };
+        let mut ids = Vec::new();
+        for home in [&alice, &bob] {
+            std::fs::create_dir_all(home)?;
+            std::fs::write(
+                home.join("config.toml"),
+                "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n\n[limits]\nrate_limit_per_min = 1000000\n",
+            )?;
+            ids.push(mesh.cli(home, &["--json", "id"])?);
+        }
+        let (a, b) = (&ids[0], &ids[1]);
+        mesh.cli(
+            &alice,
+            &[
+                "peers",
+                "add",
+                "bob",
+                s(&b["id"]),
+                "--addr",
+                s(&b["addrs"][0]),
+            ],
+        )?;
+        mesh.cli(
+            &bob,
+            &[
+                "peers",
+                "add",
+                "alice",
+                s(&a["id"]),
+                "--addr",
+                s(&a["addrs"][0]),
+            ],
+        )?;
+        mesh.cli(
+            &alice,
+            &[
+                "serve",
+                "bench",
+                "--allow",
+                "bob",
+                "--max-sessions",
+                "64",
+                "--",
+                &stub.display().to_string(),
+            ],
+        )?;
+        Ok(mesh)
+    }
+
+    fn cli(&self, home: &Path, args: &[&str]) -> anyhow::Result<Value> {
+        let out = Command::new(&self.mcpmesh)
+            .arg("--home")
+            .arg(home)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!("mcpmesh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+}
+
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+impl Drop for Mesh {
+    fn drop(&mut self) {
+        for home in [&self.alice, &self.bob] {
+            let _ = Command::new(&self.mcpmesh)
+                .arg("--home")
+                .arg(home)
+                .arg("down")
+                .output();
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! A tiny, fast stdio MCP server answering from memory: the demo's built-in tool
+//! (`mcpmesh demo-server`) and the suites' and benchmarks' child server (`echo_mcp_stub`).
+//! Blocking std I/O only, so it starts fast and adds nothing to what it measures.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Serves MCP over stdio until stdin closes. Tools: `echo` (also the default for a call
+/// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
+/// identity env the node set, and the server's pid), `blob` (a text of `bytes` bytes). With `test_tools`, also
+/// `crash` (exits mid-call), `size` (the length of `text`) and `sleep` (answers after `ms`).
+pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
+    let stdin = std::io::stdin().lock();
+    let mut out = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
+    let mut reader = BufReader::with_capacity(256 * 1024, stdin);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                respond(&mut out, &Value::Null, Err((-32700, "parse error".into())))?;
+            }
+            continue;
+        };
+        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
+        else {
+            continue; // notifications and responses need no answer
+        };
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let result = match method {
+            "initialize" => Ok(json!({
+                "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),
+                "capabilities": { "tools": {} },
+                "serverInfo": { "name": name, "version": env!("CARGO_PKG_VERSION") },
+            })),
+            "ping" => Ok(json!({})),
+            "tools/list" => Ok(json!({ "tools": tool_list(test_tools) })),
+            "tools/call" => call_tool(&params, test_tools),
+            _ => Err((-32601, format!("method not found: {method}"))),
+        };
+        respond(&mut out, id, result)?;
+    }
+}
+
+fn tool_list(test_tools: bool) -> Vec<Value> {
+    let text_schema = json!({ "type": "object", "properties": { "text": { "type": "string" } } });
+    let mut tools = vec![
+        json!({ "name": "echo", "description": "Echoes `text` back.", "inputSchema": text_schema }),
+        json!({ "name": "whoami", "description": "Who the mesh says is calling.", "inputSchema": { "type": "object" } }),
+        json!({ "name": "blob", "description": "Returns a text of `bytes` bytes.",
+                "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" } } } }),
+    ];
+    if test_tools {
+        tools.push(json!({ "name": "crash", "description": "Exits without answering.", "inputSchema": { "type": "object" } }));
+        tools.push(json!({ "name": "size", "description": "Returns the length of `text` in bytes.",
+                           "inputSchema": { "type": "object", "properties": { "text": { "type": "string" } } } }));
+        tools.push(json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
+                           "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }));
+    }
+    tools
+}
+
+fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
+    let args = params.get("arguments").cloned().unwrap_or(Value::Null);
+    let text_result = |text: String| json!({ "content": [{ "type": "text", "text": text }] });
+    match params.get("name").and_then(Value::as_str).unwrap_or("echo") {
+        "echo" => {
+            let mut result = text_result(
+                args.get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            result["peer_name"] =
+                std::env::var("MCPMESH_PEER_NAME").map_or(Value::Null, Value::from);
+            Ok(result)
+        }
+        "whoami" => {
+            let mut env: serde_json::Map<String, Value> = std::env::vars()
+                .filter(|(k, _)| k.starts_with("MCPMESH_"))
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect();
+            env.insert("pid".into(), Value::from(std::process::id()));
+            let mut result = text_result(Value::Object(env.clone()).to_string());
+            result["structuredContent"] = Value::Object(env);
+            Ok(result)
+        }
+        "blob" => {
+            let n = args
+                .get("bytes")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(64 << 20) as usize;
+            Ok(text_result("x".repeat(n)))
+        }
+        "crash" if test_tools => std::process::exit(3),
+        "size" if test_tools => {
+            let n = args.get("text").and_then(Value::as_str).map_or(0, str::len);
+            Ok(text_result(n.to_string()))
+        }
+        "sleep" if test_tools => {
+            let ms = args
+                .get("ms")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(60_000);
+            std::thread::sleep(Duration::from_millis(ms));
+            Ok(text_result(format!("slept {ms} ms")))
+        }
+        other => Err((-32602, format!("unknown tool: {other}"))),
+    }
+}
+
+fn respond(
+    out: &mut impl Write,
+    id: &Value,
+    result: Result<Value, (i64, String)>,
+) -> std::io::Result<()> {
+    let msg = match result {
+        Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+        Err((code, message)) => {
+            json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+        }
+    };
+    serde_json::to_writer(&mut *out, &msg)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}

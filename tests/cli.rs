@@ -1,0 +1,180 @@
+//! The command-line contract scripts rely on (DESIGN §8) and the node's process hygiene:
+//! `--json` shapes, error lines, private files, one daemon per profile, `down`.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn error_line(out: &std::process::Output) -> Value {
+    assert!(!out.status.success(), "expected a failure");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line)
+        .unwrap_or_else(|_| panic!("stderr ends in one JSON line: {stderr}"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    v
+}
+
+#[test]
+fn json_output_has_the_documented_shapes() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    assert_eq!(alice.id.len(), 64);
+    assert!(
+        alice.addrs.iter().all(|a| a.starts_with("127.0.0.1:")),
+        "{:?}",
+        alice.addrs
+    );
+
+    let up = alice.json(&["up"]);
+    assert_eq!(
+        up,
+        json!({ "socket": alice.home().join("mcpmesh.sock").display().to_string() })
+    );
+
+    let add = alice.json(&["peers", "add", "bob", &bob.id, "--addr", &bob.addrs[0]]);
+    assert_eq!(add, json!({ "peer": "bob", "id": bob.id }));
+
+    let served = alice.json(&["serve", "notes", "--allow", "bob", "--", "cat"]);
+    assert_eq!(served, json!({ "service": "notes", "serving": true }));
+
+    let peers = alice.json(&["peers"]);
+    let list = peers["peers"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["name"], "bob");
+    assert_eq!(list[0]["id"], bob.id);
+    assert_eq!(list[0]["services"], json!(["notes"]));
+
+    let down = alice.json(&["down"]);
+    assert_eq!(down["stopped"], true);
+    assert!(!alice.home().join("mcpmesh.sock").exists());
+}
+
+#[test]
+fn failures_are_one_json_line_on_stderr_with_a_stable_code() {
+    let alice = TestNode::start("alice");
+    let bad_id = error_line(&alice.cli(&["--json", "peers", "add", "bob", "not-a-key"]));
+    assert_eq!(bad_id["error"]["code"], -32602);
+    let own = error_line(&alice.cli(&["--json", "peers", "add", "me", &alice.id]));
+    assert_eq!(own["error"]["code"], -32602);
+    let bad_name = error_line(&alice.cli(&["--json", "serve", "a/b", "--", "cat"]));
+    assert_eq!(bad_name["error"]["code"], 1001);
+    assert!(
+        bad_name["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("services.a/b")
+    );
+}
+
+#[test]
+fn a_bad_config_is_a_clear_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.toml"),
+        format!("{HERMETIC}\n[services.notes]\nrun = \"cat\"\nmax_sessions = 0\n"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(MCPMESH)
+        .arg("--home")
+        .arg(dir.path())
+        .args(["--json", "id"])
+        .output()
+        .unwrap();
+    let err = error_line(&out);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("services.notes.max_sessions"),
+        "{err}"
+    );
+    // The failed start left nothing running behind.
+    assert!(!dir.path().join("mcpmesh.sock").exists());
+}
+
+#[test]
+fn the_device_key_and_the_control_socket_are_private() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob); // the node rewrites its config
+    let mode = |p: &str| {
+        std::fs::metadata(alice.home().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("device.key"), 0o600);
+    assert_eq!(mode("mcpmesh.sock"), 0o600);
+    assert_eq!(
+        mode("config.toml") & 0o077,
+        0,
+        "config written by the node is private"
+    );
+    let key = std::fs::read_to_string(alice.home().join("device.key")).unwrap();
+    assert!(
+        !alice.log().contains(key.trim()),
+        "the key never reaches the log"
+    );
+}
+
+#[test]
+fn a_second_daemon_for_the_same_profile_refuses_to_start() {
+    let alice = TestNode::start("alice");
+    let out = alice.cli(&["--json", "daemon"]);
+    let err = error_line(&out);
+    assert_eq!(err["error"]["code"], 1005);
+    // The running node is untouched.
+    assert_eq!(alice.json(&["id"])["id"], alice.id);
+}
+
+#[test]
+fn the_node_keeps_its_identity_and_port_across_restarts() {
+    let alice = TestNode::start("alice");
+    alice.json(&["down"]);
+    let again = alice.json(&["id"]);
+    assert_eq!(again["id"], alice.id);
+    assert_eq!(
+        again["addrs"],
+        json!(alice.addrs),
+        "same UDP port, so address hints stay valid"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn down_stops_every_child_the_node_spawned() {
+    let m = marker("down");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = s.call("whoami", json!({})).await["result"]["structuredContent"]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert_eq!(alice.json(&["down"])["stopped"], true);
+    assert!(
+        wait_exit(pid, Duration::from_secs(2)).await,
+        "child {pid} outlived its node"
+    );
+    assert!(
+        procs_with(&m).is_empty(),
+        "no child or zombie left: {:?}",
+        procs_with(&m)
+    );
+    // The client sees a clean end of its session.
+    s.close_stdin();
+    s.wait_eof().await;
+}
