@@ -129,6 +129,56 @@ async fn a_backend_crash_mid_call_answers_the_pending_id_with_32055_within_a_sec
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_lost_session_answers_every_outstanding_request_with_its_own_id() {
+    let m = marker("outstanding");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    // Three requests in flight, ids of both JSON types, written at once; the server reads the
+    // first, dies, and never answers the two behind it.
+    let mut burst = Vec::new();
+    for (id, tool) in [
+        (json!(41), "crash"),
+        (json!("forty-two"), "echo"),
+        (json!(43), "echo"),
+    ] {
+        burst.extend(
+            serde_json::to_vec(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                                                 "params": { "name": tool, "arguments": {} } }))
+            .unwrap(),
+        );
+        burst.push(b'\n');
+    }
+    s.send_raw(&burst).await;
+    let mut ids = Vec::new();
+    while let Some(answer) = s.recv().await {
+        band_error(&answer, -32055);
+        ids.push(answer["id"].clone());
+    }
+    ids.sort_by_key(|id| id.to_string());
+    assert_eq!(ids, vec![json!("forty-two"), json!(41), json!(43)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_servers_stderr_goes_to_the_node_log_not_the_stream() {
+    let m = marker("stderr");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    let init = s.initialize().await;
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "echo-stub",
+        "the stream carries only MCP"
+    );
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap();
+    let line = format!("echo-stub: ready (pid {pid})");
+    assert!(
+        eventually(Duration::from_secs(5), || alice.log().contains(&line)).await,
+        "{}",
+        alice.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn six_sessions_on_a_two_session_service_spawn_two_and_refuse_four() {
     let m = marker("cap");
     let (_alice, bob) = pair(&m, Some(2));

@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 /// identity env the node set, and the server's pid), `blob` (a text of `bytes` bytes). With `test_tools`, also
 /// `crash` (exits mid-call), `size` (the length of `text`) and `sleep` (answers after `ms`).
 pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
+    // Says hello on stderr, where a node sends it to its log (never into the MCP stream).
+    eprintln!("{name}: ready (pid {})", std::process::id());
     let stdin = std::io::stdin().lock();
     let mut out = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
     let mut reader = BufReader::with_capacity(256 * 1024, stdin);

@@ -183,6 +183,7 @@ impl McpSession {
         let mut cmd = tokio::process::Command::new(STUB);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .kill_on_drop(true);
         Self::spawn(cmd)
     }
