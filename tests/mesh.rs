@@ -44,6 +44,48 @@ async fn a_session_through_two_nodes_reaches_the_served_tool() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn connect_reading_requests_from_a_file_still_gets_every_answer() {
+    // A regular file cannot be handed to the node, so connect copies bytes itself; and the
+    // client's end of input comes before the answers, which must still arrive.
+    let m = marker("file");
+    let (_alice, bob) = pair(&m, None);
+    let requests = bob.home().join("requests.jsonl");
+    let mut text = String::new();
+    for (id, method, params) in [
+        (
+            1,
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        ),
+        (
+            2,
+            "tools/call",
+            json!({ "name": "echo", "arguments": { "text": "from a file" } }),
+        ),
+    ] {
+        text +=
+            &json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string();
+        text += "\n";
+    }
+    std::fs::write(&requests, text).unwrap();
+    let out = bob
+        .command(&["connect", "alice/svc"])
+        .stdin(std::fs::File::open(&requests).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let answers: Vec<Value> = out
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(answers[0]["result"]["serverInfo"]["name"], "echo-stub");
+    assert_eq!(answers[1]["result"]["content"][0]["text"], "from a file");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_untrusted_node_is_refused_before_any_mcp_byte_and_nothing_is_spawned() {
     let m = marker("untrusted");
     let (alice, _bob) = pair(&m, None);
@@ -233,6 +275,38 @@ async fn closing_connects_stdin_ends_the_remote_child_within_a_second() {
             .any(|(p, _)| *p == pid))
         .await,
         "child {pid} was not reaped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_ignores_eof_and_sigterm_is_ended_with_its_group_within_a_second() {
+    let m = marker("stubborn");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    // sh ignores SIGTERM (so does the `sleep` it leaves running, holding stdout open).
+    let script = "trap '' TERM; \"$0\" \"$@\"; sleep 30";
+    alice.json(&[
+        "serve", "svc", "--allow", "bob", "--", "sh", "-c", script, STUB, "--marker", &m,
+    ]);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let sh = procs_with(&m)
+        .into_iter()
+        .map(|(p, _)| p)
+        .min()
+        .expect("the server runs");
+    assert!(!procs_in_group(sh).is_empty());
+    s.close_stdin();
+    assert!(
+        wait_exit(sh, Duration::from_secs(1)).await,
+        "sh {sh} still running"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || procs_in_group(sh).is_empty()).await,
+        "left behind in the group: {:?}",
+        procs_in_group(sh)
     );
 }
 

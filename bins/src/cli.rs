@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use mcpmesh::control::client::ControlClient;
-use mcpmesh::control::{ControlError, codes, methods};
+use mcpmesh::control::{Attach, ControlError, codes, methods};
 use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
@@ -293,7 +293,7 @@ impl Output {
 }
 
 fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
@@ -330,17 +330,26 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
         code: Some(codes::INVALID_PARAMS),
         message: format!("expected PEER/SERVICE, got {target:?}"),
     })?;
-    let opened =
-        ControlClient::connect_or_start(profile, exe).and_then(|c| c.open_session(peer, service));
+    let attach = if mcpmesh::proxy::stdio_passable() {
+        Attach::Fds
+    } else {
+        Attach::Stream
+    };
+    let opened = ControlClient::connect_or_start(profile, exe)
+        .and_then(|c| c.open_session(peer, service, attach));
     match opened {
         Ok((stream, leftover)) => {
-            mcpmesh::proxy::pipe_stdio(stream, &leftover).context("connect")?;
+            match attach {
+                Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
+                Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),
+            }
+            .context("connect")?;
             Ok(())
         }
         Err(e) => {
             // The client gets a JSON-RPC error for its request, and the reason goes to stderr.
             eprintln!("mcpmesh connect {target}: {}", e.message);
-            mcpmesh::proxy::answer_failed_open(&e).context("connect")?;
+            mcpmesh::proxy::answer_failed_open(e.code, &e.message).context("connect")?;
             Ok(())
         }
     }

@@ -15,7 +15,7 @@ use mcpmesh_net::registry::ConnectionRegistry;
 use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol, OpenedSession, valid_service_name};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::AuditSink;
@@ -408,8 +408,7 @@ impl Node {
         Ok(json!({ "service": serve.name, "serving": true, "allowed_peers": reachable_by }))
     }
 
-    async fn open_session(&self, params: Value) -> Result<OpenedSession, ControlError> {
-        let open: SessionOpen = params_of(params)?;
+    async fn open_session(&self, open: &SessionOpen) -> Result<OpenedSession, ControlError> {
         let peer = self
             .gate
             .snapshot()
@@ -446,8 +445,13 @@ impl ControlHandler for Node {
             methods::PEERS_LIST => Ok(Reply::Value(self.peers_list())),
             methods::SERVICES_SERVE => self.serve(params).map(Reply::Value),
             methods::SESSION_OPEN => {
-                let session = self.open_session(params).await?;
-                Ok(Reply::Tunnel(json!({ "opened": true }), session))
+                let open: SessionOpen = params_of(params)?;
+                let session = self.open_session(&open).await?;
+                Ok(Reply::Tunnel(
+                    json!({ "opened": true }),
+                    session,
+                    open.attach,
+                ))
             }
             methods::NODE_SHUTDOWN => {
                 self.stop_sessions().await;
@@ -460,8 +464,8 @@ impl ControlHandler for Node {
         }
     }
 
-    async fn tunnel(&self, local: UnixStream, leftover: bytes::BytesMut, session: OpenedSession) {
-        proxy::tunnel(local, leftover, session, self.shutdown.child_token()).await;
+    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession) {
+        proxy::tunnel(local, session, self.shutdown.child_token()).await;
     }
 
     fn node_id(&self) -> String {

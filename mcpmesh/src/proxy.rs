@@ -1,13 +1,18 @@
 //! The consuming side of a session: `mcpmesh connect` and the daemon half it talks to.
 //!
-//! `connect` is a plain byte pipe between its stdio and the node's control socket. The daemon
-//! half ([`tunnel`]) moves those bytes over the mesh stream unchanged and remembers which
-//! requests are still unanswered, so that when the session fails it can answer every one of
-//! them with the error band's code instead of leaving the client hanging.
+//! When its stdin and stdout are pipes or sockets (what AI clients give it), `connect` hands
+//! them to the node over the control socket and steps out of the data path: the node reads and
+//! writes the AI client's pipes itself, one process hop fewer each way. Otherwise (a file, a
+//! terminal) `connect` copies bytes between its stdio and the control connection. Either way
+//! the daemon half ([`tunnel`]) moves the bytes over the mesh stream unchanged and remembers
+//! which requests are still unanswered, so that when the session fails it can answer every one
+//! of them with the error band's code instead of leaving the client hanging.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
@@ -19,12 +24,9 @@ use mcpmesh_net::pump::{PumpError, forward, write_run};
 use mcpmesh_net::session::{OpenedSession, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, lines};
 use serde_json::value::RawValue;
-use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
-
-use crate::control::ControlError;
 
 /// After the client closed its side, how long responses still in flight may take to arrive.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -114,23 +116,35 @@ fn failure(end: End) -> (ErrorCode, &'static str) {
     }
 }
 
-/// Runs one session between a `connect` process (`local`) and the mesh stream, until either
-/// side ends it. On failure every unanswered request gets an error of the band.
-pub async fn tunnel(
-    local: UnixStream,
-    leftover: BytesMut,
-    session: OpenedSession,
-    shutdown: CancellationToken,
-) {
+/// The AI client's side of a session, as the daemon holds it.
+pub struct LocalSide {
+    /// What the client sends (its requests).
+    pub input: Box<dyn AsyncRead + Unpin + Send>,
+    /// Where the server's messages go.
+    pub output: Box<dyn AsyncWrite + Unpin + Send>,
+    /// Bytes of the client's already read past the session's opening.
+    pub leftover: BytesMut,
+    /// Resolves when the `connect` process is gone (its control connection closed).
+    pub gone: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+/// Runs one session between the AI client (`local`) and the mesh stream, until either side
+/// ends it. On failure every unanswered request gets an error of the band.
+pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: CancellationToken) {
     let OpenedSession {
         send,
         recv,
         connection,
     } = session;
-    let (local_r, local_w) = local.into_split();
-    let mut local_r = FrameReader::new(local_r, MAX_FRAME);
+    let LocalSide {
+        input,
+        output,
+        leftover,
+        gone,
+    } = local;
+    let mut local_r = FrameReader::new(input, MAX_FRAME);
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
-    let local_w = Mutex::new(local_w);
+    let local_w = Mutex::new(output);
     let mesh_w = Mutex::new(send);
     let outstanding = StdMutex::new(Outstanding::default());
     let track = |f: &dyn Fn(&mut Outstanding)| {
@@ -156,6 +170,7 @@ pub async fn tunnel(
             Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
         },
         _ = shutdown.cancelled() => End::Shutdown,
+        _ = gone => End::ClientGone,
     };
 
     let (code, message) = match end {
@@ -200,9 +215,9 @@ pub async fn tunnel(
     let _ = local_w.lock().await.shutdown().await;
 }
 
-async fn answer_remaining(
-    local_r: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
-    local_w: &Mutex<tokio::net::unix::OwnedWriteHalf>,
+async fn answer_remaining<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    local_r: &mut FrameReader<R>,
+    local_w: &Mutex<W>,
     code: ErrorCode,
     message: &str,
 ) {
@@ -222,8 +237,115 @@ async fn answer_remaining(
     }
 }
 
-/// `mcpmesh connect`: pipes this process's stdin and stdout through `stream` (a session opened
-/// on the control socket) until the node closes it. Raw bytes both ways; the node does the rest.
+/// Whether this process's stdin and stdout can be handed to the node: pipes or sockets, which
+/// the node can wait on (a regular file or a terminal cannot be).
+pub fn stdio_passable() -> bool {
+    let passable = |fd: std::os::fd::BorrowedFd<'_>| {
+        rustix::fs::fstat(fd).is_ok_and(|st| {
+            matches!(
+                rustix::fs::FileType::from_raw_mode(st.st_mode),
+                rustix::fs::FileType::Fifo | rustix::fs::FileType::Socket
+            )
+        })
+    };
+    passable(std::io::stdin().as_fd()) && passable(std::io::stdout().as_fd())
+}
+
+/// `mcpmesh connect`, handing off: passes stdin and stdout to the node over `stream` (a
+/// session opened with `attach = "fds"`), then waits until the node closes the connection at
+/// the session's end. This process moves no bytes of the session.
+pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<()> {
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let fds = [stdin.as_fd(), stdout.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(std::io::Error::other("cannot attach descriptors"));
+    }
+    rustix::net::sendmsg(
+        &stream,
+        &[std::io::IoSlice::new(b"F")],
+        &mut control,
+        rustix::net::SendFlags::empty(),
+    )?;
+    // The node closes this connection when the session ends; until then there is nothing to do.
+    let mut rest = Vec::new();
+    let _ = (&stream).read_to_end(&mut rest);
+    Ok(())
+}
+
+/// Receives the two descriptors `pass_stdio` sends: (input, output).
+pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    loop {
+        stream.readable().await?;
+        let received = stream.try_io(tokio::io::Interest::READABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+            let mut byte = [0u8; 1];
+            let msg = rustix::net::recvmsg(
+                stream,
+                &mut [std::io::IoSliceMut::new(&mut byte)],
+                &mut control,
+                rustix::net::RecvFlags::CMSG_CLOEXEC,
+            )?;
+            let fds: Vec<OwnedFd> = control
+                .drain()
+                .filter_map(|m| match m {
+                    rustix::net::RecvAncillaryMessage::ScmRights(fds) => Some(fds),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            Ok((msg.bytes, fds))
+        });
+        match received {
+            Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((_, fds)) => {
+                let [input, output]: [OwnedFd; 2] = fds
+                    .try_into()
+                    .map_err(|_| std::io::Error::other("expected two descriptors"))?;
+                return Ok((input, output));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Makes a received descriptor the session's input.
+pub fn input_from(fd: OwnedFd) -> std::io::Result<Box<dyn AsyncRead + Unpin + Send>> {
+    if is_fifo(&fd) {
+        Ok(Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(
+            fd,
+        )?))
+    } else {
+        Ok(Box::new(socket_from(fd)?))
+    }
+}
+
+/// Makes a received descriptor the session's output.
+pub fn output_from(fd: OwnedFd) -> std::io::Result<Box<dyn AsyncWrite + Unpin + Send>> {
+    if is_fifo(&fd) {
+        Ok(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(fd)?))
+    } else {
+        Ok(Box::new(socket_from(fd)?))
+    }
+}
+
+fn is_fifo(fd: &OwnedFd) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    })
+}
+
+fn socket_from(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
+    let std = StdUnixStream::from(fd);
+    std.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(std)
+}
+
+/// `mcpmesh connect`, copying: pipes this process's stdin and stdout through `stream` (a session
+/// opened on the control socket) until the node closes it.
 pub fn pipe_stdio(stream: StdUnixStream, leftover: &[u8]) -> std::io::Result<()> {
     let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
@@ -252,8 +374,8 @@ fn copy(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<()> {
 
 /// `mcpmesh connect` when no session could be opened: answers the client's requests with the
 /// error (so it sees why instead of a silent exit), until its first request is answered.
-pub fn answer_failed_open(error: &ControlError) -> std::io::Result<()> {
-    let code = match error.code {
+pub fn answer_failed_open(code: i64, message: &str) -> std::io::Result<()> {
+    let code = match code {
         c if c == ErrorCode::UnknownService.code() => ErrorCode::UnknownService,
         _ => ErrorCode::Unreachable,
     };
@@ -268,7 +390,7 @@ pub fn answer_failed_open(error: &ControlError) -> std::io::Result<()> {
             stdout.write_all(
                 &ErrorFrame::new(code)
                     .id(Some(id))
-                    .message(&error.message)
+                    .message(message)
                     .to_line(),
             )?;
             stdout.flush()?;

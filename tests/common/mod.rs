@@ -288,6 +288,31 @@ pub fn procs_with(marker: &str) -> Vec<(u32, char)> {
     found
 }
 
+/// Live (non-zombie) processes whose process group is `pgid`.
+pub fn procs_in_group(pgid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the command: state, ppid, pgrp.
+        if fields.get(2) == Some(&pgid.to_string().as_str()) && fields.first() != Some(&"Z") {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 /// A tag unique to this test run, for [`procs_with`].
 pub fn marker(test: &str) -> String {
     format!(

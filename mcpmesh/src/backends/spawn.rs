@@ -26,7 +26,8 @@ use crate::audit::{AuditEvent, AuditSink};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
 
-/// How long a child gets after its stdin closes, and again after SIGTERM.
+/// How long a child gets after its stdin closes, and again after SIGTERM: the whole teardown
+/// stays well under a second.
 const GRACE: Duration = Duration::from_millis(300);
 /// A caller told "at capacity" is asked to wait this long.
 const RETRY_AT_CAPACITY: Duration = Duration::from_secs(1);
@@ -161,7 +162,7 @@ impl SpawnBackend {
             tokio::spawn(log_stderr(stderr, self.service.clone()));
         }
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            stop_child(&mut child).await;
+            stop_child(&mut child, GRACE).await;
             return Ok(());
         };
 
@@ -194,10 +195,21 @@ impl SpawnBackend {
             };
         }
 
+        drop(child_w.into_inner());
+        let mut patience = GRACE;
+        if matches!(end, End::ClientClosed) {
+            // The client is done sending, perhaps not reading: answers the server still
+            // writes as it sees its input end reach the client, for a short while.
+            let drain = forward(&mut child_r, &mesh_w, &mesh_w, |run| {
+                bytes_out += run.len() as u64
+            });
+            if tokio::time::timeout(GRACE, drain).await.is_err() {
+                patience = Duration::ZERO; // it had its grace while draining
+            }
+        }
         // Client-visible end first, so the caller is never kept waiting on the child's exit.
         let _ = mesh_w.lock().await.shutdown().await;
-        drop(child_w.into_inner());
-        stop_child(&mut child).await;
+        stop_child(&mut child, patience).await;
 
         let ended = match &end {
             End::ClientClosed => "client_closed".to_owned(),
@@ -294,13 +306,13 @@ impl SpawnBackend {
     }
 }
 
-/// Ends a session's child: stdin is already closed; then SIGTERM, then SIGKILL, to the whole
-/// process group, each after a short grace. The child is reaped; no zombie stays behind.
-async fn stop_child(child: &mut Child) {
+/// Ends a session's child: its stdin is already closed; after `patience` SIGTERM, then after a
+/// grace SIGKILL, to the whole process group. The child is reaped; no zombie stays behind.
+async fn stop_child(child: &mut Child, patience: Duration) {
     let group = child
         .id()
         .and_then(|pid| rustix::process::Pid::from_raw(pid as i32));
-    if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
+    if tokio::time::timeout(patience, child.wait()).await.is_err() {
         signal_group(group, rustix::process::Signal::TERM);
         if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
             signal_group(group, rustix::process::Signal::KILL);

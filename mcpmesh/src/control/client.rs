@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{API_VERSION, ControlError, MAX_CONTROL_FRAME, Response, SessionOpen, codes, methods};
+use super::{
+    API_VERSION, Attach, ControlError, MAX_CONTROL_FRAME, Response, SessionOpen, codes, methods,
+};
 use crate::paths::Profile;
 
 /// How long a verb waits for a node it started to become ready.
@@ -137,10 +139,12 @@ impl ControlClient {
         mut self,
         peer: &str,
         service: &str,
+        attach: Attach,
     ) -> Result<(UnixStream, Vec<u8>), ControlError> {
         let params = serde_json::to_value(SessionOpen {
             peer: peer.to_owned(),
             service: service.to_owned(),
+            attach,
         })
         .map_err(|e| ControlError::invalid_params(e.to_string()))?;
         self.call(methods::SESSION_OPEN, params)?;

@@ -108,4 +108,18 @@ impl Response {
 pub struct SessionOpen {
     pub peer: String,
     pub service: String,
+    #[serde(default)]
+    pub attach: Attach,
+}
+
+/// How the opener's side of a session reaches the node after `session.open` is answered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attach {
+    /// The control connection itself carries the session's bytes.
+    #[default]
+    Stream,
+    /// The opener passes two descriptors (input, output) with `SCM_RIGHTS`; the node reads
+    /// and writes them directly, and the control connection only says the opener is alive.
+    Fds,
 }

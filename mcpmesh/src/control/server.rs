@@ -3,21 +3,30 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use mcpmesh_net::session::OpenedSession;
 use mcpmesh_net::transport::{NdjsonTransport, TransportError};
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use super::{API_VERSION, ControlError, MAX_CONTROL_FRAME, Request, Response, codes, methods};
+use super::{
+    API_VERSION, Attach, ControlError, MAX_CONTROL_FRAME, Request, Response, codes, methods,
+};
+use crate::proxy::{self, LocalSide};
+
+/// How long an opener that asked to pass descriptors has to send them.
+const FDS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a method call produced.
 #[derive(Debug)]
 pub enum Reply {
     /// An ordinary result.
     Value(Value),
-    /// The result, after which the connection becomes the byte tunnel of an MCP session.
-    Tunnel(Value, OpenedSession),
+    /// The result, after which the connection attaches the opener to an MCP session.
+    Tunnel(Value, OpenedSession, Attach),
     /// The result, after which the node stops.
     ThenStop(Value),
 }
@@ -30,13 +39,8 @@ pub trait ControlHandler: Send + Sync + 'static {
         params: Value,
     ) -> impl Future<Output = Result<Reply, ControlError>> + Send;
 
-    /// Runs an opened session over the connection's halves until it ends.
-    fn tunnel(
-        &self,
-        local: UnixStream,
-        leftover: bytes::BytesMut,
-        session: OpenedSession,
-    ) -> impl Future<Output = ()> + Send;
+    /// Runs an opened session with the opener's side until it ends.
+    fn tunnel(&self, local: LocalSide, session: OpenedSession) -> impl Future<Output = ()> + Send;
 
     /// A `hello` result's node id.
     fn node_id(&self) -> String;
@@ -123,15 +127,19 @@ async fn connection<H: ControlHandler>(
                 stop.cancel();
                 return;
             }
-            Ok(Reply::Tunnel(v, session)) => {
+            Ok(Reply::Tunnel(v, session, attach)) => {
                 if t.send_raw(&Response::to_line(req.id, Ok(v))).await.is_err() {
                     return;
                 }
                 let (reader, writer) = t.into_parts();
                 let (read_half, leftover) = reader.into_parts();
-                match read_half.reunite(writer) {
-                    Ok(stream) => handler.tunnel(stream, leftover, session).await,
-                    Err(_) => tracing::error!("control connection halves did not match"),
+                let Ok(stream) = read_half.reunite(writer) else {
+                    tracing::error!("control connection halves did not match");
+                    return;
+                };
+                match attach_local(stream, leftover, attach).await {
+                    Ok(local) => handler.tunnel(local, session).await,
+                    Err(e) => tracing::warn!("a session's opener did not attach: {e}"),
                 }
                 return;
             }
@@ -143,6 +151,41 @@ async fn connection<H: ControlHandler>(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The opener's side of a session: the control connection itself, or the descriptors it passes.
+async fn attach_local(
+    stream: UnixStream,
+    leftover: bytes::BytesMut,
+    attach: Attach,
+) -> std::io::Result<LocalSide> {
+    match attach {
+        Attach::Stream => {
+            let (input, output) = stream.into_split();
+            Ok(LocalSide {
+                input: Box::new(input),
+                output: Box::new(output),
+                leftover,
+                gone: Box::pin(std::future::pending()),
+            })
+        }
+        Attach::Fds => {
+            let (input, output) = tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            Ok(LocalSide {
+                input: proxy::input_from(input)?,
+                output: proxy::output_from(output)?,
+                leftover,
+                gone: Box::pin(async move {
+                    // The opener writes nothing more; EOF (or an error) means it is gone.
+                    let mut stream = stream;
+                    let mut buf = [0u8; 64];
+                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                }),
+            })
         }
     }
 }
