@@ -311,6 +311,53 @@ async fn a_server_that_ignores_eof_and_sigterm_is_ended_with_its_group_within_a_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_peer_removed_from_the_config_loses_its_live_session_at_once() {
+    let m = marker("sever");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                    "params": { "name": "sleep", "arguments": { "ms": 20_000 } } }),
+    )
+    .await;
+    // Remove [peers.bob] by hand and tell the node to reload.
+    let path = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("[peers.bob]").unwrap();
+    let end = text[start + 1..]
+        .find("\n[")
+        .map_or(text.len(), |i| start + 2 + i);
+    std::fs::write(&path, format!("{}{}", &text[..start], &text[end..])).unwrap();
+    let daemon: i32 = std::fs::read_to_string(alice.home().join("daemon.lock"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(daemon).unwrap(),
+        rustix::process::Signal::HUP,
+    )
+    .unwrap();
+
+    let answer = s.recv().await.expect("the pending request is answered");
+    band_error(&answer, -32052);
+    assert_eq!(answer["id"], "slow");
+    s.wait_eof().await;
+    assert!(
+        wait_exit(pid, Duration::from_secs(2)).await,
+        "the severed session's child ended"
+    );
+    assert!(
+        alice.json(&["peers"])["peers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn killing_connect_ends_the_remote_child_within_a_second() {
     let m = marker("kill");
     let (_alice, bob) = pair(&m, None);

@@ -389,7 +389,7 @@ impl ConfigFile {
     /// atomically. Nothing is written when the result would be invalid.
     pub fn edit(
         &self,
-        change: impl FnOnce(&mut toml_edit::DocumentMut),
+        change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
     ) -> Result<Settings, ConfigError> {
         let text = self.read_text()?;
         let mut doc: toml_edit::DocumentMut =
@@ -398,7 +398,10 @@ impl ConfigFile {
                     path: self.shown(),
                     message: e.to_string(),
                 })?;
-        change(&mut doc);
+        change(&mut doc).map_err(|message| ConfigError::Invalid {
+            path: self.shown(),
+            message,
+        })?;
         let new_text = doc.to_string();
         let settings = Config::parse(&new_text, &self.shown())?;
         write_atomically(&self.path, new_text.as_bytes()).map_err(|source| ConfigError::Write {
@@ -444,8 +447,8 @@ pub fn set_peer(
     name: &str,
     id: &EndpointId,
     addrs: &[SocketAddr],
-) {
-    let peers = table(doc, "peers");
+) -> Result<(), String> {
+    let peers = table(doc, "peers")?;
     let mut entry = toml_edit::Table::new();
     entry["id"] = toml_edit::value(id.to_string());
     if !addrs.is_empty() {
@@ -453,6 +456,7 @@ pub fn set_peer(
         entry["addrs"] = toml_edit::value(list);
     }
     peers[name] = toml_edit::Item::Table(entry);
+    Ok(())
 }
 
 /// Sets `[services.NAME]`.
@@ -462,8 +466,8 @@ pub fn set_service(
     cmd: &[String],
     allow: &[String],
     max_sessions: Option<u32>,
-) {
-    let services = table(doc, "services");
+) -> Result<(), String> {
+    let services = table(doc, "services")?;
     let mut entry = toml_edit::Table::new();
     entry["run"] = toml_edit::value(cmd.iter().collect::<toml_edit::Array>());
     entry["allow"] = toml_edit::value(allow.iter().collect::<toml_edit::Array>());
@@ -471,18 +475,25 @@ pub fn set_service(
         entry["max_sessions"] = toml_edit::value(i64::from(n));
     }
     services[name] = toml_edit::Item::Table(entry);
+    Ok(())
 }
 
-fn table<'a>(doc: &'a mut toml_edit::DocumentMut, key: &str) -> &'a mut toml_edit::Table {
-    if !doc.contains_table(key) {
-        let mut t = toml_edit::Table::new();
-        t.set_implicit(true);
-        doc[key] = toml_edit::Item::Table(t);
-    }
-    match doc[key].as_table_mut() {
-        Some(t) => t,
-        None => unreachable!("just ensured {key} is a table"),
-    }
+/// The `[key]` table, created if absent.
+fn table<'a>(
+    doc: &'a mut toml_edit::DocumentMut,
+    key: &str,
+) -> Result<&'a mut toml_edit::Table, String> {
+    doc.as_table_mut()
+        .entry(key)
+        .or_insert_with(|| {
+            let mut t = toml_edit::Table::new();
+            t.set_implicit(true);
+            toml_edit::Item::Table(t)
+        })
+        .as_table_mut()
+        .ok_or_else(|| {
+            format!("{key}: mcpmesh edits only [{key}.NAME] sections; rewrite {key} that way")
+        })
 }
 
 #[cfg(test)]

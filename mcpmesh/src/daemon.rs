@@ -1,6 +1,7 @@
 //! The node daemon: the composition root. It builds every subsystem, hands each a narrow
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, RwLock};
@@ -73,7 +74,7 @@ pub struct Ready {
 /// `on_ready` is called once the control socket accepts connections.
 pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), DaemonError> {
     profile.create_dirs().map_err(DaemonError::Files)?;
-    let lock = std::fs::OpenOptions::new()
+    let mut lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
@@ -84,6 +85,10 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
             profile.socket_path().display().to_string(),
         ));
     }
+    // The lock file names the running node's pid, for `kill -HUP` and the like.
+    lock.set_len(0)
+        .and_then(|()| writeln!(lock, "{}", std::process::id()))
+        .map_err(DaemonError::Files)?;
 
     let config_file = ConfigFile::new(profile.config_file());
     let settings = config_file.load()?;
@@ -276,7 +281,10 @@ impl Node {
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
     }
 
-    fn edit(&self, change: impl FnOnce(&mut toml_edit::DocumentMut)) -> Result<(), ControlError> {
+    fn edit(
+        &self,
+        change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
+    ) -> Result<(), ControlError> {
         let settings = self
             .config_file
             .edit(change)

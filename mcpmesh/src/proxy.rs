@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 /// After the client closed its side, how long responses still in flight may take to arrive.
 const DRAIN: Duration = Duration::from_secs(2);
-/// After a failure, how long requests the client is still sending get answered.
+/// After a failure that came before any request, how long the client's first one is awaited.
 const LINGER: Duration = Duration::from_secs(5);
 /// Unanswered requests remembered per session; past this, new ones are not tracked.
 const MAX_TRACKED: usize = 65_536;
@@ -41,6 +41,8 @@ const PIPE_CHUNK: usize = 256 * 1024;
 #[derive(Debug, Default)]
 struct Outstanding {
     ids: HashMap<String, Box<RawValue>>,
+    /// Whether the client has sent any request at all.
+    requests_seen: bool,
 }
 
 impl Outstanding {
@@ -51,10 +53,11 @@ impl Outstanding {
             };
             if let Some(cancelled) = peek.cancelled_request() {
                 self.ids.remove(&jsonrpc::id_key(cancelled));
-            } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id)
-                && self.ids.len() < MAX_TRACKED
-            {
-                self.ids.insert(jsonrpc::id_key(id), id.to_owned());
+            } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
+                self.requests_seen = true;
+                if self.ids.len() < MAX_TRACKED {
+                    self.ids.insert(jsonrpc::id_key(id), id.to_owned());
+                }
             }
         }
     }
@@ -197,25 +200,27 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         }
         other => failure(other),
     };
-    let answers = {
+    let (answers, requests_seen) = {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        o.answer_all(code, message)
+        (o.answer_all(code, message), o.requests_seen)
     };
     if !answers.is_empty() {
         let _ = write_run(&local_w, &answers).await;
     }
     let _ = mesh_w.lock().await.finish();
-    // Requests still arriving (a client that wrote before it saw the failure) are answered
-    // too, for a short while, so nothing waits forever. Returns at once if the client is done.
-    let _ = tokio::time::timeout(
-        LINGER,
-        answer_remaining(&mut local_r, &local_w, code, message),
-    )
-    .await;
+    if !requests_seen {
+        // The session failed before the client asked anything (a refusal can outrun its first
+        // request): answer what it sends next, so it learns why instead of seeing a bare EOF.
+        let _ = tokio::time::timeout(
+            LINGER,
+            answer_first_request(&mut local_r, &local_w, code, message),
+        )
+        .await;
+    }
     let _ = local_w.lock().await.shutdown().await;
 }
 
-async fn answer_remaining<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+async fn answer_first_request<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     local_r: &mut FrameReader<R>,
     local_w: &Mutex<W>,
     code: ErrorCode,
@@ -230,9 +235,8 @@ async fn answer_remaining<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 .id(Some(id))
                 .message(message)
                 .to_line();
-            if write_run(local_w, &frame).await.is_err() {
-                return;
-            }
+            let _ = write_run(local_w, &frame).await;
+            return;
         }
     }
 }
