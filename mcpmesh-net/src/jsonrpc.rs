@@ -51,6 +51,82 @@ impl Peek<'_> {
     }
 }
 
+/// How a response ended, as far as an audit record cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// A JSON-RPC error, with its code.
+    Error(i64),
+    /// A tool result with `isError: true`.
+    ToolError,
+}
+
+/// The members of a response an audit record looks at.
+#[derive(Debug, Deserialize)]
+pub struct ResponsePeek<'a> {
+    #[serde(borrow, default)]
+    pub id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub method: Option<&'a RawValue>,
+    #[serde(default)]
+    error: Option<ErrorPeek>,
+    #[serde(default)]
+    result: Option<ResultPeek>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorPeek {
+    #[serde(default)]
+    code: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ResultPeek {
+    #[serde(rename = "isError", default)]
+    is_error: Option<bool>,
+}
+
+impl ResponsePeek<'_> {
+    /// The id this frame answers, when it is a response.
+    pub fn answers(&self) -> Option<&RawValue> {
+        if self.method.is_some() {
+            return None;
+        }
+        self.id
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match (&self.error, &self.result) {
+            (Some(e), _) => Outcome::Error(e.code),
+            (
+                None,
+                Some(ResultPeek {
+                    is_error: Some(true),
+                }),
+            ) => Outcome::ToolError,
+            _ => Outcome::Ok,
+        }
+    }
+}
+
+/// Peeks at a frame from a server; `None` if it is not a JSON object.
+pub fn peek_response(line: &[u8]) -> Option<ResponsePeek<'_>> {
+    serde_json::from_slice(line).ok()
+}
+
+/// The name a request is about: `params.name` (tools, prompts) or `params.uri` (resources).
+pub fn subject_name(params: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default)]
+        uri: Option<String>,
+    }
+    let named: Named = serde_json::from_str(params.get()).ok()?;
+    named.name.or(named.uri)
+}
+
 /// Peeks at one frame (a JSON object); `None` if it is not one.
 pub fn peek(line: &[u8]) -> Option<Peek<'_>> {
     serde_json::from_slice(line).ok()
@@ -80,6 +156,25 @@ mod tests {
         assert_eq!(resp.kind(), Kind::Response);
         assert!(peek(b"[1,2]").is_none());
         assert!(peek(b"not json").is_none());
+    }
+
+    #[test]
+    fn response_outcomes_are_told_apart() {
+        let ok = peek_response(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#).unwrap();
+        assert_eq!(
+            (ok.answers().unwrap().get(), ok.outcome()),
+            ("1", Outcome::Ok)
+        );
+        let tool = peek_response(br#"{"id":2,"result":{"isError":true,"content":[]}}"#).unwrap();
+        assert_eq!(tool.outcome(), Outcome::ToolError);
+        let err = peek_response(br#"{"id":3,"error":{"code":-32601,"message":"x"}}"#).unwrap();
+        assert_eq!(err.outcome(), Outcome::Error(-32601));
+        let req =
+            peek_response(br#"{"id":4,"method":"sampling/createMessage","params":{}}"#).unwrap();
+        assert!(
+            req.answers().is_none(),
+            "a server's request is not an answer"
+        );
     }
 
     #[test]

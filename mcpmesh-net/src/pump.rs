@@ -2,7 +2,8 @@
 //!
 //! One direction per call; a session runs two of them under a `select!`. Each run is written
 //! as one `write_all` of the bytes as they were read. An oversized line is dropped and answered
-//! on the client-facing writer; the third such strike ends the direction.
+//! on the client-facing writer; the third such strike ends the direction. The checked variant
+//! lets the node refuse single lines (limits) without touching the ones it passes.
 
 use std::io;
 
@@ -23,7 +24,7 @@ pub enum PumpError {
     Read(io::Error),
     #[error("writing failed: {0}")]
     Write(io::Error),
-    #[error("three oversized frames; session closed")]
+    #[error("three oversized or unparsable frames; session closed")]
     TooManyStrikes,
 }
 
@@ -51,15 +52,110 @@ where
                 write_run(dest, &run).await.map_err(PumpError::Write)?;
             }
             Batch::Oversize => {
-                strikes += 1;
-                tracing::debug!(strikes, "dropped a frame over the cap");
                 let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
-                write_run(client, &line).await.map_err(PumpError::Write)?;
-                if strikes >= MAX_STRIKES {
-                    return Err(PumpError::TooManyStrikes);
-                }
+                strike(&mut strikes, client, &line).await?;
             }
         }
+    }
+    Ok(())
+}
+
+/// What to do with one line the client sent.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Pass it on, unchanged.
+    Forward,
+    /// Drop it and write these bytes (error frames, or nothing) to the client instead.
+    Answer(Vec<u8>),
+    /// As `Answer`, and count a strike against the session.
+    Strike(Vec<u8>),
+}
+
+/// Like [`forward`], with a decision per line: each line of a run is forwarded, or dropped
+/// and answered. Forwarded lines still go out as whole slices of the bytes read, unchanged.
+pub async fn forward_checked<R, W, C>(
+    reader: &mut FrameReader<R>,
+    dest: &Mutex<W>,
+    client: &Mutex<C>,
+    mut check: impl FnMut(&[u8]) -> Verdict,
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    let mut strikes = 0u8;
+    while let Some(batch) = reader.next_batch().await.map_err(PumpError::Read)? {
+        let run = match batch {
+            Batch::Lines(run) => run,
+            Batch::Oversize => {
+                let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+                strike(&mut strikes, client, &line).await?;
+                continue;
+            }
+        };
+        let (mut kept_from, mut answers, mut struck) = (0, Vec::new(), 0u8);
+        let mut start = 0;
+        while start < run.len() {
+            let end = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |i| start + i + 1);
+            let line = &run[start..end];
+            let body = line.strip_suffix(b"\n").unwrap_or(line);
+            let body = body.strip_suffix(b"\r").unwrap_or(body);
+            let verdict = if body.iter().all(u8::is_ascii_whitespace) {
+                Verdict::Forward
+            } else {
+                check(body)
+            };
+            match verdict {
+                Verdict::Forward => {}
+                Verdict::Answer(bytes) => {
+                    write_slice(dest, &run[kept_from..start]).await?;
+                    answers.extend(bytes);
+                    kept_from = end;
+                }
+                Verdict::Strike(bytes) => {
+                    write_slice(dest, &run[kept_from..start]).await?;
+                    answers.extend(bytes);
+                    kept_from = end;
+                    struck += 1;
+                }
+            }
+            start = end;
+        }
+        write_slice(dest, &run[kept_from..]).await?;
+        if !answers.is_empty() {
+            write_run(client, &answers)
+                .await
+                .map_err(PumpError::Write)?;
+        }
+        strikes = strikes.saturating_add(struck);
+        if strikes >= MAX_STRIKES {
+            return Err(PumpError::TooManyStrikes);
+        }
+    }
+    Ok(())
+}
+
+async fn write_slice<W: AsyncWrite + Unpin>(
+    dest: &Mutex<W>,
+    bytes: &[u8],
+) -> Result<(), PumpError> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    write_run(dest, bytes).await.map_err(PumpError::Write)
+}
+
+async fn strike<C: AsyncWrite + Unpin>(
+    strikes: &mut u8,
+    client: &Mutex<C>,
+    answer: &[u8],
+) -> Result<(), PumpError> {
+    *strikes += 1;
+    tracing::debug!(strikes = *strikes, "a frame was refused");
+    write_run(client, answer).await.map_err(PumpError::Write)?;
+    if *strikes >= MAX_STRIKES {
+        return Err(PumpError::TooManyStrikes);
     }
     Ok(())
 }
@@ -104,6 +200,38 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&notice).unwrap();
         assert_eq!(v["error"]["code"], -32051);
         assert!(v["id"].is_null());
+    }
+
+    #[tokio::test]
+    async fn checked_forwarding_drops_only_the_refused_lines_and_answers_them() {
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 16);
+        let (cli_w, mut cli_r) = duplex(1 << 16);
+        src_w
+            .write_all(b"{\"ok\":1}\n{\"no\":2}\n\n{\"ok\":3}\r\n")
+            .await
+            .unwrap();
+        drop(src_w);
+        let mut reader = FrameReader::new(src_r, 1024);
+        let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
+        forward_checked(&mut reader, &dest, &client, |line| {
+            if line.starts_with(b"{\"no\"") {
+                Verdict::Answer(b"refused\n".to_vec())
+            } else {
+                Verdict::Forward
+            }
+        })
+        .await
+        .unwrap();
+        drop((dest, client));
+        let (mut out, mut answers) = (Vec::new(), Vec::new());
+        dst_r.read_to_end(&mut out).await.unwrap();
+        cli_r.read_to_end(&mut answers).await.unwrap();
+        assert_eq!(
+            out, b"{\"ok\":1}\n\n{\"ok\":3}\r\n",
+            "kept lines are byte-identical"
+        );
+        assert_eq!(answers, b"refused\n");
     }
 
     #[tokio::test]

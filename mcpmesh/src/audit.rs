@@ -1,26 +1,29 @@
-//! The audit seam: sessions and requests become records, handed off the hot path.
+//! The audit log: who opened which service, every request and how it ended, every trust
+//! change — never arguments (only a BLAKE3 hash of them), never secrets.
 //!
-//! An [`AuditSink`] is a cheap handle that queues records for a writer task; recording never
-//! waits on disk. The durable hash-chained JSONL writer plugs in behind [`AuditSink::channel`].
+//! Records are queued by an [`AuditSink`] (never blocking the request path) and written by one
+//! task, in batches, to append-only JSONL files, one per month. Each record carries the hash of
+//! the previous one and a hash of itself, so [`verify`] finds an edited, deleted, inserted or
+//! reordered record and names the first bad one. A head file keeps the last record's hash, so
+//! even the newest record cannot be changed or dropped unnoticed.
 
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
-use tokio::sync::mpsc;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
 
-/// Records queued for the writer before new ones are dropped (and counted).
-const QUEUE: usize = 4096;
+/// Records queued for the writer; past this they are counted, and the count is itself logged.
+const QUEUE: usize = 65_536;
+/// The `prev` of the very first record.
+const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+const HEAD_FILE: &str = "audit.head";
 
-/// One audit record. Never carries tool arguments or secrets.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AuditRecord {
-    /// Unix time in milliseconds.
-    pub at_ms: u64,
-    #[serde(flatten)]
-    pub event: AuditEvent,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One audit event. Never carries tool arguments or secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum AuditEvent {
     SessionOpen {
@@ -43,60 +46,546 @@ pub enum AuditEvent {
         bytes_out: u64,
         ended: String,
     },
+    Request {
+        service: String,
+        principal: String,
+        peer: String,
+        method: String,
+        /// The tool, prompt or resource the request names.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        name: Option<String>,
+        /// BLAKE3 of the raw `params` bytes; the params themselves are never recorded.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        params_hash: Option<String>,
+        bytes_in: u64,
+        bytes_out: u64,
+        latency_us: u64,
+        /// `ok`, `error` (with `code`), `tool_error`, `refused`, `rate_limited`, `unanswered`.
+        outcome: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        code: Option<i64>,
+    },
+    /// Over-limit notifications were dropped (recorded once per throttle episode).
+    NotificationsThrottled {
+        service: String,
+        principal: String,
+        peer: String,
+    },
+    /// The queue overflowed and this many records were lost.
+    RecordsDropped { count: u64 },
+    /// A trust change: pair, unpair, grant, revoke, serve, unserve, peer added or removed.
+    Trust {
+        action: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        peer: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        service: Option<String>,
+    },
+}
+
+impl AuditEvent {
+    /// The peer and service a record is about, for filtering.
+    pub fn subject(&self) -> (Option<&str>, Option<&str>) {
+        match self {
+            AuditEvent::SessionOpen { peer, service, .. }
+            | AuditEvent::SessionRefused { peer, service, .. }
+            | AuditEvent::SessionClose { peer, service, .. }
+            | AuditEvent::Request { peer, service, .. }
+            | AuditEvent::NotificationsThrottled { peer, service, .. } => {
+                (Some(peer), Some(service))
+            }
+            AuditEvent::Trust { peer, service, .. } => (peer.as_deref(), service.as_deref()),
+            AuditEvent::RecordsDropped { .. } => (None, None),
+        }
+    }
+}
+
+/// A record as written: the event with its place in the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub seq: u64,
+    /// Unix time in milliseconds.
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub event: AuditEvent,
+    /// Hash of the previous record's line.
+    pub prev: String,
+}
+
+enum Message {
+    Event(Box<(u64, AuditEvent)>),
+    Close(oneshot::Sender<()>),
 }
 
 /// Where audit records go. Clone freely; a disabled sink drops everything at no cost.
 #[derive(Debug, Clone)]
 pub struct AuditSink {
-    tx: Option<mpsc::Sender<AuditRecord>>,
+    tx: Option<mpsc::Sender<Message>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("audit message")
+    }
 }
 
 impl AuditSink {
     /// A sink that records nothing.
     pub fn disabled() -> Self {
-        AuditSink { tx: None }
-    }
-
-    /// A sink whose records arrive on the returned receiver, for a writer task to persist.
-    pub fn channel() -> (Self, mpsc::Receiver<AuditRecord>) {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        (AuditSink { tx: Some(tx) }, rx)
+        AuditSink {
+            tx: None,
+            dropped: Default::default(),
+        }
     }
 
     pub fn is_enabled(&self) -> bool {
         self.tx.is_some()
     }
 
-    /// Queues a record without waiting. A full queue drops it with a warning: the request
-    /// path never blocks on the audit writer.
+    /// Queues an event without waiting. When the writer falls behind so far that the queue is
+    /// full, the event is counted instead, and the count is logged as soon as there is room.
     pub fn record(&self, event: AuditEvent) {
+        use std::sync::atomic::Ordering;
         let Some(tx) = &self.tx else { return };
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        if tx.try_send(AuditRecord { at_ms, event }).is_err() {
-            tracing::warn!("audit queue full or closed; a record was dropped");
+        let send = |event| {
+            tx.try_send(Message::Event(Box::new((now_ms(), event))))
+                .is_ok()
+        };
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 && !send(AuditEvent::RecordsDropped { count: dropped }) {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if !send(event) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The running writer; [`AuditLog::close`] flushes everything queued before it.
+#[derive(Debug)]
+pub struct AuditLog {
+    tx: mpsc::Sender<Message>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AuditLog {
+    /// Starts the writer over `dir` (created if needed), continuing the chain found there.
+    /// `retain_months` deletes month files older than that many months.
+    pub fn start(dir: PathBuf, retain_months: Option<u32>) -> std::io::Result<(Self, AuditSink)> {
+        std::fs::create_dir_all(&dir)?;
+        let head = read_head(&dir)?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let task = tokio::spawn(write_loop(dir, head, retain_months, rx));
+        let sink = AuditSink {
+            tx: Some(tx.clone()),
+            dropped: Default::default(),
+        };
+        Ok((AuditLog { tx, task }, sink))
+    }
+
+    /// Writes everything queued so far, syncs it to disk, and stops the writer.
+    pub async fn close(self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Message::Close(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// The chain's position after the last record written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Head {
+    seq: u64,
+    hash: String,
+}
+
+fn read_head(dir: &Path) -> std::io::Result<Head> {
+    match std::fs::read_to_string(dir.join(HEAD_FILE)) {
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| std::io::Error::other(format!("audit head: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Head {
+            seq: 0,
+            hash: GENESIS.to_owned(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+async fn write_loop(
+    dir: PathBuf,
+    mut head: Head,
+    retain_months: Option<u32>,
+    mut rx: mpsc::Receiver<Message>,
+) {
+    let mut batch = Vec::with_capacity(256);
+    let mut file: Option<(String, std::fs::File)> = None;
+    loop {
+        if rx.recv_many(&mut batch, 256).await == 0 {
+            return;
+        }
+        let mut closing = None;
+        let mut out: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for msg in batch.drain(..) {
+            match msg {
+                Message::Event(boxed) => {
+                    let (at_ms, event) = *boxed;
+                    let record = AuditRecord {
+                        seq: head.seq + 1,
+                        at_ms,
+                        event,
+                        prev: head.hash.clone(),
+                    };
+                    let (line, hash) = seal(&record);
+                    head = Head {
+                        seq: record.seq,
+                        hash,
+                    };
+                    let month = month_of(at_ms);
+                    out.entry(month).or_default().extend(line);
+                }
+                Message::Close(done) => closing = Some(done),
+            }
+        }
+        for (month, bytes) in out {
+            if let Err(e) = append(&dir, &month, &bytes, &mut file, retain_months) {
+                tracing::error!("cannot write the audit log: {e}");
+            }
+        }
+        // The head goes last: a crash between the two leaves a head that lags, never one ahead.
+        let head_json = serde_json::to_vec(&head).unwrap_or_default();
+        if let Err(e) = crate::config::write_atomically(&dir.join(HEAD_FILE), &head_json) {
+            tracing::error!("cannot write the audit head: {e}");
+        }
+        if let Some(done) = closing {
+            if let Some((_, f)) = &file {
+                let _ = f.sync_all();
+            }
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// The record's line (newline included) and its hash. The line ends in `,"hash":"<hex>"}`,
+/// the BLAKE3 of the same line without that member.
+fn seal(record: &AuditRecord) -> (Vec<u8>, String) {
+    let body = serde_json::to_vec(record).unwrap_or_default();
+    let hash = blake3::hash(&body).to_hex().to_string();
+    let mut line = body;
+    line.pop(); // the closing brace
+    line.extend_from_slice(format!(",\"hash\":\"{hash}\"}}\n").as_bytes());
+    (line, hash)
+}
+
+/// Splits a sealed line into its body (as hashed) and the hash it claims.
+fn unseal(line: &str) -> Option<(String, &str)> {
+    const SUFFIX: usize = r#","hash":""#.len() + 64 + r#""}"#.len();
+    let cut = line.len().checked_sub(SUFFIX)?;
+    let (rest, tail) = (line.get(..cut)?, line.get(cut..)?);
+    let hash = tail.strip_prefix(",\"hash\":\"")?.strip_suffix("\"}")?;
+    (hash.len() == 64).then(|| (format!("{rest}}}"), hash))
+}
+
+fn month_of(at_ms: u64) -> String {
+    // Civil date from days since the epoch (Howard Hinnant's algorithm), UTC.
+    let days = (at_ms / 86_400_000) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}")
+}
+
+fn file_name(month: &str) -> String {
+    format!("audit-{month}.jsonl")
+}
+
+fn append(
+    dir: &Path,
+    month: &str,
+    bytes: &[u8],
+    file: &mut Option<(String, std::fs::File)>,
+    retain_months: Option<u32>,
+) -> std::io::Result<()> {
+    if file.as_ref().is_none_or(|(m, _)| m != month) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(dir.join(file_name(month)))?;
+        if let Some((_, old)) = file.take() {
+            let _ = old.sync_all();
+        }
+        *file = Some((month.to_owned(), f));
+        if let Some(keep) = retain_months {
+            prune(dir, month, keep);
+        }
+    }
+    if let Some((_, f)) = file {
+        f.write_all(bytes)?;
+    }
+    Ok(())
+}
+
+/// Deletes month files more than `keep` months older than `current`.
+fn prune(dir: &Path, current: &str, keep: u32) {
+    let index = |m: &str| -> Option<i64> {
+        let (y, mo) = m.split_once('-')?;
+        Some(y.parse::<i64>().ok()? * 12 + mo.parse::<i64>().ok()? - 1)
+    };
+    let Some(now) = index(current) else { return };
+    for (month, path) in month_files(dir) {
+        if index(&month).is_some_and(|i| now - i >= i64::from(keep.max(1))) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The log's month files, oldest first.
+pub fn month_files(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let month = name
+                .strip_prefix("audit-")?
+                .strip_suffix(".jsonl")?
+                .to_owned();
+            Some((month, e.path()))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// What `audit verify` found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    pub ok: bool,
+    pub records: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_bad: Option<BadRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadRecord {
+    pub file: String,
+    pub line: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub reason: String,
+}
+
+/// Checks the whole chain, across month files and against the head.
+pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
+    let head = read_head(dir)?;
+    let mut expected: Option<(u64, String)> = None; // (next seq, prev hash)
+    let mut records = 0;
+    let mut last = (0u64, GENESIS.to_owned(), String::new());
+    for (_, path) in month_files(dir) {
+        let shown = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let reader = std::io::BufReader::new(std::fs::File::open(&path)?);
+        for (i, line) in reader.lines().enumerate() {
+            let line = line?;
+            let bad = |seq: Option<u64>, reason: &str| BadRecord {
+                file: shown.clone(),
+                line: i as u64 + 1,
+                seq,
+                reason: reason.to_owned(),
+            };
+            let report = |b: BadRecord| VerifyReport {
+                ok: false,
+                records,
+                first_bad: Some(b),
+            };
+            let Some((body, claimed)) = unseal(&line) else {
+                return Ok(report(bad(None, "not a sealed audit record")));
+            };
+            let Ok(record) = serde_json::from_str::<AuditRecord>(&body) else {
+                return Ok(report(bad(None, "not an audit record")));
+            };
+            if blake3::hash(body.as_bytes()).to_hex().as_str() != claimed {
+                return Ok(report(bad(Some(record.seq), "the record was altered")));
+            }
+            match &expected {
+                // The oldest record kept anchors the chain (older months may have been pruned).
+                None => {}
+                Some((seq, _)) if record.seq < *seq => {
+                    return Ok(report(bad(Some(record.seq), "out of order or inserted")));
+                }
+                Some((seq, _)) if record.seq > *seq => {
+                    return Ok(report(bad(
+                        Some(record.seq),
+                        "records before this one are missing",
+                    )));
+                }
+                Some((_, prev)) if &record.prev != prev => {
+                    return Ok(report(bad(
+                        Some(record.seq),
+                        "the chain breaks here: an earlier record was replaced",
+                    )));
+                }
+                Some(_) => {}
+            }
+            records += 1;
+            expected = Some((record.seq + 1, claimed.to_owned()));
+            last = (record.seq, claimed.to_owned(), shown.clone());
+        }
+    }
+    if head.seq != last.0 || head.hash != last.1 {
+        return Ok(VerifyReport {
+            ok: false,
+            records,
+            first_bad: Some(BadRecord {
+                file: last.2,
+                line: 0,
+                seq: Some(head.seq),
+                reason: format!(
+                    "the log ends at record {} but record {} was written: its end was removed or changed",
+                    last.0, head.seq
+                ),
+            }),
+        });
+    }
+    Ok(VerifyReport {
+        ok: true,
+        records,
+        first_bad: None,
+    })
+}
+
+/// Every record in order, each as its JSON value (with `seq`, `at_ms`, `event`, …).
+pub fn read_all(dir: &Path) -> std::io::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for (_, path) in month_files(dir) {
+        let reader = std::io::BufReader::new(std::fs::File::open(&path)?);
+        for line in reader.lines() {
+            if let Ok(v) = serde_json::from_str::<Value>(&line?) {
+                out.push(v);
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn records_reach_the_writer_and_serialize_without_surprises() {
-        let (sink, mut rx) = AuditSink::channel();
-        sink.record(AuditEvent::SessionOpen {
-            service: "notes".into(),
+    fn event(i: u64) -> AuditEvent {
+        AuditEvent::Request {
+            service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
-        });
-        let rec = rx.recv().await.unwrap();
-        let v = serde_json::to_value(&rec).unwrap();
-        assert_eq!(v["event"], "session_open");
-        assert_eq!(v["service"], "notes");
-        assert!(v["at_ms"].as_u64().unwrap() > 0);
-        AuditSink::disabled().record(rec.event);
+            method: "tools/call".into(),
+            name: Some(format!("tool{i}")),
+            params_hash: Some(blake3::hash(b"{}").to_hex().to_string()),
+            bytes_in: 10,
+            bytes_out: 20,
+            latency_us: 100,
+            outcome: "ok".into(),
+            code: None,
+        }
+    }
+
+    async fn log_of(n: u64) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit");
+        let (log, sink) = AuditLog::start(path.clone(), None).unwrap();
+        for i in 0..n {
+            sink.record(event(i));
+        }
+        log.close().await;
+        (dir, path)
+    }
+
+    fn lines(path: &Path) -> (PathBuf, Vec<String>) {
+        let (_, file) = month_files(path).pop().unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        (file, text.lines().map(str::to_owned).collect())
+    }
+
+    fn rewrite(file: &Path, lines: &[String]) {
+        std::fs::write(
+            file,
+            lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+        )
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_untouched_log_verifies_and_continues_across_restarts() {
+        let (_d, path) = log_of(5).await;
+        let (log, sink) = AuditLog::start(path.clone(), None).unwrap();
+        sink.record(event(9));
+        log.close().await;
+        let r = verify(&path).unwrap();
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.records, 6);
+    }
+
+    #[tokio::test]
+    async fn an_edited_record_is_named() {
+        let (_d, path) = log_of(5).await;
+        let (file, mut l) = lines(&path);
+        l[2] = l[2].replace("tool2", "toolX");
+        rewrite(&file, &l);
+        let bad = verify(&path).unwrap().first_bad.unwrap();
+        assert_eq!((bad.line, bad.seq), (3, Some(3)), "{bad:?}");
+    }
+
+    #[tokio::test]
+    async fn a_deleted_record_is_found() {
+        let (_d, path) = log_of(5).await;
+        let (file, mut l) = lines(&path);
+        l.remove(1);
+        rewrite(&file, &l);
+        let bad = verify(&path).unwrap().first_bad.unwrap();
+        assert_eq!(bad.seq, Some(3), "{bad:?}");
+        assert!(bad.reason.contains("missing"));
+    }
+
+    #[tokio::test]
+    async fn swapped_records_are_found() {
+        let (_d, path) = log_of(5).await;
+        let (file, mut l) = lines(&path);
+        l.swap(1, 2);
+        rewrite(&file, &l);
+        let bad = verify(&path).unwrap().first_bad.unwrap();
+        assert_eq!(bad.line, 2, "{bad:?}");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_last_record_is_found_through_the_head() {
+        let (_d, path) = log_of(5).await;
+        let (file, mut l) = lines(&path);
+        l.pop();
+        rewrite(&file, &l);
+        assert!(!verify(&path).unwrap().ok);
+    }
+
+    #[test]
+    fn months_are_utc_calendar_months() {
+        assert_eq!(month_of(0), "1970-01");
+        assert_eq!(month_of(1_764_460_800_000), "2025-11-30".get(..7).unwrap());
+        assert_eq!(month_of(951_782_400_000), "2000-02"); // 2000-02-29
     }
 }

@@ -21,6 +21,8 @@ pub const DEFAULT_MAX_SESSIONS: u32 = 4;
 /// Requests per minute per (service, caller) unless configured otherwise.
 pub const DEFAULT_RATE_PER_MIN: u32 = 120;
 const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
+/// Outstanding requests per session unless configured otherwise.
+pub const DEFAULT_IN_FLIGHT: u32 = 16;
 
 /// Environment variables the node sets for a child; no config may set them.
 pub const RESERVED_ENV_PREFIX: &str = "MCPMESH_";
@@ -34,6 +36,8 @@ pub struct Config {
     pub network: NetworkSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub audit: AuditSection,
     #[serde(default)]
     pub services: BTreeMap<String, ServiceConfig>,
     #[serde(default)]
@@ -68,6 +72,13 @@ pub struct NetworkSection {
     pub bind: OneOrMany,
 }
 
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// Month files older than this many months are deleted; unset keeps everything.
+    pub retain_months: Option<u32>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
@@ -77,6 +88,9 @@ pub struct LimitsSection {
     pub max_sessions: u32,
     #[serde(default = "default_dial_timeout")]
     pub dial_timeout_secs: u64,
+    /// Requests one session may have outstanding at once.
+    #[serde(default = "default_in_flight")]
+    pub max_in_flight: u32,
 }
 
 impl Default for LimitsSection {
@@ -85,6 +99,7 @@ impl Default for LimitsSection {
             rate_limit_per_min: DEFAULT_RATE_PER_MIN,
             max_sessions: DEFAULT_MAX_SESSIONS,
             dial_timeout_secs: DEFAULT_DIAL_TIMEOUT_SECS,
+            max_in_flight: DEFAULT_IN_FLIGHT,
         }
     }
 }
@@ -97,6 +112,9 @@ fn default_max_sessions() -> u32 {
 }
 fn default_dial_timeout() -> u64 {
     DEFAULT_DIAL_TIMEOUT_SECS
+}
+fn default_in_flight() -> u32 {
+    DEFAULT_IN_FLIGHT
 }
 
 /// A string or a list of strings (`run = "python3 srv.py"` or `run = ["python3", "srv.py"]`).
@@ -132,6 +150,7 @@ pub struct ServiceConfig {
     pub cwd: Option<PathBuf>,
     pub max_sessions: Option<u32>,
     pub rate_limit_per_min: Option<u32>,
+    pub max_in_flight: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -169,6 +188,7 @@ pub struct ServiceSpec {
     pub cwd: Option<PathBuf>,
     pub max_sessions: u32,
     pub rate_limit_per_min: u32,
+    pub max_in_flight: u32,
 }
 
 /// A statically trusted peer, after validation.
@@ -188,6 +208,7 @@ pub struct Settings {
     pub dial_timeout: Duration,
     pub services: Vec<ServiceSpec>,
     pub peers: Vec<PeerSpec>,
+    pub audit_retain_months: Option<u32>,
 }
 
 impl Config {
@@ -267,6 +288,7 @@ impl Config {
             dial_timeout: Duration::from_secs(self.limits.dial_timeout_secs.max(1)),
             services,
             peers,
+            audit_retain_months: self.audit.retain_months,
         })
     }
 }
@@ -314,7 +336,12 @@ fn validate_service(
             "services.{name}.rate_limit_per_min: must be at least 1"
         ));
     }
+    let max_in_flight = svc.max_in_flight.unwrap_or(limits.max_in_flight);
+    if max_in_flight == 0 {
+        return Err(format!("services.{name}.max_in_flight: must be at least 1"));
+    }
     Ok(ServiceSpec {
+        max_in_flight,
         name: name.to_owned(),
         cmd,
         allow: svc.allow.clone(),

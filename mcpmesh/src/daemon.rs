@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::AuditSink;
+use crate::audit::{AuditEvent, AuditLog, AuditSink};
 use crate::config::{self, ConfigError, ConfigFile, Settings, parse_endpoint_id};
 use crate::control::server::{self, ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
@@ -102,8 +102,16 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let services = Arc::new(RwLock::new(
         ServiceTable::default().rebuild(&settings.services),
     ));
-    let audit = spawn_audit_log();
-    let host = Arc::new(ServiceHost::new(services.clone(), audit, shutdown.clone()));
+    let (audit_log, audit) = AuditLog::start(
+        profile.state_dir.join("audit"),
+        settings.audit_retain_months,
+    )
+    .map_err(DaemonError::Files)?;
+    let host = Arc::new(ServiceHost::new(
+        services.clone(),
+        audit.clone(),
+        shutdown.clone(),
+    ));
     let router = Router::builder(endpoint.clone())
         .accept(
             ALPN_MCP,
@@ -133,6 +141,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         registry: registry.clone(),
         dialer,
         shutdown: shutdown.clone(),
+        audit,
     });
     let control = tokio::spawn(server::serve(listener, node.clone(), stop.clone()));
     let addrs = endpoint::direct_addrs(&endpoint);
@@ -150,6 +159,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = router.shutdown().await;
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
+    audit_log.close().await;
     tracing::info!("node stopped");
     // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
@@ -209,19 +219,6 @@ fn bind_control_socket(path: &std::path::Path) -> Result<UnixListener, DaemonErr
     Ok(listener)
 }
 
-/// Audit records go to the node's log until the durable audit log is configured.
-fn spawn_audit_log() -> AuditSink {
-    let (sink, mut rx) = AuditSink::channel();
-    tokio::spawn(async move {
-        while let Some(rec) = rx.recv().await {
-            if let Ok(line) = serde_json::to_string(&rec) {
-                tracing::debug!(target: "mcpmesh::audit", "{line}");
-            }
-        }
-    });
-    sink
-}
-
 async fn wait_for_stop(stop: &CancellationToken, node: &Node) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -255,6 +252,7 @@ struct Node {
     registry: Arc<ConnectionRegistry>,
     dialer: Arc<Dialer>,
     shutdown: CancellationToken,
+    audit: AuditSink,
 }
 
 impl Node {
@@ -354,6 +352,11 @@ impl Node {
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.edit(|doc| config::set_peer(doc, &add.name, &id, &addrs))?;
+        self.audit.record(AuditEvent::Trust {
+            action: "peer_added".into(),
+            peer: Some(add.name.clone()),
+            service: None,
+        });
         Ok(json!({ "peer": add.name, "id": id.to_string() }))
     }
 
@@ -401,6 +404,11 @@ impl Node {
                 serve.max_sessions,
             )
         })?;
+        self.audit.record(AuditEvent::Trust {
+            action: "serve".into(),
+            peer: None,
+            service: Some(serve.name.clone()),
+        });
         let table = self.gate.snapshot();
         let reachable_by: Vec<&str> = table
             .all()

@@ -168,6 +168,7 @@ impl SessionHandler for ServiceHost {
             env: entry.spec.env.clone(),
             cwd: entry.spec.cwd.clone(),
             shutdown: self.shutdown.child_token(),
+            max_in_flight: entry.spec.max_in_flight as usize,
         };
         let run = backend.run_session(Some(peer.clone()), None, transport, &options);
         if let Err(e) = self.sessions.track_future(run).await {

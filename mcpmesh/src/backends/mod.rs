@@ -2,4 +2,5 @@
 //!
 //! `spawn` runs a stdio MCP server once per session.
 
+pub mod ledger;
 pub mod spawn;

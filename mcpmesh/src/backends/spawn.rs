@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
-use mcpmesh_net::pump::{forward, write_run};
+use mcpmesh_net::pump::{Verdict, forward, forward_checked, write_run};
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{Batch, FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
@@ -23,6 +23,7 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::ledger::{Caller, Ledger};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
 
@@ -54,13 +55,26 @@ pub struct SpawnBackend {
 }
 
 /// Per-service settings beyond the command.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SpawnOptions {
     /// Extra environment for the child (never `MCPMESH_*`).
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
     /// Fires when the node shuts down: the session ends and its child with it.
     pub shutdown: CancellationToken,
+    /// Requests the session may have outstanding at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for SpawnOptions {
+    fn default() -> Self {
+        SpawnOptions {
+            env: BTreeMap::new(),
+            cwd: None,
+            shutdown: CancellationToken::new(),
+            max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
+        }
+    }
 }
 
 /// How a session's pump ended.
@@ -171,23 +185,47 @@ impl SpawnBackend {
         let child_w = Mutex::new(stdin);
         let mut child_r = FrameReader::new(stdout, MAX_FRAME);
         let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
+        let caller = Caller {
+            service: self.service.clone(),
+            principal: principal.clone(),
+            peer: peer_name.clone(),
+        };
+        let ledger = StdMutex::new(Ledger::new(
+            caller,
+            self.limiter.clone(),
+            self.audit.clone(),
+            options.max_in_flight,
+        ));
+        let account = || ledger.lock().unwrap_or_else(|p| p.into_inner());
 
         let mut end = End::ClientClosed;
         if let Some(first) = &first_frame {
-            let mut line = serde_json::to_vec(first).unwrap_or_default();
-            line.push(b'\n');
-            bytes_in += line.len() as u64;
-            if let Err(e) = write_run(&child_w, &line).await {
-                end = End::Failed(format!("writing to the server: {e}"));
+            let line = serde_json::to_vec(first).unwrap_or_default();
+            bytes_in += line.len() as u64 + 1;
+            let verdict = account().client_line(&line);
+            let written = match verdict {
+                Verdict::Forward => write_run(&child_w, &[&line[..], b"\n"].concat()).await,
+                Verdict::Answer(answer) | Verdict::Strike(answer) => {
+                    write_run(&mesh_w, &answer).await
+                }
+            };
+            if let Err(e) = written {
+                end = End::Failed(format!("writing the first frame: {e}"));
             }
         }
         if matches!(end, End::ClientClosed) {
             end = tokio::select! {
-                r = forward(&mut mesh_r, &child_w, &mesh_w, |run| bytes_in += run.len() as u64) => match r {
+                r = forward_checked(&mut mesh_r, &child_w, &mesh_w, |line| {
+                    bytes_in += line.len() as u64 + 1;
+                    account().client_line(line)
+                }) => match r {
                     Ok(()) => End::ClientClosed,
                     Err(e) => End::Failed(e.to_string()),
                 },
-                r = forward(&mut child_r, &mesh_w, &mesh_w, |run| bytes_out += run.len() as u64) => match r {
+                r = forward(&mut child_r, &mesh_w, &mesh_w, |run| {
+                    bytes_out += run.len() as u64;
+                    account().server_run(run);
+                }) => match r {
                     Ok(()) => End::ServerClosed,
                     Err(e) => End::Failed(e.to_string()),
                 },
@@ -201,7 +239,8 @@ impl SpawnBackend {
             // The client is done sending, perhaps not reading: answers the server still
             // writes as it sees its input end reach the client, for a short while.
             let drain = forward(&mut child_r, &mesh_w, &mesh_w, |run| {
-                bytes_out += run.len() as u64
+                bytes_out += run.len() as u64;
+                account().server_run(run);
             });
             if tokio::time::timeout(GRACE, drain).await.is_err() {
                 patience = Duration::ZERO; // it had its grace while draining
@@ -210,6 +249,7 @@ impl SpawnBackend {
         // Client-visible end first, so the caller is never kept waiting on the child's exit.
         let _ = mesh_w.lock().await.shutdown().await;
         stop_child(&mut child, patience).await;
+        account().close();
 
         let ended = match &end {
             End::ClientClosed => "client_closed".to_owned(),

@@ -1,0 +1,199 @@
+//! One session's requests, as the serving node keeps account of them: the per-caller rate
+//! limit, the in-flight cap, and the audit record of every request with its outcome.
+//!
+//! The pump asks [`Ledger::client_line`] about each line the caller sends and tells
+//! [`Ledger::server_run`] what the server sends back. Records go to the audit sink's queue;
+//! nothing here waits on disk.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
+use mcpmesh_net::pump::Verdict;
+use mcpmesh_net::transport::lines;
+use serde_json::value::RawValue;
+
+use crate::audit::{AuditEvent, AuditSink};
+use crate::limits::RateLimiter;
+
+/// A caller told "too many requests in flight" is asked to wait this long.
+const RETRY_IN_FLIGHT_MS: u64 = 100;
+/// Notifications that are protocol plumbing rather than work are never throttled.
+const UNTHROTTLED: [&str; 2] = ["notifications/initialized", "notifications/cancelled"];
+
+/// Who is calling which service, for the records.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub service: String,
+    pub principal: String,
+    pub peer: String,
+}
+
+#[derive(Debug)]
+struct Pending {
+    started: Instant,
+    method: String,
+    name: Option<String>,
+    params_hash: Option<String>,
+    bytes_in: u64,
+}
+
+/// The account of one session's requests.
+#[derive(Debug)]
+pub struct Ledger {
+    caller: Caller,
+    limiter: Arc<RateLimiter>,
+    audit: AuditSink,
+    max_in_flight: usize,
+    pending: HashMap<String, Pending>,
+    throttling_notifications: bool,
+}
+
+impl Ledger {
+    pub fn new(
+        caller: Caller,
+        limiter: Arc<RateLimiter>,
+        audit: AuditSink,
+        max_in_flight: usize,
+    ) -> Self {
+        Ledger {
+            caller,
+            limiter,
+            audit,
+            max_in_flight: max_in_flight.max(1),
+            pending: HashMap::new(),
+            throttling_notifications: false,
+        }
+    }
+
+    /// Decides on one line from the caller: forward it, or answer it here.
+    pub fn client_line(&mut self, line: &[u8]) -> Verdict {
+        let Some(peek) = jsonrpc::peek(line) else {
+            return Verdict::Strike(
+                ErrorFrame::new(ErrorCode::Parse)
+                    .message("parse error: the mesh could not read this frame as a JSON object")
+                    .to_line(),
+            );
+        };
+        match (peek.kind(), peek.id) {
+            (Kind::Request, Some(id)) => self.request(line, id, &peek),
+            (Kind::Notification, _) => {
+                let method = peek.method.as_deref().unwrap_or_default();
+                if let Some(cancelled) = peek.cancelled_request() {
+                    // A cancelled request may never be answered: stop counting it in flight.
+                    self.finish(&jsonrpc::id_key(cancelled), "cancelled", None, 0);
+                }
+                if UNTHROTTLED.contains(&method) || self.check_rate().is_ok() {
+                    self.throttling_notifications = false;
+                    return Verdict::Forward;
+                }
+                if !self.throttling_notifications {
+                    self.throttling_notifications = true;
+                    self.audit.record(AuditEvent::NotificationsThrottled {
+                        service: self.caller.service.clone(),
+                        principal: self.caller.principal.clone(),
+                        peer: self.caller.peer.clone(),
+                    });
+                }
+                Verdict::Answer(Vec::new())
+            }
+            // The caller answering the server's own requests (sampling, roots, …).
+            _ => Verdict::Forward,
+        }
+    }
+
+    fn request(&mut self, line: &[u8], id: &RawValue, peek: &jsonrpc::Peek<'_>) -> Verdict {
+        let pending = Pending {
+            started: Instant::now(),
+            method: peek.method.as_deref().unwrap_or_default().to_owned(),
+            name: peek.params.and_then(jsonrpc::subject_name),
+            params_hash: peek
+                .params
+                .map(|p| blake3::hash(p.get().as_bytes()).to_hex().to_string()),
+            bytes_in: line.len() as u64 + 1,
+        };
+        let refusal = if let Err(wait) = self.check_rate() {
+            let frame = ErrorFrame::new(ErrorCode::Busy)
+                .message("rate limited")
+                .retry_after_ms(wait.as_millis().max(1) as u64);
+            Some(("rate_limited", frame))
+        } else if self.pending.len() >= self.max_in_flight {
+            let frame = ErrorFrame::new(ErrorCode::Busy)
+                .message(format!(
+                    "too many requests in flight (at most {})",
+                    self.max_in_flight
+                ))
+                .retry_after_ms(RETRY_IN_FLIGHT_MS);
+            Some(("refused", frame))
+        } else {
+            None
+        };
+        match refusal {
+            Some((outcome, frame)) => {
+                self.record(pending, 0, outcome, None);
+                Verdict::Answer(frame.id(Some(id)).to_line())
+            }
+            None => {
+                self.pending.insert(jsonrpc::id_key(id), pending);
+                Verdict::Forward
+            }
+        }
+    }
+
+    /// Notes what the server sent: answers complete their requests' records.
+    pub fn server_run(&mut self, run: &Bytes) {
+        if self.pending.is_empty() {
+            return;
+        }
+        for line in lines(run) {
+            let Some(peek) = jsonrpc::peek_response(line) else {
+                continue;
+            };
+            let Some(id) = peek.answers() else { continue };
+            let (outcome, code) = match peek.outcome() {
+                Outcome::Ok => ("ok", None),
+                Outcome::Error(code) => ("error", Some(code)),
+                Outcome::ToolError => ("tool_error", None),
+            };
+            self.finish(&jsonrpc::id_key(id), outcome, code, line.len() as u64 + 1);
+        }
+    }
+
+    /// Records every request still unanswered when the session ends.
+    pub fn close(&mut self) {
+        let keys: Vec<String> = self.pending.keys().cloned().collect();
+        for key in keys {
+            self.finish(&key, "unanswered", None, 0);
+        }
+    }
+
+    fn finish(&mut self, key: &str, outcome: &str, code: Option<i64>, bytes_out: u64) {
+        if let Some(p) = self.pending.remove(key) {
+            self.record(p, bytes_out, outcome, code);
+        }
+    }
+
+    fn check_rate(&self) -> Result<(), std::time::Duration> {
+        self.limiter
+            .check(&self.caller.service, &self.caller.principal)
+    }
+
+    fn record(&self, p: Pending, bytes_out: u64, outcome: &str, code: Option<i64>) {
+        self.audit.record(AuditEvent::Request {
+            service: self.caller.service.clone(),
+            principal: self.caller.principal.clone(),
+            peer: self.caller.peer.clone(),
+            method: p.method,
+            name: p.name,
+            params_hash: p.params_hash,
+            bytes_in: p.bytes_in,
+            bytes_out,
+            latency_us: p.started.elapsed().as_micros() as u64,
+            outcome: outcome.to_owned(),
+            code,
+        });
+    }
+}
