@@ -61,11 +61,43 @@ enum Command {
         /// PEER/SERVICE
         target: String,
     },
+    /// Read the audit log: recent records, totals, or a check of its integrity.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
     /// Two nodes on this machine share a tool, end to end: no network, no accounts.
     Demo,
     /// The demo's built-in stdio MCP server.
     #[command(hide = true)]
     DemoServer,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditAction {
+    /// The most recent records (with --json, one JSON record per line).
+    Tail {
+        /// How many records.
+        #[arg(short = 'n', long = "lines", default_value_t = 20)]
+        lines: usize,
+        /// Keep printing records as they are written.
+        #[arg(long, short)]
+        follow: bool,
+        /// Only records about this peer.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Only records about this service.
+        #[arg(long)]
+        service: Option<String>,
+    },
+    /// Check the hash chain; exits 1 if any record was edited, removed, inserted or moved.
+    Verify,
+    /// Sessions, requests, errors, latency and bytes per peer and per service.
+    Summary {
+        /// Only records this recent (30m, 24h, 7d).
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -153,6 +185,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Connect { target } => connect(&profile, &exe, &target),
+        Command::Audit { action } => audit(&profile, action, &out),
         Command::Up => {
             ControlClient::connect_or_start(&profile, &exe)?;
             let socket = profile.socket_path().display().to_string();
@@ -239,6 +272,159 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Failure> {
+    use mcpmesh::audit;
+    let dir = profile.audit_dir();
+    match action {
+        AuditAction::Verify => {
+            let report = audit::verify(&dir).context("reading the audit log")?;
+            let value = serde_json::to_value(&report).context("rendering")?;
+            out.print(value, || match &report.first_bad {
+                None => format!("audit log intact: {} records", report.records),
+                Some(bad) => format!(
+                    "audit log damaged at {} line {}{}: {}",
+                    bad.file,
+                    bad.line,
+                    bad.seq
+                        .map(|s| format!(" (record {s})"))
+                        .unwrap_or_default(),
+                    bad.reason
+                ),
+            });
+            if report.ok {
+                Ok(())
+            } else {
+                // The report is the answer; the exit status tells scripts it is a bad one.
+                std::process::exit(1)
+            }
+        }
+        AuditAction::Summary { since } => {
+            let since_ms = match since {
+                None => 0,
+                Some(text) => {
+                    let d = audit::parse_duration(&text).ok_or_else(|| Failure {
+                        code: Some(codes::INVALID_PARAMS),
+                        message: format!("{text:?} is not a duration like 30m, 24h or 7d"),
+                    })?;
+                    audit::unix_ms().saturating_sub(d.as_millis() as u64)
+                }
+            };
+            let records = audit::read_all(&dir).context("reading the audit log")?;
+            let summary = audit::summarize(&records, since_ms);
+            let value = serde_json::to_value(&summary).context("rendering")?;
+            out.print(value, || render_summary(&summary));
+            Ok(())
+        }
+        AuditAction::Tail {
+            lines,
+            follow,
+            peer,
+            service,
+        } => {
+            let wanted = |v: &Value| {
+                peer.as_deref().is_none_or(|p| v["peer"] == p)
+                    && service.as_deref().is_none_or(|s| v["service"] == s)
+            };
+            let records = audit::read_all(&dir).context("reading the audit log")?;
+            let mut last_seq = records.last().and_then(|v| v["seq"].as_u64()).unwrap_or(0);
+            let shown: Vec<&Value> = records.iter().filter(|v| wanted(v)).collect();
+            for v in &shown[shown.len().saturating_sub(lines)..] {
+                print_record(v, out.json);
+            }
+            while follow {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                let records = audit::read_all(&dir).context("reading the audit log")?;
+                let seen = last_seq;
+                for v in records
+                    .iter()
+                    .filter(|v| v["seq"].as_u64().unwrap_or(0) > seen)
+                {
+                    last_seq = v["seq"].as_u64().unwrap_or(last_seq);
+                    if wanted(v) {
+                        print_record(v, out.json);
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_record(v: &Value, json: bool) {
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(stdout, "{v}");
+    } else {
+        let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
+        let detail = match v["event"].as_str() {
+            Some("request") => format!(
+                "{} {} → {}{} in {:.1} ms, {} B in / {} B out",
+                s("method"),
+                s("name"),
+                s("outcome"),
+                v["code"]
+                    .as_i64()
+                    .map(|c| format!(" {c}"))
+                    .unwrap_or_default(),
+                v["latency_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
+                v["bytes_in"],
+                v["bytes_out"]
+            ),
+            Some("session_close") => format!(
+                "session closed ({}) after {} ms",
+                s("ended"),
+                v["duration_ms"]
+            ),
+            Some("trust") => format!("trust: {}", s("action")),
+            Some(other) => other.replace('_', " "),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            stdout,
+            "{} {:<12} {:<12} {detail}",
+            mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
+            s("peer"),
+            s("service"),
+        );
+    }
+    let _ = stdout.flush();
+}
+
+fn render_summary(summary: &mcpmesh::audit::Summary) -> String {
+    if summary.records == 0 {
+        return "no audit records in that period".into();
+    }
+    let mut s = String::new();
+    for (title, rows) in [("peer", &summary.peers), ("service", &summary.services)] {
+        s.push_str(&format!(
+            "{title:<16} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>10} {:>10}\n",
+            "sessions",
+            "requests",
+            "errors",
+            "refused",
+            "p50 ms",
+            "p99 ms",
+            "bytes in",
+            "bytes out"
+        ));
+        for (name, t) in rows {
+            s.push_str(&format!(
+                "{name:<16} {:>8} {:>9} {:>7} {:>8} {:>9.1} {:>9.1} {:>10} {:>10}\n",
+                t.sessions,
+                t.requests,
+                t.errors,
+                t.refused,
+                t.p50_ms,
+                t.p99_ms,
+                t.bytes_in,
+                t.bytes_out
+            ));
+        }
+        s.push('\n');
+    }
+    s.trim_end().to_owned()
 }
 
 fn render_peers(v: &Value) -> String {

@@ -295,7 +295,24 @@ fn unseal(line: &str) -> Option<(String, &str)> {
 }
 
 fn month_of(at_ms: u64) -> String {
-    // Civil date from days since the epoch (Howard Hinnant's algorithm), UTC.
+    let (year, month, _) = civil(at_ms);
+    format!("{year:04}-{month:02}")
+}
+
+/// `2026-11-30 08:59:01` (UTC) for a Unix time in milliseconds.
+pub fn format_time(at_ms: u64) -> String {
+    let (year, month, day) = civil(at_ms);
+    let secs = (at_ms / 1000) % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// The UTC calendar date of a Unix time in milliseconds (Howard Hinnant's algorithm).
+fn civil(at_ms: u64) -> (i64, i64, i64) {
     let days = (at_ms / 86_400_000) as i64;
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -305,7 +322,8 @@ fn month_of(at_ms: u64) -> String {
     let mp = (5 * doy + 2) / 153;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}")
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    (year, month, day)
 }
 
 fn file_name(month: &str) -> String {
@@ -486,9 +504,157 @@ pub fn read_all(dir: &Path) -> std::io::Result<Vec<Value>> {
     Ok(out)
 }
 
+/// Per-peer or per-service totals for `audit summary`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub sessions: u64,
+    pub requests: u64,
+    pub errors: u64,
+    pub refused: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    #[serde(skip)]
+    latencies_us: Vec<u64>,
+}
+
+/// `audit summary`: totals per peer and per service over the records since `since_ms`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub since_ms: u64,
+    pub records: u64,
+    pub peers: BTreeMap<String, Totals>,
+    pub services: BTreeMap<String, Totals>,
+}
+
+/// Sums up the records at or after `since_ms`.
+pub fn summarize(records: &[Value], since_ms: u64) -> Summary {
+    let mut summary = Summary {
+        since_ms,
+        ..Summary::default()
+    };
+    for v in records {
+        if v["at_ms"].as_u64().unwrap_or(0) < since_ms {
+            continue;
+        }
+        let (Some(peer), Some(service)) = (v["peer"].as_str(), v["service"].as_str()) else {
+            continue;
+        };
+        summary.records += 1;
+        for totals in [
+            summary.peers.entry(peer.to_owned()).or_default(),
+            summary.services.entry(service.to_owned()).or_default(),
+        ] {
+            match v["event"].as_str() {
+                Some("session_open") => totals.sessions += 1,
+                Some("session_refused") => totals.refused += 1,
+                Some("request") => {
+                    totals.requests += 1;
+                    match v["outcome"].as_str() {
+                        Some("ok") => {}
+                        Some("refused" | "rate_limited") => totals.refused += 1,
+                        _ => totals.errors += 1,
+                    }
+                    totals.bytes_in += v["bytes_in"].as_u64().unwrap_or(0);
+                    totals.bytes_out += v["bytes_out"].as_u64().unwrap_or(0);
+                    if v["outcome"] != "refused" && v["outcome"] != "rate_limited" {
+                        totals
+                            .latencies_us
+                            .push(v["latency_us"].as_u64().unwrap_or(0));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    for totals in summary
+        .peers
+        .values_mut()
+        .chain(summary.services.values_mut())
+    {
+        totals.latencies_us.sort_unstable();
+        let pick = |q: f64| -> f64 {
+            let l = &totals.latencies_us;
+            if l.is_empty() {
+                return 0.0;
+            }
+            l[((l.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
+        };
+        totals.p50_ms = pick(0.50);
+        totals.p99_ms = pick(0.99);
+    }
+    summary
+}
+
+/// Parses `30s`, `15m`, `24h`, `7d` (or a bare number of seconds).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number.parse().ok()?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        "d" => n.checked_mul(86_400)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(secs))
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms() -> u64 {
+    now_ms()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        assert_eq!(
+            parse_duration("90"),
+            Some(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_duration("15m"),
+            Some(std::time::Duration::from_secs(900))
+        );
+        assert_eq!(
+            parse_duration("7d"),
+            Some(std::time::Duration::from_secs(604_800))
+        );
+        assert_eq!(parse_duration("7w"), None);
+        assert_eq!(parse_duration("m"), None);
+    }
+
+    #[test]
+    fn summaries_count_per_peer_and_service() {
+        let rec = |event: &str, outcome: &str, latency: u64| {
+            serde_json::json!({ "at_ms": 10, "event": event, "peer": "bob", "service": "svc",
+                                "outcome": outcome, "latency_us": latency, "bytes_in": 5, "bytes_out": 7 })
+        };
+        let records = vec![
+            rec("session_open", "", 0),
+            rec("request", "ok", 1000),
+            rec("request", "error", 3000),
+            rec("request", "rate_limited", 0),
+        ];
+        let s = summarize(&records, 0);
+        let bob = &s.peers["bob"];
+        assert_eq!(
+            (bob.sessions, bob.requests, bob.errors, bob.refused),
+            (1, 3, 1, 1)
+        );
+        assert_eq!(bob.bytes_in, 15);
+        assert_eq!(bob.p50_ms, 3.0);
+        assert_eq!(s.services["svc"].requests, 3);
+        assert_eq!(summarize(&records, 11).records, 0);
+    }
 
     fn event(i: u64) -> AuditEvent {
         AuditEvent::Request {
@@ -587,5 +753,9 @@ mod tests {
         assert_eq!(month_of(0), "1970-01");
         assert_eq!(month_of(1_764_460_800_000), "2025-11-30".get(..7).unwrap());
         assert_eq!(month_of(951_782_400_000), "2000-02"); // 2000-02-29
+        assert_eq!(
+            format_time(951_782_400_000 + 3_661_000),
+            "2000-02-29 01:01:01"
+        );
     }
 }

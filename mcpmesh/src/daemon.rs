@@ -102,11 +102,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let services = Arc::new(RwLock::new(
         ServiceTable::default().rebuild(&settings.services),
     ));
-    let (audit_log, audit) = AuditLog::start(
-        profile.state_dir.join("audit"),
-        settings.audit_retain_months,
-    )
-    .map_err(DaemonError::Files)?;
+    let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
+        .map_err(DaemonError::Files)?;
     let host = Arc::new(ServiceHost::new(
         services.clone(),
         audit.clone(),

@@ -74,6 +74,11 @@ impl Profile {
         self.state_dir.join("mcpmesh.log")
     }
 
+    /// The audit log's month files and head.
+    pub fn audit_dir(&self) -> PathBuf {
+        self.state_dir.join("audit")
+    }
+
     /// The UDP port picked on first start, reused so address hints stay valid.
     pub fn port_file(&self) -> PathBuf {
         self.state_dir.join("udp-port")
