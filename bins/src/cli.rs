@@ -333,7 +333,10 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
             for v in &shown[shown.len().saturating_sub(lines)..] {
                 print_record(v, out.json);
             }
-            while follow {
+            if !follow {
+                return Ok(());
+            }
+            loop {
                 std::thread::sleep(std::time::Duration::from_millis(250));
                 let records = audit::read_all(&dir).context("reading the audit log")?;
                 let seen = last_seq;
@@ -347,7 +350,6 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                     }
                 }
             }
-            Ok(())
         }
     }
 }
