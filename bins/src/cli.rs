@@ -56,6 +56,43 @@ enum Command {
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
+    /// Stop serving a service (its live sessions end).
+    Unserve { name: String },
+    /// Mint a one-line invite that shares services with whoever redeems it.
+    Invite {
+        /// The services to share.
+        #[arg(required = true)]
+        services: Vec<String>,
+        /// How many times it may be redeemed (1 to 64).
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        /// How long it stays valid (e.g. 30m, 24h, 7d; at most 7d).
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+    },
+    /// Redeem an invite: both nodes trust each other and you can mount the shared services.
+    Pair {
+        /// The `mcpmesh-invite:…` line.
+        invite: String,
+        /// What to call the inviter here (default: the name it suggests).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Let a peer use one of your services.
+    Grant { peer: String, service: String },
+    /// Take a peer's access to a service away (its live sessions to it end).
+    Revoke { peer: String, service: String },
+    /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
+    Use {
+        /// PEER/SERVICE
+        target: String,
+    },
+    /// What this node serves and to whom, its peers, live sessions, recent pairings.
+    Status,
+    /// Check config, key and socket permissions, service commands and network settings.
+    Doctor,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
     /// Be the stdio MCP server for a peer's service (what AI clients launch).
     Connect {
         /// PEER/SERVICE
@@ -110,6 +147,10 @@ enum PeersAction {
         #[arg(long = "addr", value_name = "HOST:PORT")]
         addrs: Vec<String>,
     },
+    /// Give a peer another name (its grants follow).
+    Rename { old: String, new: String },
+    /// Stop trusting a peer: its grants go and its live connections end at once.
+    Remove { name: String },
 }
 
 /// A failure as the user sees it: a stable code (when there is one) and a message.
@@ -245,6 +286,147 @@ fn run(cli: Cli) -> Result<(), Failure> {
             });
             Ok(())
         }
+        Command::Peers {
+            action: Some(PeersAction::Rename { old, new }),
+        } => {
+            let v = call(
+                &profile,
+                &exe,
+                methods::PEERS_RENAME,
+                json!({ "old": old, "new": new }),
+            )?;
+            out.print(v, || format!("{old} is now {new}; its grants followed"));
+            Ok(())
+        }
+        Command::Peers {
+            action: Some(PeersAction::Remove { name }),
+        } => {
+            let v = call(
+                &profile,
+                &exe,
+                methods::PEERS_REMOVE,
+                json!({ "name": name }),
+            )?;
+            out.print(v, || {
+                format!("{name} removed: no longer trusted, its connections closed")
+            });
+            Ok(())
+        }
+        Command::Unserve { name } => {
+            let v = call(
+                &profile,
+                &exe,
+                methods::SERVICES_UNSERVE,
+                json!({ "name": name }),
+            )?;
+            let ended = v["sessions_ended"].as_u64().unwrap_or(0);
+            out.print(v, || {
+                format!("no longer serving {name} ({ended} live sessions ended)")
+            });
+            Ok(())
+        }
+        Command::Grant { peer, service } => {
+            let v = call(
+                &profile,
+                &exe,
+                methods::GRANT,
+                json!({ "peer": peer, "service": service }),
+            )?;
+            out.print(v, || format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"));
+            Ok(())
+        }
+        Command::Revoke { peer, service } => {
+            let v = call(
+                &profile,
+                &exe,
+                methods::REVOKE,
+                json!({ "peer": peer, "service": service }),
+            )?;
+            let still = v["granted"] == json!(true);
+            out.print(v, || {
+                if still {
+                    format!("revoked the grant, but {peer} is still admitted to {service} by another allow entry (see config.toml)")
+                } else {
+                    format!("{peer} may no longer use {service}")
+                }
+            });
+            Ok(())
+        }
+        Command::Invite {
+            services,
+            uses,
+            ttl,
+        } => {
+            let ttl = mcpmesh::audit::parse_duration(&ttl).ok_or_else(|| Failure {
+                code: Some(codes::INVALID_PARAMS),
+                message: format!("{ttl:?} is not a duration like 30m, 24h or 7d"),
+            })?;
+            let started = std::time::Instant::now();
+            let v = call(
+                &profile,
+                &exe,
+                methods::INVITE,
+                json!({ "services": services, "uses": uses, "ttl_secs": ttl.as_secs() }),
+            )?;
+            let took = started.elapsed();
+            out.print(v.clone(), || {
+                format!(
+                    "{}\n\nSend this line to the person you are sharing with ({} use{}, valid until {} UTC). They run:\n  mcpmesh pair '<the line>'\n(minted in {:.0} ms)",
+                    v["invite"].as_str().unwrap_or_default(),
+                    uses,
+                    if uses == 1 { "" } else { "s" },
+                    mcpmesh::audit::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
+                    took.as_secs_f64() * 1e3
+                )
+            });
+            Ok(())
+        }
+        Command::Pair { invite, name } => {
+            let started = std::time::Instant::now();
+            let v = call(
+                &profile,
+                &exe,
+                methods::PAIR,
+                json!({ "invite": invite, "name": name }),
+            )?;
+            let took = started.elapsed();
+            out.print(v.clone(), || {
+                let peer = v["peer"].as_str().unwrap_or_default();
+                let mounts: Vec<&str> = v["mounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let mut s = format!(
+                    "paired with {peer} in {:.0} ms. Check that {peer} sees the same code: {}\n",
+                    took.as_secs_f64() * 1e3,
+                    v["code"].as_str().unwrap_or_default()
+                );
+                for m in &mounts {
+                    s.push_str(&format!("you can mount {m}: mcpmesh use {m}\n"));
+                }
+                s.trim_end().to_owned()
+            });
+            Ok(())
+        }
+        Command::Use { target } => use_lines(&profile, &exe, &target, &out),
+        Command::Status => {
+            let v = call(&profile, &exe, methods::STATUS, json!({}))?;
+            out.print(v.clone(), || render_status(&v));
+            Ok(())
+        }
+        Command::Doctor => doctor(&profile, &out),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "mcpmesh",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Serve {
             name,
             allow,
@@ -260,10 +442,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             out.print(json!({ "service": v["service"], "serving": true }), || {
                 let peers: Vec<&str> = v["allowed_peers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
                 if peers.is_empty() {
-                    format!("serving {name}, to nobody yet. Next: mcpmesh serve {name} --allow PEER -- {}", cmd.join(" "))
+                    format!("serving {name}, to nobody yet. Next: mcpmesh invite {name}  (a one-line invite to send to whoever should use it)")
                 } else {
                     format!(
-                        "serving {name} to {}. They mount it with: mcpmesh connect <your name>/{name} (this node is {}…)",
+                        "serving {name} to {} (this node is {}…). To share it with someone new: mcpmesh invite {name}",
                         peers.join(", "),
                         node.get(..12).unwrap_or_default()
                     )
@@ -429,40 +611,366 @@ fn render_summary(summary: &mcpmesh::audit::Summary) -> String {
     s.trim_end().to_owned()
 }
 
+/// One request to the node (started if needed).
+fn call(
+    profile: &Profile,
+    exe: &std::path::Path,
+    method: &str,
+    params: Value,
+) -> Result<Value, Failure> {
+    let mut client = ControlClient::connect_or_start(profile, exe)?;
+    Ok(client.call(method, params)?)
+}
+
 fn render_peers(v: &Value) -> String {
     let peers = v["peers"].as_array().cloned().unwrap_or_default();
     if peers.is_empty() {
-        return "no peers yet. Next: mcpmesh peers add NAME ID --addr HOST:PORT".into();
+        return "no peers yet. Next: mcpmesh invite SERVICE (to share), or mcpmesh pair LINE (to redeem an invite)".into();
     }
-    let mut s = String::new();
+    let list = |p: &Value, k: &str| -> String {
+        let items: Vec<&str> = p[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if items.is_empty() {
+            "-".to_owned()
+        } else {
+            items.join(",")
+        }
+    };
+    let mut s = format!(
+        "{:<16} {:<14} {:<14} {:<20} {}\n",
+        "peer", "id", "reachable", "they may use", "you may use"
+    );
     for p in peers {
-        let services: Vec<&str> = p["services"]
+        let reach = match p["rtt_ms"].as_f64() {
+            Some(ms) => format!("yes {ms:.1} ms"),
+            None => "no".to_owned(),
+        };
+        s.push_str(&format!(
+            "{:<16} {:<14} {:<14} {:<20} {}\n",
+            p["name"].as_str().unwrap_or_default(),
+            format!(
+                "{}…",
+                p["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .get(..12)
+                    .unwrap_or_default()
+            ),
+            reach,
+            list(&p, "services"),
+            list(&p, "mounts"),
+        ));
+    }
+    s.trim_end().to_owned()
+}
+
+fn render_status(v: &Value) -> String {
+    let mut s = format!(
+        "node {}{}\naddresses: {}\n\n",
+        v["id"].as_str().unwrap_or_default(),
+        v["nickname"]
+            .as_str()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default(),
+        v["addrs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let services = v["services"].as_array().cloned().unwrap_or_default();
+    if services.is_empty() {
+        s.push_str("serving nothing. Next: mcpmesh serve NAME -- COMMAND…\n");
+    }
+    for svc in &services {
+        let peers: Vec<&str> = svc["peers"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(Value::as_str)
             .collect();
         s.push_str(&format!(
-            "{:<16} {}…  {}  may use: {}\n",
-            p["name"].as_str().unwrap_or_default(),
-            p["id"]
-                .as_str()
-                .unwrap_or_default()
-                .get(..12)
-                .unwrap_or_default(),
-            if p["connected"] == json!(true) {
-                "connected"
+            "serving {:<14} to {:<30} {} live session(s)\n",
+            svc["name"].as_str().unwrap_or_default(),
+            if peers.is_empty() {
+                "no peer yet".to_owned()
             } else {
-                "idle     "
+                peers.join(", ")
             },
-            if services.is_empty() {
-                "-".to_owned()
-            } else {
-                services.join(", ")
-            },
+            svc["sessions"]
         ));
     }
+    s.push('\n');
+    s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
+    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
+    if !sessions.is_empty() {
+        s.push_str("\n\nlive sessions:\n");
+        for x in sessions {
+            s.push_str(&format!(
+                "  {} → {} since {}\n",
+                x["peer"].as_str().unwrap_or_default(),
+                x["service"].as_str().unwrap_or_default(),
+                mcpmesh::audit::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+            ));
+        }
+    }
+    let pairings = v["pairings"].as_array().cloned().unwrap_or_default();
+    if !pairings.is_empty() {
+        s.push_str("\n\nrecent pairings:\n");
+        for p in pairings {
+            s.push_str(&format!(
+                "  {:<16} code {:<24} {}\n",
+                p["peer"].as_str().unwrap_or_default(),
+                p["code"].as_str().unwrap_or_default(),
+                mcpmesh::audit::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
+            ));
+        }
+    }
     s.trim_end().to_owned()
+}
+
+/// `mcpmesh use PEER/SERVICE`: the lines that mount it in common AI clients.
+fn use_lines(
+    profile: &Profile,
+    exe: &std::path::Path,
+    target: &str,
+    out: &Output,
+) -> Result<(), Failure> {
+    let (peer, service) = target.split_once('/').ok_or_else(|| Failure {
+        code: Some(codes::INVALID_PARAMS),
+        message: format!("expected PEER/SERVICE, got {target:?}"),
+    })?;
+    let peers = call(profile, exe, methods::PEERS_LIST, json!({}))?;
+    let known = peers["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == peer);
+    let Some(known) = known else {
+        return Err(Failure {
+            code: Some(codes::NOT_FOUND),
+            message: format!("no peer named {peer:?}; see `mcpmesh peers`"),
+        });
+    };
+    let mut args: Vec<String> = Vec::new();
+    if let Some(home) = &profile.home {
+        args.extend(["--home".to_owned(), home.display().to_string()]);
+    }
+    args.extend(["connect".to_owned(), target.to_owned()]);
+    let command = exe.display().to_string();
+    let name = format!("{peer}-{service}");
+    let shell_line = std::iter::once(command.clone())
+        .chain(args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let claude = format!("claude mcp add {name} -- {shell_line}");
+    let entry = json!({ "command": command, "args": args });
+    let granted = known["mounts"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|s| s == service));
+    let value = json!({
+        "target": target,
+        "name": name,
+        "command": command,
+        "args": args,
+        "claude_code": claude,
+        "mcpServers": { name.clone(): entry.clone() },
+        "known_grant": granted,
+    });
+    out.print(value, || {
+        let mut s = format!(
+            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}"
+        );
+        if !granted && known["source"] == "paired" {
+            s.push_str(&format!("\n\nnote: {peer} did not list {service} when you paired; it may refuse."));
+        }
+        s
+    });
+    Ok(())
+}
+
+/// `mcpmesh doctor`: checks that need no running node, and a few that do. Exit 1 on errors.
+fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut checks: Vec<(String, &str, String)> = Vec::new();
+    let mut check = |name: &str, status: &'static str, message: String| {
+        checks.push((name.to_owned(), status, message))
+    };
+    let mode_of = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| m.permissions().mode() & 0o777)
+    };
+
+    let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
+    let settings = match config_file.load() {
+        Ok(s) => {
+            check(
+                "config",
+                "ok",
+                format!("{} is valid", profile.config_file().display()),
+            );
+            Some(s)
+        }
+        Err(e) => {
+            check("config", "error", e.to_string());
+            None
+        }
+    };
+    if let Some(mode) = mode_of(&profile.config_file()).filter(|m| m & 0o077 != 0) {
+        check(
+            "config permissions",
+            "warn",
+            format!(
+                "{} is readable by others (mode {mode:o}); service env may hold tokens: chmod 600 it",
+                profile.config_file().display()
+            ),
+        );
+    }
+    match mode_of(&profile.key_file()) {
+        None => check(
+            "device key",
+            "ok",
+            "no key yet; one is minted on first start".into(),
+        ),
+        Some(m) if m & 0o077 != 0 => check(
+            "device key",
+            "error",
+            format!(
+                "{} has mode {m:o}; it must be private: chmod 600 {}",
+                profile.key_file().display(),
+                profile.key_file().display()
+            ),
+        ),
+        Some(_) => check("device key", "ok", "private (0600)".into()),
+    }
+    match mode_of(&profile.socket_path()) {
+        None => check("node", "ok", "not running (any verb starts it)".into()),
+        Some(m) if m & 0o077 != 0 => check(
+            "control socket",
+            "error",
+            format!(
+                "{} has mode {m:o}; expected 0600",
+                profile.socket_path().display()
+            ),
+        ),
+        Some(_) => match ControlClient::connect(profile) {
+            Ok(Some(_)) => check(
+                "node",
+                "ok",
+                "running; control socket private (0600)".into(),
+            ),
+            _ => check(
+                "node",
+                "warn",
+                "a control socket exists but no node answers; `mcpmesh up` replaces it".into(),
+            ),
+        },
+    }
+    if let Some(s) = &settings {
+        for svc in &s.services {
+            match resolve_command(&svc.cmd[0], svc.cwd.as_deref()) {
+                Some(path) => check(
+                    &format!("service {}", svc.name),
+                    "ok",
+                    format!("runs {}", path.display()),
+                ),
+                None => check(
+                    &format!("service {}", svc.name),
+                    "error",
+                    format!(
+                        "services.{}.run: command not found: {}",
+                        svc.name, svc.cmd[0]
+                    ),
+                ),
+            }
+            if svc.allow.is_empty() {
+                check(
+                    &format!("service {}", svc.name),
+                    "warn",
+                    format!(
+                        "nobody may use {} yet: mcpmesh grant PEER {}, or mcpmesh invite {}",
+                        svc.name, svc.name, svc.name
+                    ),
+                );
+            }
+        }
+        match &s.network.relay {
+            mcpmesh_net::endpoint::RelayPolicy::Disabled => {
+                check(
+                    "network",
+                    "ok",
+                    "hermetic: no relays, no discovery (peers need direct addresses)".into(),
+                );
+                for p in s.peers.iter().filter(|p| p.addrs.is_empty()) {
+                    check(
+                        &format!("peer {}", p.name),
+                        "warn",
+                        format!(
+                            "no address for {} and relays are disabled: it can only be reached if it dials first",
+                            p.name
+                        ),
+                    );
+                }
+            }
+            mcpmesh_net::endpoint::RelayPolicy::Default => {
+                check("network", "ok", "iroh's public relays and discovery".into())
+            }
+            mcpmesh_net::endpoint::RelayPolicy::Custom(urls) => check(
+                "network",
+                "ok",
+                format!("self-hosted relays: {}", urls.len()),
+            ),
+        }
+    }
+    let ok = !checks.iter().any(|(_, status, _)| *status == "error");
+    let value = json!({
+        "ok": ok,
+        "checks": checks.iter().map(|(n, st, m)| json!({ "check": n, "status": st, "message": m })).collect::<Vec<_>>(),
+    });
+    out.print(value, || {
+        checks
+            .iter()
+            .map(|(n, st, m)| {
+                format!(
+                    "{:<6} {n}: {m}",
+                    match *st {
+                        "ok" => "ok",
+                        "warn" => "warn",
+                        _ => "ERROR",
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    if ok { Ok(()) } else { std::process::exit(1) }
+}
+
+/// Where `program` would be found: as a path (relative to `cwd`), or on PATH.
+fn resolve_command(program: &str, cwd: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = match cwd {
+            Some(dir) if !program.starts_with('/') => dir.join(program),
+            _ => std::path::PathBuf::from(program),
+        };
+        return executable(&path).then_some(path);
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| executable(p))
+    })
 }
 
 struct Output {

@@ -15,6 +15,7 @@ pub mod errors;
 pub mod gate;
 pub mod identity;
 pub mod jsonrpc;
+pub mod ping;
 pub mod pump;
 pub mod registry;
 pub mod session;

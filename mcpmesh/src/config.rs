@@ -505,6 +505,105 @@ pub fn set_service(
     Ok(())
 }
 
+/// Removes `[services.NAME]`; `Ok(false)` if there was none.
+pub fn remove_service(doc: &mut toml_edit::DocumentMut, name: &str) -> Result<bool, String> {
+    Ok(table(doc, "services")?.remove(name).is_some())
+}
+
+/// Removes `[peers.NAME]`; `Ok(false)` if there was none.
+pub fn remove_peer(doc: &mut toml_edit::DocumentMut, name: &str) -> Result<bool, String> {
+    Ok(table(doc, "peers")?.remove(name).is_some())
+}
+
+/// Renames `[peers.OLD]` to `[peers.NEW]`, keeping its contents.
+pub fn rename_peer(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> Result<bool, String> {
+    let peers = table(doc, "peers")?;
+    match peers.remove(old) {
+        Some(item) => {
+            peers.insert(new, item);
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Adds `principal` to `[services.NAME] allow` (once).
+pub fn add_allow(
+    doc: &mut toml_edit::DocumentMut,
+    service: &str,
+    principal: &str,
+) -> Result<(), String> {
+    let list = allow_list(doc, service)?;
+    if !list.iter().any(|v| v.as_str() == Some(principal)) {
+        list.push(principal);
+    }
+    Ok(())
+}
+
+/// Removes every entry of `principals` from `[services.NAME] allow`; returns how many.
+pub fn remove_allow(
+    doc: &mut toml_edit::DocumentMut,
+    service: &str,
+    principals: &[String],
+) -> Result<usize, String> {
+    let list = allow_list(doc, service)?;
+    let before = list.len();
+    list.retain(|v| {
+        v.as_str()
+            .is_none_or(|s| !principals.iter().any(|p| p == s))
+    });
+    Ok(before - list.len())
+}
+
+/// Replaces `old` by `new` in every service's allow list (a peer was renamed).
+pub fn rename_allow(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> Result<(), String> {
+    let names: Vec<String> = table(doc, "services")?
+        .iter()
+        .map(|(k, _)| k.to_owned())
+        .collect();
+    for service in names {
+        let list = allow_list(doc, &service)?;
+        for v in list.iter_mut() {
+            if v.as_str() == Some(old) {
+                *v = toml_edit::Value::from(new);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes `principals` from every service's allow list (a peer is gone).
+pub fn remove_allow_everywhere(
+    doc: &mut toml_edit::DocumentMut,
+    principals: &[String],
+) -> Result<(), String> {
+    let names: Vec<String> = table(doc, "services")?
+        .iter()
+        .map(|(k, _)| k.to_owned())
+        .collect();
+    for service in names {
+        remove_allow(doc, &service, principals)?;
+    }
+    Ok(())
+}
+
+fn allow_list<'a>(
+    doc: &'a mut toml_edit::DocumentMut,
+    service: &str,
+) -> Result<&'a mut toml_edit::Array, String> {
+    let entry = table(doc, "services")?
+        .get_mut(service)
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .ok_or_else(|| format!("services.{service}: no such service"))?;
+    if entry.get("allow").is_none() {
+        entry.insert("allow", toml_edit::value(toml_edit::Array::new()));
+    }
+    entry
+        .get_mut("allow")
+        .and_then(toml_edit::Item::as_array_mut)
+        .ok_or_else(|| format!("services.{service}.allow: expected a list"))
+}
+
 /// The `[key]` table, created if absent.
 fn table<'a>(
     doc: &'a mut toml_edit::DocumentMut,

@@ -74,6 +74,11 @@ impl Profile {
         self.state_dir.join("mcpmesh.log")
     }
 
+    /// The embedded store: peers met by pairing, invites, pairings.
+    pub fn store_file(&self) -> PathBuf {
+        self.state_dir.join("mcpmesh.redb")
+    }
+
     /// The audit log's month files and head.
     pub fn audit_dir(&self) -> PathBuf {
         self.state_dir.join("audit")

@@ -97,13 +97,39 @@ impl ServiceTable {
 }
 
 /// The serving side of mesh sessions: authorizes the caller for the named service and runs
-/// its backend. Sessions are tracked so shutdown can end them and wait for their children.
+/// its backend. Sessions are tracked so shutdown can end them and wait for their children,
+/// and so a trust change can sever exactly the ones it concerns.
 #[derive(Debug)]
 pub struct ServiceHost {
     table: Arc<RwLock<ServiceTable>>,
     audit: AuditSink,
     shutdown: CancellationToken,
     sessions: TaskTracker,
+    live: std::sync::Mutex<HashMap<u64, LiveSession>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+/// A session being served.
+#[derive(Debug, Clone)]
+pub struct LiveSession {
+    pub peer: [u8; 32],
+    pub peer_name: String,
+    pub service: String,
+    /// Unix ms.
+    pub since: u64,
+    sever: CancellationToken,
+}
+
+/// Removes a session from the live set when it ends, however it ends.
+struct LiveGuard<'a> {
+    host: &'a ServiceHost,
+    id: u64,
+}
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        self.host.live_map().remove(&self.id);
+    }
 }
 
 impl ServiceHost {
@@ -117,12 +143,44 @@ impl ServiceHost {
             audit,
             shutdown,
             sessions: TaskTracker::new(),
+            live: Default::default(),
+            next_id: Default::default(),
         }
     }
 
     /// Sessions currently running.
-    pub fn live_sessions(&self) -> usize {
-        self.sessions.len()
+    pub fn live_sessions(&self) -> Vec<LiveSession> {
+        let mut v: Vec<LiveSession> = self.live_map().values().cloned().collect();
+        v.sort_by_key(|s| s.since);
+        v
+    }
+
+    /// Ends the sessions of `peer` (to `service`, or to every service): their pending requests
+    /// are answered `-32052` and their children stopped. Returns how many there were.
+    pub fn sever(&self, peer: &[u8; 32], service: Option<&str>) -> usize {
+        let map = self.live_map();
+        let hit: Vec<&LiveSession> = map
+            .values()
+            .filter(|s| &s.peer == peer && service.is_none_or(|svc| s.service == svc))
+            .collect();
+        for s in &hit {
+            s.sever.cancel();
+        }
+        hit.len()
+    }
+
+    /// Ends every session of `service` (it is no longer served).
+    pub fn sever_service(&self, service: &str) -> usize {
+        let map = self.live_map();
+        let hit: Vec<&LiveSession> = map.values().filter(|s| s.service == service).collect();
+        for s in &hit {
+            s.sever.cancel();
+        }
+        hit.len()
+    }
+
+    fn live_map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LiveSession>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Waits for every session to end (after the shutdown token fired).
@@ -164,10 +222,26 @@ impl SessionHandler for ServiceHost {
             audit: self.audit.clone(),
             limiter: entry.limiter.clone(),
         };
+        let sever = CancellationToken::new();
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live_map().insert(
+            id,
+            LiveSession {
+                peer: peer.endpoint,
+                peer_name: peer.name.clone(),
+                service: service.clone(),
+                since: crate::audit::unix_ms(),
+                sever: sever.clone(),
+            },
+        );
+        let _guard = LiveGuard { host: self, id };
         let options = SpawnOptions {
             env: entry.spec.env.clone(),
             cwd: entry.spec.cwd.clone(),
             shutdown: self.shutdown.child_token(),
+            sever,
             max_in_flight: entry.spec.max_in_flight as usize,
         };
         let run = backend.run_session(Some(peer.clone()), None, transport, &options);

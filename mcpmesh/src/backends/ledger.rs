@@ -34,6 +34,8 @@ pub struct Caller {
 
 #[derive(Debug)]
 struct Pending {
+    /// The request's id as it arrived (raw JSON).
+    id: String,
     started: Instant,
     method: String,
     name: Option<String>,
@@ -107,6 +109,7 @@ impl Ledger {
 
     fn request(&mut self, line: &[u8], id: &RawValue, peek: &jsonrpc::Peek<'_>) -> Verdict {
         let pending = Pending {
+            id: id.get().to_owned(),
             started: Instant::now(),
             method: peek.method.as_deref().unwrap_or_default().to_owned(),
             name: peek.params.and_then(jsonrpc::subject_name),
@@ -160,6 +163,23 @@ impl Ledger {
             };
             self.finish(&jsonrpc::id_key(id), outcome, code, line.len() as u64 + 1);
         }
+    }
+
+    /// Answers every pending request with `code` (the session is being cut), recording each.
+    pub fn answer_pending(&mut self, code: ErrorCode, message: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (_, p) in std::mem::take(&mut self.pending) {
+            if let Ok(id) = RawValue::from_string(p.id.clone()) {
+                out.extend(
+                    ErrorFrame::new(code)
+                        .id(Some(&id))
+                        .message(message)
+                        .to_line(),
+                );
+            }
+            self.record(p, 0, "severed", Some(code.code()));
+        }
+        out
     }
 
     /// Records every request still unanswered when the session ends.

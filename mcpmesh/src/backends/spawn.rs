@@ -62,6 +62,9 @@ pub struct SpawnOptions {
     pub cwd: Option<PathBuf>,
     /// Fires when the node shuts down: the session ends and its child with it.
     pub shutdown: CancellationToken,
+    /// Fires when a trust change takes the caller's access away: pending requests are
+    /// answered `-32052`, then the session ends.
+    pub sever: CancellationToken,
     /// Requests the session may have outstanding at once.
     pub max_in_flight: usize,
 }
@@ -72,6 +75,7 @@ impl Default for SpawnOptions {
             env: BTreeMap::new(),
             cwd: None,
             shutdown: CancellationToken::new(),
+            sever: CancellationToken::new(),
             max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
         }
     }
@@ -83,6 +87,7 @@ enum End {
     ServerClosed,
     Failed(String),
     Shutdown,
+    Severed,
 }
 
 impl SpawnBackend {
@@ -230,9 +235,17 @@ impl SpawnBackend {
                     Err(e) => End::Failed(e.to_string()),
                 },
                 _ = options.shutdown.cancelled() => End::Shutdown,
+                _ = options.sever.cancelled() => End::Severed,
             };
         }
 
+        if matches!(end, End::Severed) {
+            let answers = account()
+                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
+            if !answers.is_empty() {
+                let _ = write_run(&mesh_w, &answers).await;
+            }
+        }
         drop(child_w.into_inner());
         let mut patience = GRACE;
         if matches!(end, End::ClientClosed) {
@@ -255,6 +268,7 @@ impl SpawnBackend {
             End::ClientClosed => "client_closed".to_owned(),
             End::ServerClosed => "server_closed".to_owned(),
             End::Shutdown => "node_shutdown".to_owned(),
+            End::Severed => "severed".to_owned(),
             End::Failed(why) => {
                 tracing::debug!(service = %self.service, "session failed: {why}");
                 "failed".to_owned()

@@ -22,6 +22,15 @@ pub mod methods {
     pub const NODE_SHUTDOWN: &str = "node.shutdown";
     pub const PEERS_ADD: &str = "peers.add";
     pub const PEERS_LIST: &str = "peers.list";
+    pub const PEERS_RENAME: &str = "peers.rename";
+    pub const PEERS_REMOVE: &str = "peers.remove";
+    pub const GRANT: &str = "grant";
+    pub const REVOKE: &str = "revoke";
+    pub const INVITE: &str = "invite";
+    pub const PAIR: &str = "pair";
+    pub const SERVICES_UNSERVE: &str = "services.unserve";
+    pub const STATUS: &str = "status";
+    pub const WATCH: &str = "watch";
     pub const SERVICES_SERVE: &str = "services.serve";
     pub const SESSION_OPEN: &str = "session.open";
 }
@@ -42,6 +51,10 @@ pub mod codes {
     pub const NODE_UNAVAILABLE: i64 = 1004;
     /// The name or key is already used by another entry.
     pub const CONFLICT: i64 = 1005;
+    /// No peer or service by that name.
+    pub const NOT_FOUND: i64 = 1006;
+    /// The other side refused (an invite that is expired, used up, or does not match).
+    pub const REFUSED: i64 = 1007;
 }
 
 /// An error as the control API reports it: a stable code and a message for people.

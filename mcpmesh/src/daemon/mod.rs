@@ -1,0 +1,252 @@
+//! The node daemon: the composition root. It builds every subsystem, hands each a narrow
+//! handle, serves the mesh ALPN and the control socket, and applies config changes live.
+
+mod node;
+mod status;
+mod trust;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use iroh::address_lookup::MemoryLookup;
+use iroh::protocol::Router;
+use iroh::{Endpoint, EndpointId};
+use mcpmesh_net::endpoint::{self, NetworkConfig};
+use mcpmesh_net::gate::CLOSE_SHUTDOWN;
+use mcpmesh_net::ping::{ALPN_PING, PingProtocol};
+use mcpmesh_net::registry::ConnectionRegistry;
+use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::AuditLog;
+use crate::config::{self, ConfigError, ConfigFile};
+use crate::control::codes;
+use crate::control::server;
+use crate::keys;
+use crate::pairing::ALPN_PAIR;
+use crate::paths::Profile;
+use crate::peers::PeerGate;
+use crate::services::{ServiceHost, ServiceTable};
+use crate::store::{Store, StoreError};
+
+use node::{Node, peer_table};
+use trust::PairProtocol;
+
+/// How long shutdown waits for sessions to end their children.
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("a node is already running for this profile (control socket {0})")]
+    AlreadyRunning(String),
+    #[error("cannot prepare the node's files: {0}")]
+    Files(std::io::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Key(#[from] keys::KeyError),
+    #[error(transparent)]
+    Endpoint(#[from] endpoint::EndpointError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on the control socket {path}: {source}")]
+    Socket {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl DaemonError {
+    /// The control API's stable code for this failure.
+    pub fn code(&self) -> i64 {
+        match self {
+            DaemonError::AlreadyRunning(_) => codes::CONFLICT,
+            DaemonError::Config(_) => codes::CONFIG,
+            _ => codes::NODE_UNAVAILABLE,
+        }
+    }
+}
+
+/// What the daemon reports once it is ready.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub id: EndpointId,
+    pub addrs: Vec<SocketAddr>,
+    pub socket: std::path::PathBuf,
+}
+
+/// Runs the node for `profile` until it is told to stop (`node.shutdown`, SIGTERM, SIGINT).
+/// `on_ready` is called once the control socket accepts connections.
+pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), DaemonError> {
+    profile.create_dirs().map_err(DaemonError::Files)?;
+    let mut lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(profile.lock_file())
+        .map_err(DaemonError::Files)?;
+    if lock.try_lock().is_err() {
+        return Err(DaemonError::AlreadyRunning(
+            profile.socket_path().display().to_string(),
+        ));
+    }
+    // The lock file names the running node's pid, for `kill -HUP` and the like.
+    lock.set_len(0)
+        .and_then(|()| writeln!(lock, "{}", std::process::id()))
+        .map_err(DaemonError::Files)?;
+
+    let config_file = ConfigFile::new(profile.config_file());
+    let settings = config_file.load()?;
+    let secret = keys::load_or_create(&profile.key_file())?;
+    let book = MemoryLookup::new();
+    let endpoint = bind_endpoint(&profile, secret, &settings.network, book.clone()).await?;
+
+    let store = Store::open(&profile.store_file())?;
+
+    let shutdown = CancellationToken::new();
+    let registry = Arc::new(ConnectionRegistry::new());
+    let gate = Arc::new(PeerGate::default());
+    let services = Arc::new(RwLock::new(ServiceTable::default()));
+    let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
+        .map_err(DaemonError::Files)?;
+    let host = Arc::new(ServiceHost::new(
+        services.clone(),
+        audit.clone(),
+        shutdown.clone(),
+    ));
+    let dialer = Arc::new(Dialer::new(
+        endpoint.clone(),
+        book,
+        registry.clone(),
+        settings.dial_timeout,
+    ));
+    let initial = peer_table(&settings, &store.peers()?);
+    let node = Arc::new(Node {
+        config_file,
+        settings: RwLock::new(settings.clone()),
+        store,
+        endpoint: endpoint.clone(),
+        gate: gate.clone(),
+        services,
+        host: host.clone(),
+        registry: registry.clone(),
+        dialer,
+        shutdown: shutdown.clone(),
+        audit,
+    });
+    gate.replace(initial);
+    node.apply(settings);
+    let router = Router::builder(endpoint.clone())
+        .accept(
+            ALPN_MCP,
+            MeshProtocol::new(gate.clone(), host.clone(), registry.clone()),
+        )
+        .accept(ALPN_PING, PingProtocol::new(gate.clone()))
+        .accept(ALPN_PAIR, PairProtocol { node: node.clone() })
+        .spawn();
+    // Pairing is answered only while an invite is live.
+    node.update_alpns();
+
+    let socket_path = profile.socket_path();
+    let listener = bind_control_socket(&socket_path)?;
+    let stop = CancellationToken::new();
+    let control = tokio::spawn(server::serve(listener, node.clone(), stop.clone()));
+    let addrs = endpoint::direct_addrs(&endpoint);
+    tracing::info!(id = %endpoint.id(), ?addrs, "node ready");
+    on_ready(&Ready {
+        id: endpoint.id(),
+        addrs,
+        socket: socket_path.clone(),
+    });
+
+    wait_for_stop(&stop, &node).await;
+    stop.cancel();
+    node.stop_sessions().await;
+    registry.close_all(CLOSE_SHUTDOWN, b"node shutting down");
+    let _ = router.shutdown().await;
+    let _ = control.await;
+    let _ = std::fs::remove_file(&socket_path);
+    audit_log.close().await;
+    tracing::info!("node stopped");
+    // Released last: `down` returns once it can take this lock, when nothing is left running.
+    drop(lock);
+    Ok(())
+}
+
+/// Binds the endpoint, reusing the UDP port of the last run when `bind` asks for port 0, so
+/// the address hints peers stored stay valid across restarts.
+async fn bind_endpoint(
+    profile: &Profile,
+    secret: iroh::SecretKey,
+    network: &NetworkConfig,
+    book: MemoryLookup,
+) -> Result<Endpoint, DaemonError> {
+    let alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec()];
+    let remembered: Option<u16> = std::fs::read_to_string(profile.port_file())
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let mut preferred = network.clone();
+    if let Some(port) = remembered {
+        for addr in &mut preferred.bind {
+            if addr.port() == 0 {
+                addr.set_port(port);
+            }
+        }
+    }
+    let endpoint =
+        match endpoint::bind(secret.clone(), &preferred, alpns.clone(), book.clone()).await {
+            Ok(ep) => ep,
+            Err(e) if preferred != *network => {
+                tracing::info!("the remembered UDP port is not available ({e}); picking a new one");
+                endpoint::bind(secret, network, alpns, book).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+    if let Some(port) = endpoint.bound_sockets().first().map(SocketAddr::port)
+        && remembered != Some(port)
+    {
+        let _ = config::write_atomically(&profile.port_file(), format!("{port}\n").as_bytes());
+    }
+    Ok(endpoint)
+}
+
+fn bind_control_socket(path: &std::path::Path) -> Result<UnixListener, DaemonError> {
+    let err = |source| DaemonError::Socket {
+        path: path.display().to_string(),
+        source,
+    };
+    // We hold the profile's lock, so a socket file left here belongs to a dead node.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+async fn wait_for_stop(stop: &CancellationToken, node: &Node) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            Some(()) = async { term.as_mut()?.recv().await } => return,
+            Some(()) = async { hup.as_mut()?.recv().await } => {
+                match node.config_file.load() {
+                    Ok(settings) => {
+                        node.apply(settings);
+                        tracing::info!("config reloaded");
+                    }
+                    Err(e) => tracing::warn!("config not reloaded: {e}"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! The running node as the control API sees it: its state, how config and store changes take
+//! effect, and the dispatch of control methods to the verbs (here and in `trust`, `status`).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use iroh::Endpoint;
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::endpoint;
+use mcpmesh_net::gate::CLOSE_SEVERED;
+use mcpmesh_net::ping::ALPN_PING;
+use mcpmesh_net::registry::ConnectionRegistry;
+use mcpmesh_net::session::{ALPN_MCP, Dialer, OpenedSession, valid_service_name};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditEvent, AuditSink};
+use crate::config::{self, ConfigFile, PeerSpec, Settings, parse_endpoint_id};
+use crate::control::server::{ControlHandler, Reply};
+use crate::control::{ControlError, SessionOpen, codes, methods};
+use crate::pairing::ALPN_PAIR;
+use crate::peers::{PeerGate, PeerTable};
+use crate::proxy;
+use crate::services::{ServiceHost, ServiceTable, is_allowed};
+use crate::store::{Store, StoredPeer};
+
+use super::DRAIN_TIMEOUT;
+
+/// The running node.
+#[derive(Debug)]
+pub(super) struct Node {
+    pub(super) config_file: ConfigFile,
+    pub(super) settings: RwLock<Settings>,
+    pub(super) store: Store,
+    pub(super) endpoint: Endpoint,
+    pub(super) gate: Arc<PeerGate>,
+    pub(super) services: Arc<RwLock<ServiceTable>>,
+    pub(super) host: Arc<ServiceHost>,
+    pub(super) registry: Arc<ConnectionRegistry>,
+    pub(super) dialer: Arc<Dialer>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) audit: AuditSink,
+}
+
+impl Node {
+    /// Makes `settings` (with the store's peers) the running configuration: trust, services
+    /// and address hints. Peers no longer trusted lose their connections at once.
+    pub(super) fn apply(&self, settings: Settings) {
+        let stored = self.store.peers().unwrap_or_else(|e| {
+            tracing::error!("{e}");
+            Vec::new()
+        });
+        let new = peer_table(&settings, &stored);
+        let old = self.gate.snapshot();
+        for gone in old.all().iter().filter(|p| new.by_id(&p.id).is_none()) {
+            let n = self
+                .registry
+                .sever(&gone.id, CLOSE_SEVERED, b"no longer trusted");
+            self.host.sever(gone.id.as_bytes(), None);
+            self.dialer.forget(&gone.id);
+            tracing::info!(peer = %gone.name, severed = n, "peer removed");
+        }
+        for hint in new.address_hints() {
+            self.dialer.add_address_hint(hint);
+        }
+        self.gate.replace(new);
+        {
+            let mut table = self.services.write().unwrap_or_else(|p| p.into_inner());
+            *table = table.rebuild(&settings.services);
+        }
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
+    }
+
+    /// Re-applies the current settings (after the store changed).
+    pub(super) fn refresh(&self) {
+        let settings = self.settings().clone();
+        self.apply(settings);
+    }
+
+    pub(super) fn settings(&self) -> std::sync::RwLockReadGuard<'_, Settings> {
+        self.settings.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Edits config.toml (validated, atomic) and applies the result.
+    pub(super) fn edit(
+        &self,
+        change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
+    ) -> Result<(), ControlError> {
+        let settings = self
+            .config_file
+            .edit(change)
+            .map_err(|e| ControlError::new(codes::CONFIG, e.to_string()))?;
+        self.apply(settings);
+        Ok(())
+    }
+
+    pub(super) fn trust_event(&self, action: &str, peer: Option<&str>, service: Option<&str>) {
+        self.audit.record(AuditEvent::Trust {
+            action: action.to_owned(),
+            peer: peer.map(str::to_owned),
+            service: service.map(str::to_owned),
+        });
+    }
+
+    /// Offers the pairing ALPN only while an invite is live.
+    pub(super) fn update_alpns(&self) {
+        let live = self
+            .store
+            .prune_invites(crate::audit::unix_ms() / 1000)
+            .unwrap_or(0);
+        let mut alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec()];
+        if live > 0 {
+            alpns.push(ALPN_PAIR.to_vec());
+        }
+        self.endpoint.set_alpns(alpns);
+    }
+
+    pub(super) async fn stop_sessions(&self) {
+        self.shutdown.cancel();
+        if tokio::time::timeout(DRAIN_TIMEOUT, self.host.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some sessions did not end in time");
+        }
+    }
+
+    pub(super) fn direct_addrs(&self) -> Vec<String> {
+        endpoint::direct_addrs(&self.endpoint)
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect()
+    }
+
+    fn node_id_result(&self) -> Value {
+        json!({ "id": self.endpoint.id().to_string(), "addrs": self.direct_addrs() })
+    }
+
+    fn serve(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Serve {
+            name: String,
+            run: Vec<String>,
+            #[serde(default)]
+            allow: Vec<String>,
+            max_sessions: Option<u32>,
+        }
+        let serve: Serve = params_of(params)?;
+        self.edit(|doc| {
+            config::set_service(
+                doc,
+                &serve.name,
+                &serve.run,
+                &serve.allow,
+                serve.max_sessions,
+            )
+        })?;
+        self.trust_event("serve", None, Some(&serve.name));
+        let table = self.gate.snapshot();
+        let reachable_by: Vec<&str> = table
+            .all()
+            .iter()
+            .filter(|p| is_allowed(&serve.allow, &PeerIdentity::new(p.id, p.name.clone())))
+            .map(|p| p.name.as_str())
+            .collect();
+        Ok(json!({ "service": serve.name, "serving": true, "allowed_peers": reachable_by }))
+    }
+
+    fn unserve(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Unserve {
+            name: String,
+        }
+        let u: Unserve = params_of(params)?;
+        let mut existed = false;
+        self.edit(|doc| {
+            existed = config::remove_service(doc, &u.name)?;
+            Ok(())
+        })?;
+        if !existed {
+            return Err(ControlError::new(
+                codes::NOT_FOUND,
+                format!("no service named {:?}", u.name),
+            ));
+        }
+        let ended = self.host.sever_service(&u.name);
+        self.trust_event("unserve", None, Some(&u.name));
+        Ok(json!({ "service": u.name, "serving": false, "sessions_ended": ended }))
+    }
+
+    async fn open_session(&self, open: &SessionOpen) -> Result<OpenedSession, ControlError> {
+        let peer = self
+            .gate
+            .snapshot()
+            .by_name(&open.peer)
+            .cloned()
+            .ok_or_else(|| {
+                ControlError::new(
+                    codes::UNKNOWN_SERVICE,
+                    format!("no peer named {:?}; see `mcpmesh peers`", open.peer),
+                )
+            })?;
+        if !valid_service_name(&open.service) {
+            return Err(ControlError::new(
+                codes::UNKNOWN_SERVICE,
+                "unknown or unauthorized service",
+            ));
+        }
+        self.dialer
+            .open(peer.id, &open.service)
+            .await
+            .map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
+    }
+}
+
+/// Static peers from config, then peers met by pairing (a config entry wins on a clash).
+pub(super) fn peer_table(settings: &Settings, stored: &[StoredPeer]) -> PeerTable {
+    let mut peers = settings.peers.clone();
+    for sp in stored {
+        let Some(id) = parse_endpoint_id(&sp.id) else {
+            continue;
+        };
+        if peers.iter().any(|p| p.id == id || p.name == sp.name) {
+            continue;
+        }
+        peers.push(PeerSpec {
+            name: sp.name.clone(),
+            id,
+            addrs: sp.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+        });
+    }
+    PeerTable::new(peers)
+}
+
+pub(super) fn params_of<T: serde::de::DeserializeOwned>(params: Value) -> Result<T, ControlError> {
+    serde_json::from_value(params).map_err(|e| ControlError::invalid_params(e.to_string()))
+}
+
+impl ControlHandler for Node {
+    async fn call(&self, method: &str, params: Value) -> Result<Reply, ControlError> {
+        let value = match method {
+            methods::NODE_ID => self.node_id_result(),
+            methods::PEERS_ADD => self.peers_add(params)?,
+            methods::PEERS_LIST => self.peers_list().await,
+            methods::PEERS_RENAME => self.peers_rename(params)?,
+            methods::PEERS_REMOVE => self.peers_remove(params)?,
+            methods::GRANT => self.grant(params)?,
+            methods::REVOKE => self.revoke(params)?,
+            methods::INVITE => self.invite(params)?,
+            methods::PAIR => self.pair(params).await?,
+            methods::SERVICES_SERVE => self.serve(params)?,
+            methods::SERVICES_UNSERVE => self.unserve(params)?,
+            methods::STATUS => self.status().await,
+            methods::SESSION_OPEN => {
+                let open: SessionOpen = params_of(params)?;
+                let session = self.open_session(&open).await?;
+                return Ok(Reply::Tunnel(
+                    json!({ "opened": true }),
+                    session,
+                    open.attach,
+                ));
+            }
+            methods::NODE_SHUTDOWN => {
+                self.stop_sessions().await;
+                return Ok(Reply::ThenStop(json!({ "stopped": true })));
+            }
+            other => {
+                return Err(ControlError::new(
+                    codes::UNKNOWN_METHOD,
+                    format!("unknown method {other:?}"),
+                ));
+            }
+        };
+        Ok(Reply::Value(value))
+    }
+
+    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession) {
+        proxy::tunnel(local, session, self.shutdown.child_token()).await;
+    }
+
+    fn node_id(&self) -> String {
+        self.endpoint.id().to_string()
+    }
+}

@@ -1,0 +1,114 @@
+//! What the node can say about itself: its peers (with reachability and round-trip time),
+//! what it serves and to whom, live sessions, recent pairings.
+
+use std::time::Duration;
+
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::ping::ping;
+use serde_json::{Value, json};
+
+use super::node::Node;
+
+/// How long a reachability check may take, for all peers together.
+const PING_TIMEOUT: Duration = Duration::from_millis(1500);
+
+impl Node {
+    pub(super) async fn peers_list(&self) -> Value {
+        let table = self.gate.snapshot();
+        let services = self
+            .services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let stored = self.store.peers().unwrap_or_default();
+        let connected = self.registry.connected_peers();
+        let mut pings = tokio::task::JoinSet::new();
+        for p in table.all() {
+            let (endpoint, id) = (self.endpoint.clone(), p.id);
+            pings.spawn(async move { (id, ping(&endpoint, id, PING_TIMEOUT).await) });
+        }
+        let mut rtts = std::collections::HashMap::new();
+        while let Some(Ok((id, rtt))) = pings.join_next().await {
+            rtts.insert(id, rtt);
+        }
+        let peers: Vec<Value> = table
+            .all()
+            .iter()
+            .map(|p| {
+                let identity = PeerIdentity::new(p.id, p.name.clone());
+                let hex = p.id.to_string();
+                let record = stored.iter().find(|s| s.id == hex);
+                let rtt = rtts.get(&p.id).copied().flatten();
+                let mut v = json!({
+                    "name": p.name,
+                    "id": hex,
+                    "addrs": p.addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "services": services.granted_to(&identity),
+                    "mounts": record.map(|r| r.mounts.clone()).unwrap_or_default(),
+                    "source": if record.is_some() { "paired" } else { "config" },
+                    "connected": connected.contains(&p.id),
+                    "reachable": rtt.is_some(),
+                });
+                if let Some(rtt) = rtt {
+                    v["rtt_ms"] = json!((rtt.as_secs_f64() * 1e4).round() / 10.0);
+                }
+                v
+            })
+            .collect();
+        json!({ "peers": peers })
+    }
+
+    pub(super) async fn status(&self) -> Value {
+        let peers = self.peers_list().await["peers"].take();
+        let sessions = self.host.live_sessions();
+        let table = self.gate.snapshot();
+        let services: Vec<Value> = self
+            .settings()
+            .services
+            .iter()
+            .map(|s| {
+                let admitted: Vec<&str> = table
+                    .all()
+                    .iter()
+                    .filter(|p| {
+                        crate::services::is_allowed(
+                            &s.allow,
+                            &PeerIdentity::new(p.id, p.name.clone()),
+                        )
+                    })
+                    .map(|p| p.name.as_str())
+                    .collect();
+                json!({
+                    "name": s.name,
+                    "run": s.cmd,
+                    "allow": s.allow,
+                    "peers": admitted,
+                    "max_sessions": s.max_sessions,
+                    "sessions": sessions.iter().filter(|x| x.service == s.name).count(),
+                })
+            })
+            .collect();
+        let pairings: Vec<Value> = self
+            .store
+            .pairings()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| json!({ "peer": p.peer, "code": p.code, "at": p.at / 1000 }))
+            .collect();
+        let live: Vec<Value> = sessions
+            .iter()
+            .map(|s| json!({ "peer": s.peer_name, "service": s.service, "since": s.since / 1000 }))
+            .collect();
+        let invites = self.store.invites().unwrap_or_default().len();
+        json!({
+            "id": self.endpoint.id().to_string(),
+            "addrs": self.direct_addrs(),
+            "nickname": self.settings().nickname,
+            "services": services,
+            "peers": peers,
+            "pairings": pairings,
+            "sessions": live,
+            "invites_live": invites,
+        })
+    }
+}

@@ -1,0 +1,585 @@
+//! The verbs that change whom this node trusts: static peers, renames and removals, grants,
+//! and pairing (minting invites, redeeming them, answering redemptions).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iroh::endpoint::{Connection, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use iroh::{EndpointAddr, EndpointId, RelayUrl};
+use mcpmesh_net::gate::CLOSE_SEVERED;
+use mcpmesh_net::session::valid_service_name;
+use mcpmesh_net::transport::NdjsonTransport;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+use crate::audit::unix_ms;
+use crate::config::{self, parse_endpoint_id};
+use crate::control::{ControlError, codes};
+use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
+use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
+
+use super::node::{Node, params_of};
+
+fn bad(message: impl Into<String>) -> ControlError {
+    ControlError::invalid_params(message)
+}
+
+fn check_name(name: &str) -> Result<(), ControlError> {
+    if valid_service_name(name) {
+        Ok(())
+    } else {
+        Err(bad(format!(
+            "{name:?}: a peer name is 1-64 letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+/// A name from someone else's suggestion: the allowed characters only, never empty.
+fn sanitize(name: Option<&str>, fallback: &str) -> String {
+    let clean: String = name
+        .unwrap_or_default()
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .skip_while(|c| !c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    if clean.is_empty() {
+        fallback.to_owned()
+    } else {
+        clean
+    }
+}
+
+impl Node {
+    /// A name for `id`: its current one if known, else `wanted`, made unique.
+    fn name_for(&self, id: &EndpointId, wanted: &str) -> String {
+        let table = self.gate.snapshot();
+        if let Some(p) = table.by_id(id) {
+            return p.name.clone();
+        }
+        let mut name = wanted.to_owned();
+        let mut n = 2;
+        while table.by_name(&name).is_some() {
+            name = format!("{wanted}-{n}");
+            n += 1;
+        }
+        name
+    }
+
+    fn peer_by_name(&self, name: &str) -> Result<crate::config::PeerSpec, ControlError> {
+        self.gate.snapshot().by_name(name).cloned().ok_or_else(|| {
+            ControlError::new(
+                codes::NOT_FOUND,
+                format!("no peer named {name:?}; see `mcpmesh peers`"),
+            )
+        })
+    }
+
+    fn is_static(&self, name: &str) -> bool {
+        self.settings().peers.iter().any(|p| p.name == name)
+    }
+
+    fn stored_peer(&self, id: &EndpointId) -> Option<StoredPeer> {
+        let hex = id.to_string();
+        self.store.peers().ok()?.into_iter().find(|p| p.id == hex)
+    }
+
+    pub(super) fn peers_add(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Add {
+            name: String,
+            id: String,
+            #[serde(default)]
+            addrs: Vec<String>,
+        }
+        let add: Add = params_of(params)?;
+        check_name(&add.name)?;
+        let id = parse_endpoint_id(&add.id)
+            .ok_or_else(|| bad(format!("{:?} is not an endpoint id", add.id)))?;
+        if id == self.endpoint.id() {
+            return Err(bad("that is this node's own id"));
+        }
+        let table = self.gate.snapshot();
+        if let Some(other) = table.by_id(&id).filter(|p| p.name != add.name) {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("this key is already trusted as {}", other.name),
+            ));
+        }
+        if table.by_name(&add.name).is_some_and(|p| p.id != id) {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("the name {} is taken by another key", add.name),
+            ));
+        }
+        let addrs = parse_addrs(&add.addrs)?;
+        self.edit(|doc| config::set_peer(doc, &add.name, &id, &addrs))?;
+        self.trust_event("peer_added", Some(&add.name), None);
+        Ok(json!({ "peer": add.name, "id": id.to_string() }))
+    }
+
+    pub(super) fn peers_rename(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Rename {
+            old: String,
+            new: String,
+        }
+        let r: Rename = params_of(params)?;
+        check_name(&r.new)?;
+        let peer = self.peer_by_name(&r.old)?;
+        if r.old == r.new {
+            return Ok(json!({ "peer": r.new, "id": peer.id.to_string() }));
+        }
+        if self.gate.snapshot().by_name(&r.new).is_some() {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("the name {} is taken", r.new),
+            ));
+        }
+        let is_static = self.is_static(&r.old);
+        // Grants by name follow the peer; grants by key need nothing.
+        self.edit(|doc| {
+            if is_static {
+                config::rename_peer(doc, &r.old, &r.new)?;
+            }
+            config::rename_allow(doc, &r.old, &r.new)
+        })?;
+        if let Some(mut stored) = self.stored_peer(&peer.id) {
+            stored.name = r.new.clone();
+            self.store.put_peer(&stored, None).map_err(store_err)?;
+            self.refresh();
+        }
+        self.trust_event("peer_renamed", Some(&r.new), None);
+        Ok(json!({ "peer": r.new, "id": peer.id.to_string(), "was": r.old }))
+    }
+
+    pub(super) fn peers_remove(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Remove {
+            name: String,
+        }
+        let r: Remove = params_of(params)?;
+        let peer = self.peer_by_name(&r.name)?;
+        let principals = vec![format!("eid:{}", peer.id), r.name.clone()];
+        let is_static = self.is_static(&r.name);
+        if self.stored_peer(&peer.id).is_some() {
+            self.store
+                .remove_peer(&peer.id.to_string())
+                .map_err(store_err)?;
+        }
+        // Removing the entry re-applies trust, which severs the peer's connections at once.
+        self.edit(|doc| {
+            if is_static {
+                config::remove_peer(doc, &r.name)?;
+            }
+            config::remove_allow_everywhere(doc, &principals)
+        })?;
+        self.registry
+            .sever(&peer.id, CLOSE_SEVERED, b"no longer trusted");
+        self.host.sever(peer.id.as_bytes(), None);
+        self.trust_event("peer_removed", Some(&r.name), None);
+        Ok(json!({ "peer": r.name, "removed": true }))
+    }
+
+    pub(super) fn grant(&self, params: Value) -> Result<Value, ControlError> {
+        let g: Grant = params_of(params)?;
+        let peer = self.peer_by_name(&g.peer)?;
+        self.require_service(&g.service)?;
+        self.edit(|doc| config::add_allow(doc, &g.service, &format!("eid:{}", peer.id)))?;
+        self.trust_event("grant", Some(&g.peer), Some(&g.service));
+        Ok(json!({ "peer": g.peer, "service": g.service, "granted": true }))
+    }
+
+    pub(super) fn revoke(&self, params: Value) -> Result<Value, ControlError> {
+        let g: Grant = params_of(params)?;
+        let peer = self.peer_by_name(&g.peer)?;
+        self.require_service(&g.service)?;
+        let principals = vec![format!("eid:{}", peer.id), g.peer.clone()];
+        self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
+        let ended = self.host.sever(peer.id.as_bytes(), Some(&g.service));
+        self.trust_event("revoke", Some(&g.peer), Some(&g.service));
+        // Access may remain through a user or group entry; say so rather than pretend.
+        let identity = mcpmesh_net::PeerIdentity::new(peer.id, peer.name.clone());
+        let still = self
+            .services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&g.service)
+            .is_some_and(|e| crate::services::is_allowed(&e.spec.allow, &identity));
+        Ok(
+            json!({ "peer": g.peer, "service": g.service, "granted": still, "sessions_ended": ended }),
+        )
+    }
+
+    fn require_service(&self, name: &str) -> Result<(), ControlError> {
+        if self.settings().services.iter().any(|s| s.name == name) {
+            Ok(())
+        } else {
+            Err(ControlError::new(
+                codes::NOT_FOUND,
+                format!("no service named {name:?}; see `mcpmesh status`"),
+            ))
+        }
+    }
+
+    pub(super) fn invite(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Mint {
+            services: Vec<String>,
+            #[serde(default)]
+            uses: Option<u32>,
+            #[serde(default)]
+            ttl_secs: Option<u64>,
+        }
+        let m: Mint = params_of(params)?;
+        if m.services.is_empty() {
+            return Err(bad("name at least one service to share"));
+        }
+        for s in &m.services {
+            self.require_service(s)?;
+        }
+        let uses = m.uses.unwrap_or(1);
+        if !(1..=pairing::MAX_USES).contains(&uses) {
+            return Err(bad(format!("--uses must be 1 to {}", pairing::MAX_USES)));
+        }
+        let ttl = Duration::from_secs(m.ttl_secs.unwrap_or(pairing::DEFAULT_TTL.as_secs()));
+        if ttl.is_zero() || ttl > pairing::MAX_TTL {
+            return Err(bad("--ttl must be between 1s and 7d"));
+        }
+        let secret = pairing::new_secret()
+            .map_err(|e| ControlError::new(codes::NODE_UNAVAILABLE, e.to_string()))?;
+        let expires_at = unix_ms() / 1000 + ttl.as_secs();
+        let stored = StoredInvite {
+            secret,
+            services: m.services.clone(),
+            expires_at,
+            uses_left: uses,
+            failures: 0,
+        };
+        self.store
+            .put_invite(&pairing::invite_id(&secret), &stored)
+            .map_err(store_err)?;
+        self.update_alpns();
+        // Addresses known now; never wait for a relay (there may be none).
+        let addr = self.endpoint.addr();
+        let invite = Invite {
+            v: 1,
+            id: self.endpoint.id().to_string(),
+            addrs: self.direct_addrs(),
+            relay: addr.relay_urls().next().map(ToString::to_string),
+            secret: pairing::encode_secret(&secret),
+            services: m.services.clone(),
+            exp: expires_at,
+            uses,
+            nick: self.settings().nickname.clone(),
+        };
+        self.trust_event("invite", None, None);
+        Ok(
+            json!({ "invite": invite.encode(), "expires_at": expires_at, "services": m.services, "uses": uses }),
+        )
+    }
+
+    pub(super) async fn pair(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Redeem {
+            invite: String,
+            #[serde(default)]
+            name: Option<String>,
+        }
+        let r: Redeem = params_of(params)?;
+        let invite = Invite::decode(&r.invite).map_err(|e| bad(e.to_string()))?;
+        let (Some(inviter), Some(secret)) = (invite.endpoint(), invite.secret_bytes()) else {
+            return Err(bad("this invite is damaged"));
+        };
+        if inviter == self.endpoint.id() {
+            return Err(bad("this is one of this node's own invites"));
+        }
+        if invite.exp <= unix_ms() / 1000 {
+            return Err(ControlError::new(
+                codes::REFUSED,
+                format!(
+                    "this invite expired at {} UTC; ask for a new one",
+                    crate::audit::format_time(invite.exp * 1000)
+                ),
+            ));
+        }
+        let wanted = match &r.name {
+            Some(n) => {
+                check_name(n)?;
+                if self
+                    .gate
+                    .snapshot()
+                    .by_name(n)
+                    .is_some_and(|p| p.id != inviter)
+                {
+                    return Err(ControlError::new(
+                        codes::CONFLICT,
+                        format!("the name {n} is taken; pick another with --name"),
+                    ));
+                }
+                n.clone()
+            }
+            None => sanitize(invite.nick.as_deref(), "peer"),
+        };
+
+        let mut hint = EndpointAddr::new(inviter);
+        for a in invite
+            .addrs
+            .iter()
+            .filter_map(|a| a.parse::<SocketAddr>().ok())
+        {
+            hint = hint.with_ip_addr(a);
+        }
+        if let Some(relay) = invite
+            .relay
+            .as_deref()
+            .and_then(|u| u.parse::<RelayUrl>().ok())
+        {
+            hint = hint.with_relay_url(relay);
+        }
+        self.dialer.add_address_hint(hint);
+
+        let hello = PairHello {
+            pair: 1,
+            invite: pairing::invite_id(&secret),
+            proof: pairing::proof(&secret, &inviter, &self.endpoint.id()),
+            nick: self.settings().nickname.clone(),
+            addrs: self.direct_addrs(),
+        };
+        let limit = self.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
+        let reply = tokio::time::timeout(limit, exchange(&self.endpoint, inviter, &hello))
+            .await
+            .map_err(|_| {
+                ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time")
+            })??;
+        if !reply.ok {
+            return Err(ControlError::new(
+                codes::REFUSED,
+                format!(
+                    "the inviter refused: {}",
+                    reply.error.unwrap_or_else(|| "no reason given".into())
+                ),
+            ));
+        }
+        let name = if r.name.is_some() {
+            wanted
+        } else {
+            self.name_for(&inviter, &wanted)
+        };
+        let code = pairing::code(&inviter, &self.endpoint.id(), &secret);
+        let at = unix_ms();
+        let peer = StoredPeer {
+            id: inviter.to_string(),
+            name: name.clone(),
+            addrs: invite.addrs.clone(),
+            mounts: reply.services.clone(),
+            paired_at: at,
+        };
+        let pairing_record = Pairing {
+            peer: name.clone(),
+            code: code.clone(),
+            at,
+        };
+        self.store
+            .put_peer(&peer, Some(&pairing_record))
+            .map_err(store_err)?;
+        self.refresh();
+        self.trust_event("pair", Some(&name), None);
+        let mounts: Vec<String> = reply
+            .services
+            .iter()
+            .map(|s| format!("{name}/{s}"))
+            .collect();
+        Ok(json!({ "peer": name, "code": code, "services": reply.services, "mounts": mounts }))
+    }
+
+    /// The inviter's side of a redemption: checks the proof against the stored invite, and on
+    /// success stores the redeemer, grants the invite's services, and records the pairing —
+    /// the store part in one transaction.
+    fn redeem(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
+        let me = self.endpoint.id();
+        let wanted = sanitize(hello.nick.as_deref(), "peer");
+        let name = self.name_for(&redeemer, &wanted);
+        let addrs: Vec<String> = hello
+            .addrs
+            .iter()
+            .filter(|a| a.parse::<SocketAddr>().is_ok())
+            .take(16)
+            .cloned()
+            .collect();
+        let now = unix_ms();
+        let outcome =
+            self.store
+                .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
+                    if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
+                        return Err("the invite's secret does not match".to_owned());
+                    }
+                    let peer = StoredPeer {
+                        id: redeemer.to_string(),
+                        name: name.clone(),
+                        addrs,
+                        mounts: Vec::new(),
+                        paired_at: now,
+                    };
+                    let code = pairing::code(&me, &redeemer, &invite.secret);
+                    Ok((
+                        peer,
+                        Pairing {
+                            peer: name.clone(),
+                            code,
+                            at: now,
+                        },
+                        invite.services.clone(),
+                    ))
+                });
+        let reply = match outcome {
+            Ok(Redeemed::Accepted(services)) => {
+                let principal = format!("eid:{redeemer}");
+                let granted: Vec<String> = services
+                    .into_iter()
+                    .filter(|s| self.settings().services.iter().any(|x| &x.name == s))
+                    .collect();
+                let edit = self.edit(|doc| {
+                    for s in &granted {
+                        config::add_allow(doc, s, &principal)?;
+                    }
+                    Ok(())
+                });
+                if let Err(e) = edit {
+                    tracing::error!("pairing with {name}: granting services failed: {e}");
+                }
+                self.refresh();
+                self.trust_event("pair", Some(&name), None);
+                for s in &granted {
+                    self.trust_event("grant", Some(&name), Some(s));
+                }
+                tracing::info!(peer = %name, "paired");
+                PairReply {
+                    ok: true,
+                    services: granted,
+                    error: None,
+                }
+            }
+            Ok(Redeemed::Refused(reason)) => {
+                tracing::info!(peer = %redeemer.fmt_short(), "refused a pairing: {reason}");
+                PairReply {
+                    ok: false,
+                    services: Vec::new(),
+                    error: Some(reason),
+                }
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                PairReply {
+                    ok: false,
+                    services: Vec::new(),
+                    error: Some("the inviter's store failed".into()),
+                }
+            }
+        };
+        self.update_alpns();
+        reply
+    }
+}
+
+#[derive(Deserialize)]
+struct Grant {
+    peer: String,
+    service: String,
+}
+
+fn parse_addrs(addrs: &[String]) -> Result<Vec<SocketAddr>, ControlError> {
+    addrs
+        .iter()
+        .map(|a| {
+            a.parse::<SocketAddr>()
+                .map_err(|_| bad(format!("{a:?} is not an address like 192.0.2.7:4433")))
+        })
+        .collect()
+}
+
+fn store_err(e: crate::store::StoreError) -> ControlError {
+    ControlError::new(codes::NODE_UNAVAILABLE, e.to_string())
+}
+
+/// The redeemer's half of the exchange: one hello, one reply.
+async fn exchange(
+    endpoint: &iroh::Endpoint,
+    inviter: EndpointId,
+    hello: &PairHello,
+) -> Result<PairReply, ControlError> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ControlError::new(
+            codes::UNREACHABLE,
+            format!(
+                "cannot reach the inviter ({e}); is its node running, and the invite still live?"
+            ),
+        )
+    };
+    let conn = endpoint.connect(inviter, ALPN_PAIR).await.map_err(|e| {
+        // A node with no live invite does not offer the pairing protocol at all.
+        if e.to_string().contains("known protocol") {
+            ControlError::new(
+                codes::REFUSED,
+                "the inviter is not accepting this invite: it was used up, expired or withdrawn",
+            )
+        } else {
+            unreachable(&e)
+        }
+    })?;
+    let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
+    let mut t = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
+    let value = serde_json::to_value(hello).map_err(|e| bad(e.to_string()))?;
+    t.send_value(value).await.map_err(|e| unreachable(&e))?;
+    let answer = t.recv_value().await.map_err(|e| unreachable(&e))?;
+    let _ = t.writer_mut().shutdown().await;
+    conn.close(VarInt::from_u32(0), b"done");
+    let answer = answer.ok_or_else(|| unreachable(&"the connection closed"))?;
+    serde_json::from_value(answer).map_err(|e| unreachable(&e))
+}
+
+/// The `mcpmesh/pair/1` handler. Open to unknown keys by design: the invite secret is the
+/// credential, checked in [`Node::redeem`], with an attempt budget per invite.
+#[derive(Debug)]
+pub(super) struct PairProtocol {
+    pub(super) node: Arc<Node>,
+}
+
+impl ProtocolHandler for PairProtocol {
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let redeemer = conn.remote_id();
+        let Ok(Ok((send, recv))) =
+            tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, conn.accept_bi()).await
+        else {
+            return Ok(());
+        };
+        let mut t = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
+        let hello = tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, t.recv_value()).await;
+        let reply = match hello {
+            Ok(Ok(Some(v))) => match serde_json::from_value::<PairHello>(v) {
+                Ok(hello) if hello.pair == 1 => self.node.redeem(redeemer, &hello),
+                _ => PairReply {
+                    ok: false,
+                    services: Vec::new(),
+                    error: Some("malformed pairing request".into()),
+                },
+            },
+            _ => PairReply {
+                ok: false,
+                services: Vec::new(),
+                error: Some("malformed pairing request".into()),
+            },
+        };
+        if let Ok(v) = serde_json::to_value(&reply) {
+            let _ = t.send_value(v).await;
+        }
+        let _ = t.writer_mut().shutdown().await;
+        // Let the reply reach the redeemer before the connection goes.
+        let _ = tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, conn.closed()).await;
+        Ok(())
+    }
+}

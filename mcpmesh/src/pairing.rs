@@ -1,0 +1,318 @@
+//! Pairing two people: an invite line, its redemption over `mcpmesh/pair/1`, and the short
+//! code both sides show so the humans can compare them.
+//!
+//! The line carries the inviter's key and addresses and a 32-byte secret. The redeemer dials
+//! the inviter *by that key* (so TLS proves it reached the right node) and proves it holds the
+//! secret with a keyed hash bound to both keys, so the proof is useless anywhere else. The
+//! secret itself never crosses the wire and is never logged.
+
+use std::time::Duration;
+
+use data_encoding::BASE64URL_NOPAD;
+use iroh::EndpointId;
+use serde::{Deserialize, Serialize};
+
+/// ALPN of pairing, offered only while an invite is live.
+pub const ALPN_PAIR: &[u8] = b"mcpmesh/pair/1";
+/// Prefix of an invite line.
+pub const INVITE_PREFIX: &str = "mcpmesh-invite:";
+/// Failed redemption attempts after which an invite is void.
+pub const MAX_FAILURES: u32 = 10;
+/// Default and longest validity of an invite.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Largest number of uses one invite may grant.
+pub const MAX_USES: u32 = 64;
+/// Longest pairing message.
+pub const MAX_MESSAGE: usize = 4096;
+/// How long either side waits on the other during a pairing.
+pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes of the checksum that ends an encoded invite.
+const CHECKSUM: usize = 6;
+
+/// What an invite line says.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Invite {
+    pub v: u32,
+    /// The inviter's endpoint id (hex).
+    pub id: String,
+    /// Where the inviter can be reached directly.
+    #[serde(default)]
+    pub addrs: Vec<String>,
+    /// The inviter's home relay, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
+    /// The secret, base64url.
+    pub secret: String,
+    pub services: Vec<String>,
+    /// Expiry, unix seconds.
+    pub exp: u64,
+    pub uses: u32,
+    /// The name the inviter suggests the redeemer call it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nick: Option<String>,
+}
+
+impl std::fmt::Debug for Invite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invite")
+            .field("id", &self.id)
+            .field("services", &self.services)
+            .field("exp", &self.exp)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InviteError {
+    #[error("this is not an mcpmesh invite (it should start with {INVITE_PREFIX})")]
+    NotAnInvite,
+    #[error("this invite is damaged: a character was changed or lost in copying")]
+    Damaged,
+    #[error("this invite is from a newer mcpmesh (format {0}); update mcpmesh")]
+    Version(u32),
+}
+
+impl Invite {
+    /// The one-line form, `mcpmesh-invite:<base64url(json ‖ checksum)>`.
+    pub fn encode(&self) -> String {
+        let mut bytes = serde_json::to_vec(self).unwrap_or_default();
+        let sum = blake3::hash(&bytes);
+        bytes.extend_from_slice(&sum.as_bytes()[..CHECKSUM]);
+        format!("{INVITE_PREFIX}{}", BASE64URL_NOPAD.encode(&bytes))
+    }
+
+    /// Parses a line, rejecting anything malformed or altered.
+    pub fn decode(line: &str) -> Result<Self, InviteError> {
+        let body = line
+            .trim()
+            .strip_prefix(INVITE_PREFIX)
+            .ok_or(InviteError::NotAnInvite)?;
+        if body.len() > 8 * 1024 {
+            return Err(InviteError::Damaged);
+        }
+        let bytes = BASE64URL_NOPAD
+            .decode(body.as_bytes())
+            .map_err(|_| InviteError::Damaged)?;
+        let split = bytes
+            .len()
+            .checked_sub(CHECKSUM)
+            .ok_or(InviteError::Damaged)?;
+        let (json, sum) = bytes.split_at(split);
+        if blake3::hash(json).as_bytes()[..CHECKSUM] != *sum {
+            return Err(InviteError::Damaged);
+        }
+        let invite: Invite = serde_json::from_slice(json).map_err(|_| InviteError::Damaged)?;
+        if invite.v != 1 {
+            return Err(InviteError::Version(invite.v));
+        }
+        if invite.endpoint().is_none() || invite.secret_bytes().is_none() {
+            return Err(InviteError::Damaged);
+        }
+        Ok(invite)
+    }
+
+    pub fn endpoint(&self) -> Option<EndpointId> {
+        self.id.parse().ok()
+    }
+
+    pub fn secret_bytes(&self) -> Option<[u8; 32]> {
+        BASE64URL_NOPAD
+            .decode(self.secret.as_bytes())
+            .ok()?
+            .try_into()
+            .ok()
+    }
+}
+
+/// A fresh 32-byte secret from the OS.
+pub fn new_secret() -> std::io::Result<[u8; 32]> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(secret)
+}
+
+pub fn encode_secret(secret: &[u8; 32]) -> String {
+    BASE64URL_NOPAD.encode(secret)
+}
+
+/// The name under which the inviter keeps an invite; reveals nothing about the secret.
+pub fn invite_id(secret: &[u8; 32]) -> String {
+    let mut h = blake3::Hasher::new_derive_key("mcpmesh 2026 invite id");
+    h.update(secret);
+    h.finalize().to_hex()[..32].to_owned()
+}
+
+/// Proof of the secret, bound to both keys: useless with any other pair of nodes.
+pub fn proof(secret: &[u8; 32], inviter: &EndpointId, redeemer: &EndpointId) -> String {
+    let mut h = blake3::Hasher::new_keyed(secret);
+    h.update(b"mcpmesh/pair/1 proof");
+    h.update(inviter.as_bytes());
+    h.update(redeemer.as_bytes());
+    h.finalize().to_hex().to_string()
+}
+
+/// Whether `claimed` is the right proof, compared in constant time.
+pub fn proof_matches(
+    secret: &[u8; 32],
+    inviter: &EndpointId,
+    redeemer: &EndpointId,
+    claimed: &str,
+) -> bool {
+    let Ok(claimed) = blake3::Hash::from_hex(claimed) else {
+        return false;
+    };
+    let mut h = blake3::Hasher::new_keyed(secret);
+    h.update(b"mcpmesh/pair/1 proof");
+    h.update(inviter.as_bytes());
+    h.update(redeemer.as_bytes());
+    h.finalize() == claimed
+}
+
+/// The three-word code both sides show: the same for both, whoever invited whom.
+pub fn code(a: &EndpointId, b: &EndpointId, secret: &[u8; 32]) -> String {
+    let (lo, hi) = if a.as_bytes() <= b.as_bytes() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let mut h = blake3::Hasher::new_derive_key("mcpmesh 2026 pairing code");
+    h.update(lo.as_bytes());
+    h.update(hi.as_bytes());
+    h.update(secret);
+    let digest = h.finalize();
+    let b = digest.as_bytes();
+    format!(
+        "{}-{}-{}",
+        WORDS[b[0] as usize], WORDS[b[1] as usize], WORDS[b[2] as usize]
+    )
+}
+
+/// The redeemer's message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairHello {
+    pub pair: u32,
+    /// Which invite (see [`invite_id`]).
+    pub invite: String,
+    /// See [`proof`].
+    pub proof: String,
+    /// The name the redeemer suggests the inviter call it.
+    #[serde(default)]
+    pub nick: Option<String>,
+    /// Where the redeemer can be reached, for the inviter's dial-back entry.
+    #[serde(default)]
+    pub addrs: Vec<String>,
+}
+
+/// The inviter's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairReply {
+    pub ok: bool,
+    #[serde(default)]
+    pub services: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+const WORDS: [&str; 256] = [
+    "able", "acid", "aged", "also", "area", "army", "away", "baby", "back", "ball", "band", "bank",
+    "base", "bath", "bear", "beat", "bell", "belt", "best", "bird", "blue", "boat", "body", "bone",
+    "book", "boot", "born", "boss", "both", "bowl", "bulk", "burn", "bush", "busy", "cafe", "cake",
+    "calm", "camp", "card", "care", "cart", "case", "cash", "cast", "cell", "chat", "chef", "chip",
+    "city", "clay", "club", "coal", "coat", "code", "cold", "cook", "cool", "copy", "cord", "corn",
+    "cost", "crew", "crop", "cube", "dark", "data", "dawn", "deal", "deep", "deer", "desk", "dial",
+    "diet", "disk", "dock", "door", "dose", "down", "draw", "drum", "duck", "dune", "dust", "duty",
+    "each", "east", "easy", "edge", "echo", "envy", "epic", "even", "exit", "face", "fact", "fair",
+    "farm", "fast", "fern", "film", "fire", "firm", "fish", "five", "flag", "flat", "flow", "foam",
+    "fold", "folk", "food", "foot", "fork", "form", "fort", "four", "free", "frog", "fuel", "full",
+    "fund", "gain", "game", "gate", "gear", "gift", "glad", "glow", "goal", "gold", "golf", "good",
+    "gown", "grab", "gray", "grid", "grow", "gulf", "hair", "half", "hall", "hand", "harp", "hawk",
+    "head", "heat", "herb", "hero", "high", "hill", "hint", "home", "hood", "hook", "hope", "horn",
+    "host", "hour", "huge", "hunt", "idea", "inch", "iron", "isle", "item", "jade", "jazz", "jump",
+    "jury", "keen", "kept", "kick", "kind", "king", "kite", "knee", "knot", "lace", "lake", "lamp",
+    "land", "lane", "last", "lava", "lawn", "leaf", "lens", "life", "lift", "lime", "line", "lion",
+    "list", "loaf", "lock", "loft", "long", "loop", "lord", "lucky", "lunar", "mail", "main",
+    "malt", "mane", "many", "map", "mark", "mast", "math", "maze", "meal", "melt", "menu", "mild",
+    "milk", "mill", "mint", "mist", "mode", "moon", "moss", "most", "moth", "much", "mule", "myth",
+    "nail", "name", "navy", "neat", "nest", "news", "next", "nice", "nine", "node", "noon", "nose",
+    "note", "oak", "oar", "oath", "ocean", "olive", "open", "oval", "oven", "pace", "pack", "page",
+    "palm", "park", "path", "peak", "pear",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Invite {
+        Invite {
+            v: 1,
+            id: iroh::SecretKey::generate().public().to_string(),
+            addrs: vec!["127.0.0.1:4433".into()],
+            relay: None,
+            secret: encode_secret(&[9; 32]),
+            services: vec!["notes".into()],
+            exp: 1_900_000_000,
+            uses: 1,
+            nick: Some("alice".into()),
+        }
+    }
+
+    #[test]
+    fn an_invite_round_trips_and_any_changed_character_is_caught() {
+        let invite = sample();
+        let line = invite.encode();
+        assert!(line.starts_with(INVITE_PREFIX));
+        assert_eq!(Invite::decode(&line).unwrap(), invite);
+        let body_start = INVITE_PREFIX.len();
+        for i in (body_start..line.len()).step_by(7) {
+            let mut chars: Vec<char> = line.chars().collect();
+            chars[i] = if chars[i] == 'A' { 'B' } else { 'A' };
+            let tampered: String = chars.into_iter().collect();
+            if tampered != line {
+                assert!(
+                    Invite::decode(&tampered).is_err(),
+                    "change at {i} went unnoticed"
+                );
+            }
+        }
+        assert_eq!(Invite::decode("hello"), Err(InviteError::NotAnInvite));
+        assert_eq!(
+            Invite::decode("mcpmesh-invite:!!!"),
+            Err(InviteError::Damaged)
+        );
+    }
+
+    #[test]
+    fn the_code_is_the_same_on_both_sides_and_depends_on_the_secret() {
+        let (a, b) = (
+            iroh::SecretKey::generate().public(),
+            iroh::SecretKey::generate().public(),
+        );
+        assert_eq!(code(&a, &b, &[1; 32]), code(&b, &a, &[1; 32]));
+        assert_ne!(code(&a, &b, &[1; 32]), code(&a, &b, &[2; 32]));
+        assert_eq!(code(&a, &b, &[1; 32]).split('-').count(), 3);
+    }
+
+    #[test]
+    fn a_proof_is_bound_to_both_keys() {
+        let (a, b, c) = (
+            iroh::SecretKey::generate().public(),
+            iroh::SecretKey::generate().public(),
+            iroh::SecretKey::generate().public(),
+        );
+        let p = proof(&[3; 32], &a, &b);
+        assert!(proof_matches(&[3; 32], &a, &b, &p));
+        assert!(!proof_matches(&[3; 32], &a, &c, &p));
+        assert!(!proof_matches(&[4; 32], &a, &b, &p));
+        assert!(!proof_matches(&[3; 32], &a, &b, "zz"));
+    }
+
+    #[test]
+    fn the_word_list_has_no_duplicates() {
+        let mut w = WORDS.to_vec();
+        w.sort_unstable();
+        w.dedup();
+        assert_eq!(w.len(), 256);
+    }
+}

@@ -1,0 +1,392 @@
+//! The node's embedded store (redb): peers met by pairing, live invites, recent pairings.
+//!
+//! Every change is one transaction, so a crash leaves the old state or the new one, never a
+//! torn one. Values are JSON, so records can grow fields without a migration.
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Peers by endpoint id (hex).
+const PEERS: TableDefinition<&str, &[u8]> = TableDefinition::new("peers");
+/// Invites by invite id (hex of a hash of the secret).
+const INVITES: TableDefinition<&str, &[u8]> = TableDefinition::new("invites");
+/// Pairings by time (unix ms), newest last.
+const PAIRINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("pairings");
+
+/// Pairings kept for `status`.
+const PAIRINGS_KEPT: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+#[error("the node's store: {0}")]
+pub struct StoreError(String);
+
+fn err(e: impl std::fmt::Display) -> StoreError {
+    StoreError(e.to_string())
+}
+
+/// A peer this node trusts because of a pairing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPeer {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub addrs: Vec<String>,
+    /// Services the peer granted this node when we paired (what we may mount).
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    pub paired_at: u64,
+}
+
+/// An invite this node minted. The secret stays here and in the line; never in logs.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredInvite {
+    pub secret: [u8; 32],
+    pub services: Vec<String>,
+    pub expires_at: u64,
+    pub uses_left: u32,
+    pub failures: u32,
+}
+
+impl std::fmt::Debug for StoredInvite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredInvite")
+            .field("services", &self.services)
+            .field("expires_at", &self.expires_at)
+            .field("uses_left", &self.uses_left)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A pairing, as `status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pairing {
+    pub peer: String,
+    pub code: String,
+    pub at: u64,
+}
+
+/// What redeeming an invite did.
+#[derive(Debug)]
+pub enum Redeemed<T> {
+    /// Accepted; the closure's result.
+    Accepted(T),
+    /// Refused, with the invite's state updated (a failed attempt counted, or nothing).
+    Refused(String),
+}
+
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(err)?;
+        let txn = db.begin_write().map_err(err)?;
+        {
+            txn.open_table(PEERS).map_err(err)?;
+            txn.open_table(INVITES).map_err(err)?;
+            txn.open_table(PAIRINGS).map_err(err)?;
+        }
+        txn.commit().map_err(err)?;
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        Ok(Store { db })
+    }
+
+    pub fn peers(&self) -> Result<Vec<StoredPeer>, StoreError> {
+        self.all(PEERS)
+    }
+
+    pub fn invites(&self) -> Result<Vec<(String, StoredInvite)>, StoreError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let table = txn.open_table(INVITES).map_err(err)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(err)? {
+            let (k, v) = row.map_err(err)?;
+            out.push((k.value().to_owned(), decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Pairings, newest first.
+    pub fn pairings(&self) -> Result<Vec<Pairing>, StoreError> {
+        let mut all: Vec<Pairing> = self.all(PAIRINGS)?;
+        all.reverse();
+        Ok(all)
+    }
+
+    pub fn put_invite(&self, id: &str, invite: &StoredInvite) -> Result<(), StoreError> {
+        self.write(|txn| {
+            txn.open_table(INVITES)
+                .map_err(err)?
+                .insert(id, encode(invite)?.as_slice())
+                .map_err(err)?;
+            Ok(())
+        })
+    }
+
+    /// Removes invites that expired or ran out of uses; returns how many live ones remain.
+    pub fn prune_invites(&self, now: u64) -> Result<usize, StoreError> {
+        let live = self.invites()?;
+        let dead: Vec<&String> = live
+            .iter()
+            .filter(|(_, i)| i.expires_at <= now || i.uses_left == 0)
+            .map(|(k, _)| k)
+            .collect();
+        if !dead.is_empty() {
+            self.write(|txn| {
+                let mut table = txn.open_table(INVITES).map_err(err)?;
+                for k in &dead {
+                    table.remove(k.as_str()).map_err(err)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(live.len() - dead.len())
+    }
+
+    /// Redeems invite `id` in one transaction: `check` sees the invite and decides; on
+    /// `Ok`, a use is taken and `peer` and the pairing are stored with it; on `Err`, a failed
+    /// attempt is counted (the invite dies after `max_failures`).
+    pub fn redeem<T>(
+        &self,
+        id: &str,
+        now: u64,
+        max_failures: u32,
+        check: impl FnOnce(&StoredInvite) -> Result<(StoredPeer, Pairing, T), String>,
+    ) -> Result<Redeemed<T>, StoreError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        let outcome = {
+            let mut invites = txn.open_table(INVITES).map_err(err)?;
+            let invite: Option<StoredInvite> = match invites.get(id).map_err(err)? {
+                Some(v) => Some(decode(v.value())?),
+                None => None,
+            };
+            match invite {
+                None => Redeemed::Refused(
+                    "unknown invite (it may have been used up or withdrawn)".into(),
+                ),
+                Some(i) if i.expires_at <= now => {
+                    invites.remove(id).map_err(err)?;
+                    Redeemed::Refused("the invite expired".into())
+                }
+                Some(i) if i.uses_left == 0 || i.failures >= max_failures => {
+                    invites.remove(id).map_err(err)?;
+                    Redeemed::Refused("the invite is used up".into())
+                }
+                Some(mut i) => match check(&i) {
+                    Ok((peer, pairing, value)) => {
+                        i.uses_left -= 1;
+                        if i.uses_left == 0 {
+                            invites.remove(id).map_err(err)?;
+                        } else {
+                            invites.insert(id, encode(&i)?.as_slice()).map_err(err)?;
+                        }
+                        txn.open_table(PEERS)
+                            .map_err(err)?
+                            .insert(peer.id.as_str(), encode(&peer)?.as_slice())
+                            .map_err(err)?;
+                        insert_pairing(&txn, &pairing)?;
+                        Redeemed::Accepted(value)
+                    }
+                    Err(reason) => {
+                        i.failures += 1;
+                        if i.failures >= max_failures {
+                            invites.remove(id).map_err(err)?;
+                        } else {
+                            invites.insert(id, encode(&i)?.as_slice()).map_err(err)?;
+                        }
+                        Redeemed::Refused(reason)
+                    }
+                },
+            }
+        };
+        txn.commit().map_err(err)?;
+        Ok(outcome)
+    }
+
+    /// Stores a peer (and optionally its pairing) in one transaction.
+    pub fn put_peer(&self, peer: &StoredPeer, pairing: Option<&Pairing>) -> Result<(), StoreError> {
+        self.write(|txn| {
+            txn.open_table(PEERS)
+                .map_err(err)?
+                .insert(peer.id.as_str(), encode(peer)?.as_slice())
+                .map_err(err)?;
+            if let Some(p) = pairing {
+                insert_pairing(txn, p)?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn remove_peer(&self, id: &str) -> Result<bool, StoreError> {
+        let mut removed = false;
+        self.write(|txn| {
+            removed = txn
+                .open_table(PEERS)
+                .map_err(err)?
+                .remove(id)
+                .map_err(err)?
+                .is_some();
+            Ok(())
+        })?;
+        Ok(removed)
+    }
+
+    fn all<K: redb::Key + 'static, T: DeserializeOwned>(
+        &self,
+        def: TableDefinition<K, &'static [u8]>,
+    ) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let table = txn.open_table(def).map_err(err)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(err)? {
+            let (_, v) = row.map_err(err)?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn write(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        f(&txn)?;
+        txn.commit().map_err(err)
+    }
+}
+
+fn insert_pairing(txn: &redb::WriteTransaction, p: &Pairing) -> Result<(), StoreError> {
+    let mut table = txn.open_table(PAIRINGS).map_err(err)?;
+    let mut at = p.at;
+    while table.get(at).map_err(err)?.is_some() {
+        at += 1;
+    }
+    table.insert(at, encode(p)?.as_slice()).map_err(err)?;
+    let excess = table
+        .len()
+        .map_err(err)?
+        .saturating_sub(PAIRINGS_KEPT as u64);
+    for _ in 0..excess {
+        table.pop_first().map_err(err)?;
+    }
+    Ok(())
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(err)
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invite(uses: u32) -> StoredInvite {
+        StoredInvite {
+            secret: [7; 32],
+            services: vec!["notes".into()],
+            expires_at: 1_000,
+            uses_left: uses,
+            failures: 0,
+        }
+    }
+
+    fn peer(id: &str) -> StoredPeer {
+        StoredPeer {
+            id: id.into(),
+            name: "bob".into(),
+            addrs: vec![],
+            mounts: vec![],
+            paired_at: 1,
+        }
+    }
+
+    fn accept(
+        id: &str,
+    ) -> impl FnOnce(&StoredInvite) -> Result<(StoredPeer, Pairing, ()), String> + '_ {
+        move |_| {
+            Ok((
+                peer(id),
+                Pairing {
+                    peer: "bob".into(),
+                    code: "a-b-c".into(),
+                    at: 5,
+                },
+                (),
+            ))
+        }
+    }
+
+    #[test]
+    fn an_invite_is_used_once_and_stores_its_peer_and_pairing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(1)).unwrap();
+        assert!(matches!(
+            store.redeem("i1", 10, 10, accept("p1")).unwrap(),
+            Redeemed::Accepted(())
+        ));
+        assert!(matches!(
+            store.redeem("i1", 10, 10, accept("p2")).unwrap(),
+            Redeemed::Refused(_)
+        ));
+        assert_eq!(store.peers().unwrap().len(), 1);
+        assert_eq!(store.pairings().unwrap()[0].code, "a-b-c");
+    }
+
+    #[test]
+    fn failed_attempts_do_not_burn_an_invite_until_the_budget_is_spent() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(1)).unwrap();
+        for _ in 0..3 {
+            let r = store
+                .redeem("i1", 10, 4, |_| {
+                    Err::<(StoredPeer, Pairing, ()), _>("wrong secret".into())
+                })
+                .unwrap();
+            assert!(matches!(r, Redeemed::Refused(_)));
+        }
+        assert!(matches!(
+            store.redeem("i1", 10, 4, accept("p1")).unwrap(),
+            Redeemed::Accepted(())
+        ));
+
+        store.put_invite("i2", &invite(1)).unwrap();
+        for _ in 0..4 {
+            let _ = store
+                .redeem("i2", 10, 4, |_| {
+                    Err::<(StoredPeer, Pairing, ()), _>("wrong".into())
+                })
+                .unwrap();
+        }
+        assert!(
+            matches!(
+                store.redeem("i2", 10, 4, accept("p2")).unwrap(),
+                Redeemed::Refused(_)
+            ),
+            "budget spent"
+        );
+    }
+
+    #[test]
+    fn an_expired_invite_is_refused_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(1)).unwrap();
+        assert!(
+            matches!(store.redeem("i1", 2_000, 10, accept("p1")).unwrap(), Redeemed::Refused(r) if r.contains("expired"))
+        );
+        store.put_invite("i2", &invite(1)).unwrap();
+        assert_eq!(store.prune_invites(2_000).unwrap(), 0);
+    }
+}
