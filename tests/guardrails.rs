@@ -93,12 +93,8 @@ async fn the_audit_log_records_requests_without_their_arguments_and_verifies() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         assert!(!text.contains(&secret), "an argument reached the audit log");
     }
-    let tail = alice.cli(&["--json", "audit", "tail", "--peer", "bob", "-n", "100"]);
-    let records: Vec<Value> = String::from_utf8(tail.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let tail = alice.json(&["audit", "tail", "--peer", "bob", "-n", "100"]);
+    let records = tail["records"].as_array().unwrap().clone();
     let call = records
         .iter()
         .find(|r| r["method"] == "tools/call")

@@ -512,11 +512,19 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
             let records = audit::read_all(&dir).context("reading the audit log")?;
             let mut last_seq = records.last().and_then(|v| v["seq"].as_u64()).unwrap_or(0);
             let shown: Vec<&Value> = records.iter().filter(|v| wanted(v)).collect();
-            for v in &shown[shown.len().saturating_sub(lines)..] {
-                print_record(v, out.json);
-            }
+            let last = &shown[shown.len().saturating_sub(lines)..];
             if !follow {
+                // One JSON value when the answer is complete; JSON Lines only when streaming.
+                out.print(json!({ "records": last }), || {
+                    last.iter()
+                        .map(|v| render_record(v))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                });
                 return Ok(());
+            }
+            for v in last {
+                print_record(v, out.json);
             }
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(250));
@@ -538,42 +546,45 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
 
 fn print_record(v: &Value, json: bool) {
     let mut stdout = std::io::stdout().lock();
-    if json {
-        let _ = writeln!(stdout, "{v}");
+    let _ = if json {
+        writeln!(stdout, "{v}")
     } else {
-        let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
-        let detail = match v["event"].as_str() {
-            Some("request") => format!(
-                "{} {} → {}{} in {:.1} ms, {} B in / {} B out",
-                s("method"),
-                s("name"),
-                s("outcome"),
-                v["code"]
-                    .as_i64()
-                    .map(|c| format!(" {c}"))
-                    .unwrap_or_default(),
-                v["latency_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                v["bytes_in"],
-                v["bytes_out"]
-            ),
-            Some("session_close") => format!(
-                "session closed ({}) after {} ms",
-                s("ended"),
-                v["duration_ms"]
-            ),
-            Some("trust") => format!("trust: {}", s("action")),
-            Some(other) => other.replace('_', " "),
-            None => String::new(),
-        };
-        let _ = writeln!(
-            stdout,
-            "{} {:<12} {:<12} {detail}",
-            mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
-            s("peer"),
-            s("service"),
-        );
-    }
+        writeln!(stdout, "{}", render_record(v))
+    };
     let _ = stdout.flush();
+}
+
+fn render_record(v: &Value) -> String {
+    let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
+    let detail = match v["event"].as_str() {
+        Some("request") => format!(
+            "{} {} → {}{} in {:.1} ms, {} B in / {} B out",
+            s("method"),
+            s("name"),
+            s("outcome"),
+            v["code"]
+                .as_i64()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default(),
+            v["latency_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
+            v["bytes_in"],
+            v["bytes_out"]
+        ),
+        Some("session_close") => format!(
+            "session closed ({}) after {} ms",
+            s("ended"),
+            v["duration_ms"]
+        ),
+        Some("trust") => format!("trust: {}", s("action")),
+        Some(other) => other.replace('_', " "),
+        None => String::new(),
+    };
+    format!(
+        "{} {:<12} {:<12} {detail}",
+        mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
+        s("peer"),
+        s("service"),
+    )
 }
 
 fn render_summary(summary: &mcpmesh::audit::Summary) -> String {

@@ -37,6 +37,9 @@ pub struct Invite {
     pub v: u32,
     /// The inviter's endpoint id (hex).
     pub id: String,
+    /// Which of the inviter's invites this is (random; not derived from the secret, so a
+    /// wrong secret for a real invite counts against that invite's attempt budget).
+    pub iid: String,
     /// Where the inviter can be reached directly.
     #[serde(default)]
     pub addrs: Vec<String>,
@@ -107,7 +110,8 @@ impl Invite {
         if invite.v != 1 {
             return Err(InviteError::Version(invite.v));
         }
-        if invite.endpoint().is_none() || invite.secret_bytes().is_none() {
+        let iid_ok = invite.iid.len() == 32 && invite.iid.bytes().all(|b| b.is_ascii_hexdigit());
+        if invite.endpoint().is_none() || invite.secret_bytes().is_none() || !iid_ok {
             return Err(InviteError::Damaged);
         }
         Ok(invite)
@@ -137,11 +141,11 @@ pub fn encode_secret(secret: &[u8; 32]) -> String {
     BASE64URL_NOPAD.encode(secret)
 }
 
-/// The name under which the inviter keeps an invite; reveals nothing about the secret.
-pub fn invite_id(secret: &[u8; 32]) -> String {
-    let mut h = blake3::Hasher::new_derive_key("mcpmesh 2026 invite id");
-    h.update(secret);
-    h.finalize().to_hex()[..32].to_owned()
+/// A fresh invite id: 16 random bytes, hex.
+pub fn new_invite_id() -> std::io::Result<String> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Proof of the secret, bound to both keys: useless with any other pair of nodes.
@@ -193,7 +197,7 @@ pub fn code(a: &EndpointId, b: &EndpointId, secret: &[u8; 32]) -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairHello {
     pub pair: u32,
-    /// Which invite (see [`invite_id`]).
+    /// Which invite (its `iid`).
     pub invite: String,
     /// See [`proof`].
     pub proof: String,
@@ -248,6 +252,7 @@ mod tests {
         Invite {
             v: 1,
             id: iroh::SecretKey::generate().public().to_string(),
+            iid: "00112233445566778899aabbccddeeff".into(),
             addrs: vec!["127.0.0.1:4433".into()],
             relay: None,
             secret: encode_secret(&[9; 32]),

@@ -260,15 +260,16 @@ impl Node {
             uses_left: uses,
             failures: 0,
         };
-        self.store
-            .put_invite(&pairing::invite_id(&secret), &stored)
-            .map_err(store_err)?;
+        let iid = pairing::new_invite_id()
+            .map_err(|e| ControlError::new(codes::NODE_UNAVAILABLE, e.to_string()))?;
+        self.store.put_invite(&iid, &stored).map_err(store_err)?;
         self.update_alpns();
         // Addresses known now; never wait for a relay (there may be none).
         let addr = self.endpoint.addr();
         let invite = Invite {
             v: 1,
             id: self.endpoint.id().to_string(),
+            iid,
             addrs: self.direct_addrs(),
             relay: addr.relay_urls().next().map(ToString::to_string),
             secret: pairing::encode_secret(&secret),
@@ -345,7 +346,7 @@ impl Node {
 
         let hello = PairHello {
             pair: 1,
-            invite: pairing::invite_id(&secret),
+            invite: invite.iid.clone(),
             proof: pairing::proof(&secret, &inviter, &self.endpoint.id()),
             nick: self.settings().nickname.clone(),
             addrs: self.direct_addrs(),

@@ -1,0 +1,348 @@
+//! The hero flow through the CLI only: serve, invite, pair, connect; refusals of bad invites;
+//! removing, revoking and granting with live sessions; doctor; `--json` everywhere.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mcpmesh::pairing::Invite;
+use serde_json::{Value, json};
+
+fn invite(node: &TestNode, args: &[&str]) -> String {
+    let mut all = vec!["invite"];
+    all.extend_from_slice(args);
+    node.json(&all)["invite"].as_str().unwrap().to_owned()
+}
+
+fn refused(out: &std::process::Output) -> Value {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a refusal: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    serde_json::from_str(stderr.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("{stderr}"))
+}
+
+async fn whoami(s: &mut McpSession) -> Value {
+    s.call("whoami", json!({})).await["result"]["structuredContent"].clone()
+}
+
+/// alice serves the stub as `notes` (and `calc`) and bob redeems an invite for both.
+fn paired(marker: &str) -> (TestNode, TestNode, String) {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.serve_stub("notes", &[], None, marker);
+    alice.serve_stub("calc", &[], None, marker);
+    let line = invite(&alice, &["notes", "calc"]);
+    let paired = bob.json(&["pair", &line]);
+    let code = paired["code"].as_str().unwrap().to_owned();
+    (alice, bob, code)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_invite_pair_connect_reaches_the_child_as_the_redeemer() {
+    let m = marker("hero");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.serve_stub("notes", &[], None, &m);
+    let line = invite(&alice, &["notes"]);
+    assert!(line.starts_with("mcpmesh-invite:"));
+    let paired = bob.json(&["pair", &line]);
+    assert_eq!(paired["peer"], "alice");
+    assert_eq!(paired["services"], json!(["notes"]));
+    assert_eq!(paired["mounts"], json!(["alice/notes"]));
+    let code = paired["code"].as_str().unwrap();
+    assert_eq!(code.split('-').count(), 3);
+
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_NAME"], "bob");
+    assert_eq!(env["MCPMESH_PEER_EID"], format!("eid:{}", bob.id));
+
+    // Both sides show the same code.
+    let status = alice.json(&["status"]);
+    assert_eq!(status["pairings"][0]["peer"], "bob");
+    assert_eq!(status["pairings"][0]["code"], code);
+    let peers = bob.json(&["peers"]);
+    assert_eq!(peers["peers"][0]["mounts"], json!(["notes"]));
+    assert_eq!(peers["peers"][0]["reachable"], true);
+    assert!(peers["peers"][0]["rtt_ms"].as_f64().is_some());
+}
+
+#[test]
+fn used_expired_and_tampered_invites_are_refused() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let (bob, carol) = (TestNode::start("bob"), TestNode::start("carol"));
+
+    let line = invite(&alice, &["notes"]);
+    bob.json(&["pair", &line]);
+    let used = refused(&carol.cli(&["--json", "pair", &line]));
+    assert_eq!(used["error"]["code"], 1007);
+
+    let short = invite(&alice, &["notes", "--ttl", "1s"]);
+    // Waiting for wall-clock expiry is the behaviour under test, not synchronization.
+    std::thread::sleep(Duration::from_millis(1100));
+    let expired = refused(&carol.cli(&["--json", "pair", &short]));
+    assert_eq!(expired["error"]["code"], 1007);
+    assert!(
+        expired["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired")
+    );
+
+    let good = invite(&alice, &["notes"]);
+    let mut chars: Vec<char> = good.chars().collect();
+    let i = chars.len() / 2;
+    chars[i] = if chars[i] == 'x' { 'y' } else { 'x' };
+    let tampered: String = chars.into_iter().collect();
+    let damaged = refused(&carol.cli(&["--json", "pair", &tampered]));
+    assert!(
+        damaged["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("damaged"),
+        "{damaged}"
+    );
+    assert_eq!(
+        carol.json(&["pair", &good])["peer"],
+        "alice",
+        "the good line still works"
+    );
+}
+
+#[test]
+fn a_wrong_secret_is_refused_and_does_not_burn_the_invite() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let bob = TestNode::start("bob");
+    let line = invite(&alice, &["notes"]);
+    let mut forged = Invite::decode(&line).unwrap();
+    forged.secret = mcpmesh::pairing::encode_secret(&[42; 32]);
+    let wrong = refused(&bob.cli(&["--json", "pair", &forged.encode()]));
+    assert_eq!(wrong["error"]["code"], 1007);
+    assert!(
+        wrong["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("secret"),
+        "{wrong}"
+    );
+    assert_eq!(bob.json(&["pair", &line])["peer"], "alice");
+
+    // Ten wrong attempts void an invite, even one with uses left.
+    let carol = TestNode::start("carol");
+    let line2 = invite(&alice, &["notes", "--uses", "5"]);
+    let mut forged2 = Invite::decode(&line2).unwrap();
+    forged2.secret = mcpmesh::pairing::encode_secret(&[43; 32]);
+    for _ in 0..10 {
+        refused(&carol.cli(&["--json", "pair", &forged2.encode()]));
+    }
+    let spent = refused(&carol.cli(&["--json", "pair", &line2]));
+    assert_eq!(spent["error"]["code"], 1007, "{spent}");
+
+    // The secret is nowhere in the inviter's log or audit records.
+    let secret = Invite::decode(&line).unwrap().secret;
+    assert!(!alice.log().contains(&secret));
+    for entry in std::fs::read_dir(alice.home().join("state/audit")).unwrap() {
+        assert!(
+            !std::fs::read_to_string(entry.unwrap().path())
+                .unwrap()
+                .contains(&secret)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_peer_ends_its_long_call_within_a_second_and_refuses_the_next_connect() {
+    let m = marker("remove");
+    let (alice, bob, _) = paired(&m);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "long", "method": "tools/call",
+                    "params": { "name": "sleep", "arguments": { "ms": 30_000 } } }),
+    )
+    .await;
+    let started = Instant::now();
+    alice.json(&["peers", "remove", "bob"]);
+    let answer = s.recv().await.expect("the long call is answered");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(answer["id"], "long");
+    assert_eq!(answer["error"]["code"], -32052, "{answer}");
+    s.wait_eof().await;
+
+    let mut again = bob.connect("alice/notes");
+    let refusal = again
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    assert_eq!(refusal["error"]["code"], -32054, "{refusal}");
+    assert!(
+        alice.json(&["peers"])["peers"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn revoke_ends_that_services_sessions_and_grant_applies_without_a_restart() {
+    let m = marker("revoke");
+    let (alice, bob, _) = paired(&m);
+    let mut notes = bob.connect("alice/notes");
+    notes.initialize().await;
+    let mut calc = bob.connect("alice/calc");
+    calc.initialize().await;
+    notes
+        .send(&json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                       "params": { "name": "sleep", "arguments": { "ms": 30_000 } } }))
+        .await;
+    let started = Instant::now();
+    let revoked = alice.json(&["revoke", "bob", "notes"]);
+    assert_eq!(revoked["granted"], false);
+    let answer = notes.recv().await.expect("the call is answered");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(answer["error"]["code"], -32052, "{answer}");
+    notes.wait_eof().await;
+
+    let mut refused = bob.connect("alice/notes");
+    let r = refused
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], -32054);
+    // The other service is untouched.
+    assert_eq!(
+        calc.call("echo", json!({ "text": "still" })).await["result"]["content"][0]["text"],
+        "still"
+    );
+
+    alice.json(&["grant", "bob", "notes"]);
+    let mut back = bob.connect("alice/notes");
+    assert_eq!(
+        back.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+}
+
+#[test]
+fn doctor_flags_a_missing_command_and_a_loose_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "ghost", "--", "/nonexistent/mcp-server"]);
+    std::fs::set_permissions(
+        alice.home().join("device.key"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let out = alice.cli(&["--json", "doctor"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: Vec<&Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "error")
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|c| c["message"].as_str().unwrap().contains("command not found")),
+        "{report}"
+    );
+    assert!(
+        errors.iter().any(|c| c["check"] == "device key"),
+        "{report}"
+    );
+}
+
+#[test]
+fn every_verb_prints_one_json_value() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let runs: Vec<Vec<String>> = {
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();
+        vec![
+            s(&["id"]),
+            s(&["up"]),
+            s(&["serve", "notes", "--", STUB]),
+            s(&["serve", "spare", "--", STUB]),
+            s(&["status"]),
+            s(&["doctor"]),
+            s(&["audit", "verify"]),
+            s(&["audit", "summary"]),
+            s(&["audit", "tail"]),
+        ]
+    };
+    let one_value = |node: &TestNode, args: &[String]| -> Value {
+        let mut all = vec!["--json".to_owned()];
+        all.extend_from_slice(args);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let out = node.cli(&refs);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut stream = serde_json::Deserializer::from_str(&text).into_iter::<Value>();
+        let first = stream
+            .next()
+            .unwrap_or_else(|| panic!("{args:?} printed nothing"))
+            .unwrap();
+        assert!(
+            stream.next().is_none(),
+            "{args:?} printed more than one value: {text}"
+        );
+        first
+    };
+    for args in &runs {
+        one_value(&alice, args);
+    }
+    let line = one_value(&alice, &["invite".into(), "notes".into()])["invite"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for args in [
+        vec!["pair".to_owned(), line],
+        vec!["peers".into()],
+        vec!["use".into(), "alice/notes".into()],
+        vec!["peers".into(), "rename".into(), "alice".into(), "al".into()],
+        vec!["peers".into(), "remove".into(), "al".into()],
+    ] {
+        one_value(&bob, &args);
+    }
+    for args in [
+        vec!["grant".to_owned(), "bob".into(), "spare".into()],
+        vec!["revoke".into(), "bob".into(), "spare".into()],
+        vec!["unserve".into(), "spare".into()],
+        vec![
+            "peers".into(),
+            "add".into(),
+            "carol".into(),
+            TestNode::start("carol").id.clone(),
+        ],
+        vec!["down".into()],
+    ] {
+        one_value(&alice, &args);
+    }
+}
