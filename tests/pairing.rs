@@ -346,3 +346,55 @@ fn every_verb_prints_one_json_value() {
         one_value(&alice, &args);
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_streams_trust_changes_sessions_and_requests() {
+    let m = marker("watch");
+    let (alice, bob, _) = paired(&m);
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(alice.home())
+        .args(["--json", "watch"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut watch = cmd.spawn().unwrap();
+    let mut lines = mcpmesh_net::transport::FrameReader::new(watch.stdout.take().unwrap(), 1 << 20);
+    let first = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&first).unwrap(),
+        json!({ "watching": true })
+    );
+    let mut seen = Vec::new();
+    alice.json(&["grant", "bob", "notes"]);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    s.call("echo", json!({ "text": "watched" })).await;
+    while !seen
+        .iter()
+        .any(|e: &Value| e["event"] == "request" && e["method"] == "tools/call")
+    {
+        let line = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(serde_json::from_slice(&line).unwrap());
+    }
+    assert!(
+        seen.iter()
+            .any(|e| e["event"] == "trust" && e["action"] == "grant"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|e| e["event"] == "session_open" && e["peer"] == "bob"),
+        "{seen:?}"
+    );
+    let call = seen.iter().find(|e| e["method"] == "tools/call").unwrap();
+    assert!(call["latency_us"].as_u64().is_some() && call["bytes_out"].as_u64().unwrap() > 0);
+    watch.start_kill().unwrap();
+}

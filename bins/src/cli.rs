@@ -89,6 +89,9 @@ enum Command {
     },
     /// What this node serves and to whom, its peers, live sessions, recent pairings.
     Status,
+    /// Follow the node live: sessions opening and closing, each request's latency and bytes,
+    /// trust changes (with --json, one JSON event per line).
+    Watch,
     /// Check config, key and socket permissions, service commands and network settings.
     Doctor,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -417,6 +420,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Doctor => doctor(&profile, &out),
+        Command::Watch => {
+            let events = ControlClient::connect_or_start(&profile, &exe)?.watch()?;
+            // Printed once subscribed: every event after this line is shown.
+            if out.json {
+                println!("{}", json!({ "watching": true }));
+            } else {
+                println!(
+                    "watching {} (Ctrl-C to stop)",
+                    profile.socket_path().display()
+                );
+            }
+            for event in events {
+                match event["method"].as_str() {
+                    Some("event") => print_record(&event["params"], out.json),
+                    Some("lagged") if !out.json => println!(
+                        "… {} events skipped (too fast to show)",
+                        event["params"]["missed"]
+                    ),
+                    _ if out.json => print_record(&event, true),
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

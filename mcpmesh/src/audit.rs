@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 /// Records queued for the writer; past this they are counted, and the count is itself logged.
 const QUEUE: usize = 65_536;
@@ -122,7 +122,11 @@ enum Message {
 pub struct AuditSink {
     tx: Option<mpsc::Sender<Message>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    live: Option<broadcast::Sender<std::sync::Arc<str>>>,
 }
+
+/// Records a watcher may fall behind by before it skips ahead.
+const LIVE_BACKLOG: usize = 1024;
 
 impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -136,7 +140,13 @@ impl AuditSink {
         AuditSink {
             tx: None,
             dropped: Default::default(),
+            live: None,
         }
+    }
+
+    /// Every record as it is written (its JSON line), for `watch`. `None` when disabled.
+    pub fn subscribe(&self) -> Option<broadcast::Receiver<std::sync::Arc<str>>> {
+        self.live.as_ref().map(broadcast::Sender::subscribe)
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -182,10 +192,12 @@ impl AuditLog {
         std::fs::create_dir_all(&dir)?;
         let head = read_head(&dir)?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(write_loop(dir, head, retain_months, rx));
+        let (live, _) = broadcast::channel(LIVE_BACKLOG);
+        let task = tokio::spawn(write_loop(dir, head, retain_months, rx, live.clone()));
         let sink = AuditSink {
             tx: Some(tx.clone()),
             dropped: Default::default(),
+            live: Some(live),
         };
         Ok((AuditLog { tx, task }, sink))
     }
@@ -224,6 +236,7 @@ async fn write_loop(
     mut head: Head,
     retain_months: Option<u32>,
     mut rx: mpsc::Receiver<Message>,
+    live: broadcast::Sender<std::sync::Arc<str>>,
 ) {
     let mut batch = Vec::with_capacity(256);
     let mut file: Option<(String, std::fs::File)> = None;
@@ -244,6 +257,10 @@ async fn write_loop(
                         prev: head.hash.clone(),
                     };
                     let (line, hash) = seal(&record);
+                    if live.receiver_count() > 0 {
+                        let text = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+                        let _ = live.send(text.into());
+                    }
                     head = Head {
                         seq: record.seq,
                         hash,

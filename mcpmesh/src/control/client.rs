@@ -133,6 +133,17 @@ impl ControlClient {
         }
     }
 
+    /// Subscribes to the node's events; each call to the returned iterator yields one event
+    /// (`{"method":"event"|"lagged","params":…}`), ending when the node goes away.
+    pub fn watch(mut self) -> Result<impl Iterator<Item = Value>, ControlError> {
+        self.call(methods::WATCH, json!({}))?;
+        Ok(self
+            .reader
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str(&l).ok()))
+    }
+
     /// Opens an MCP session to `peer/service`; the returned stream then carries the session's
     /// bytes both ways, and the bytes are whatever the node already sent past its answer.
     pub fn open_session(

@@ -29,6 +29,9 @@ pub enum Reply {
     Tunnel(Value, OpenedSession, Attach),
     /// The result, after which the node stops.
     ThenStop(Value),
+    /// The result, after which each event is sent as an `event` notification until the client
+    /// goes away.
+    Stream(Value, tokio::sync::broadcast::Receiver<std::sync::Arc<str>>),
 }
 
 /// The node operations the control API exposes. Implemented by the daemon.
@@ -122,6 +125,12 @@ async fn connection<H: ControlHandler>(
                     return;
                 }
             }
+            Ok(Reply::Stream(v, events)) => {
+                if t.send_raw(&Response::to_line(req.id, Ok(v))).await.is_ok() {
+                    stream_events(t, events, &stop).await;
+                }
+                return;
+            }
             Ok(Reply::ThenStop(v)) => {
                 let _ = t.send_raw(&Response::to_line(req.id, Ok(v))).await;
                 stop.cancel();
@@ -151,6 +160,32 @@ async fn connection<H: ControlHandler>(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Sends every event as `{"jsonrpc":"2.0","method":"event","params":<record>}` until the client
+/// closes the connection or the node stops. A watcher that falls behind is told how many events
+/// it missed (`{"method":"lagged","params":{"missed":N}}`) and continues.
+async fn stream_events(
+    mut t: NdjsonTransport<tokio::net::unix::OwnedReadHalf, tokio::net::unix::OwnedWriteHalf>,
+    mut events: tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
+    stop: &CancellationToken,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let line = tokio::select! {
+            _ = stop.cancelled() => return,
+            // Whatever the client sends now, or its EOF, ends the stream.
+            _ = t.recv_line() => return,
+            event = events.recv() => match event {
+                Ok(record) => format!("{{\"jsonrpc\":\"2.0\",\"method\":\"event\",\"params\":{record}}}\n"),
+                Err(RecvError::Lagged(n)) => format!("{{\"jsonrpc\":\"2.0\",\"method\":\"lagged\",\"params\":{{\"missed\":{n}}}}}\n"),
+                Err(RecvError::Closed) => return,
+            },
+        };
+        if t.send_raw(line.as_bytes()).await.is_err() {
+            return;
         }
     }
 }

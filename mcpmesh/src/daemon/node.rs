@@ -261,6 +261,12 @@ impl ControlHandler for Node {
                     open.attach,
                 ));
             }
+            methods::WATCH => {
+                let events = self.audit.subscribe().ok_or_else(|| {
+                    ControlError::new(codes::NODE_UNAVAILABLE, "this node records no events")
+                })?;
+                return Ok(Reply::Stream(json!({ "watching": true }), events));
+            }
             methods::NODE_SHUTDOWN => {
                 self.stop_sessions().await;
                 return Ok(Reply::ThenStop(json!({ "stopped": true })));
