@@ -7,6 +7,9 @@ use clap::{Parser, Subcommand};
 use mcpmesh::control::client::ControlClient;
 use mcpmesh::control::{Attach, ControlError, codes, methods};
 use mcpmesh::paths::Profile;
+
+use crate::doctor::doctor;
+use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
 use serde_json::{Value, json};
 
 /// Share MCP servers between machines, peer to peer.
@@ -157,9 +160,9 @@ enum PeersAction {
 }
 
 /// A failure as the user sees it: a stable code (when there is one) and a message.
-struct Failure {
-    code: Option<i64>,
-    message: String,
+pub struct Failure {
+    pub code: Option<i64>,
+    pub message: String,
 }
 
 impl From<ControlError> for Failure {
@@ -571,84 +574,6 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
     }
 }
 
-fn print_record(v: &Value, json: bool) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = if json {
-        writeln!(stdout, "{v}")
-    } else {
-        writeln!(stdout, "{}", render_record(v))
-    };
-    let _ = stdout.flush();
-}
-
-fn render_record(v: &Value) -> String {
-    let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
-    let detail = match v["event"].as_str() {
-        Some("request") => format!(
-            "{} {} → {}{} in {:.1} ms, {} B in / {} B out",
-            s("method"),
-            s("name"),
-            s("outcome"),
-            v["code"]
-                .as_i64()
-                .map(|c| format!(" {c}"))
-                .unwrap_or_default(),
-            v["latency_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
-            v["bytes_in"],
-            v["bytes_out"]
-        ),
-        Some("session_close") => format!(
-            "session closed ({}) after {} ms",
-            s("ended"),
-            v["duration_ms"]
-        ),
-        Some("trust") => format!("trust: {}", s("action")),
-        Some(other) => other.replace('_', " "),
-        None => String::new(),
-    };
-    format!(
-        "{} {:<12} {:<12} {detail}",
-        mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
-        s("peer"),
-        s("service"),
-    )
-}
-
-fn render_summary(summary: &mcpmesh::audit::Summary) -> String {
-    if summary.records == 0 {
-        return "no audit records in that period".into();
-    }
-    let mut s = String::new();
-    for (title, rows) in [("peer", &summary.peers), ("service", &summary.services)] {
-        s.push_str(&format!(
-            "{title:<16} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>10} {:>10}\n",
-            "sessions",
-            "requests",
-            "errors",
-            "refused",
-            "p50 ms",
-            "p99 ms",
-            "bytes in",
-            "bytes out"
-        ));
-        for (name, t) in rows {
-            s.push_str(&format!(
-                "{name:<16} {:>8} {:>9} {:>7} {:>8} {:>9.1} {:>9.1} {:>10} {:>10}\n",
-                t.sessions,
-                t.requests,
-                t.errors,
-                t.refused,
-                t.p50_ms,
-                t.p99_ms,
-                t.bytes_in,
-                t.bytes_out
-            ));
-        }
-        s.push('\n');
-    }
-    s.trim_end().to_owned()
-}
-
 /// One request to the node (started if needed).
 fn call(
     profile: &Profile,
@@ -658,119 +583,6 @@ fn call(
 ) -> Result<Value, Failure> {
     let mut client = ControlClient::connect_or_start(profile, exe)?;
     Ok(client.call(method, params)?)
-}
-
-fn render_peers(v: &Value) -> String {
-    let peers = v["peers"].as_array().cloned().unwrap_or_default();
-    if peers.is_empty() {
-        return "no peers yet. Next: mcpmesh invite SERVICE (to share), or mcpmesh pair LINE (to redeem an invite)".into();
-    }
-    let list = |p: &Value, k: &str| -> String {
-        let items: Vec<&str> = p[k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        if items.is_empty() {
-            "-".to_owned()
-        } else {
-            items.join(",")
-        }
-    };
-    let mut s = format!(
-        "{:<16} {:<14} {:<14} {:<20} {}\n",
-        "peer", "id", "reachable", "they may use", "you may use"
-    );
-    for p in peers {
-        let reach = match p["rtt_ms"].as_f64() {
-            Some(ms) => format!("yes {ms:.1} ms"),
-            None => "no".to_owned(),
-        };
-        s.push_str(&format!(
-            "{:<16} {:<14} {:<14} {:<20} {}\n",
-            p["name"].as_str().unwrap_or_default(),
-            format!(
-                "{}…",
-                p["id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .get(..12)
-                    .unwrap_or_default()
-            ),
-            reach,
-            list(&p, "services"),
-            list(&p, "mounts"),
-        ));
-    }
-    s.trim_end().to_owned()
-}
-
-fn render_status(v: &Value) -> String {
-    let mut s = format!(
-        "node {}{}\naddresses: {}\n\n",
-        v["id"].as_str().unwrap_or_default(),
-        v["nickname"]
-            .as_str()
-            .map(|n| format!(" ({n})"))
-            .unwrap_or_default(),
-        v["addrs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let services = v["services"].as_array().cloned().unwrap_or_default();
-    if services.is_empty() {
-        s.push_str("serving nothing. Next: mcpmesh serve NAME -- COMMAND…\n");
-    }
-    for svc in &services {
-        let peers: Vec<&str> = svc["peers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        s.push_str(&format!(
-            "serving {:<14} to {:<30} {} live session(s)\n",
-            svc["name"].as_str().unwrap_or_default(),
-            if peers.is_empty() {
-                "no peer yet".to_owned()
-            } else {
-                peers.join(", ")
-            },
-            svc["sessions"]
-        ));
-    }
-    s.push('\n');
-    s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
-    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
-    if !sessions.is_empty() {
-        s.push_str("\n\nlive sessions:\n");
-        for x in sessions {
-            s.push_str(&format!(
-                "  {} → {} since {}\n",
-                x["peer"].as_str().unwrap_or_default(),
-                x["service"].as_str().unwrap_or_default(),
-                mcpmesh::audit::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
-            ));
-        }
-    }
-    let pairings = v["pairings"].as_array().cloned().unwrap_or_default();
-    if !pairings.is_empty() {
-        s.push_str("\n\nrecent pairings:\n");
-        for p in pairings {
-            s.push_str(&format!(
-                "  {:<16} code {:<24} {}\n",
-                p["peer"].as_str().unwrap_or_default(),
-                p["code"].as_str().unwrap_or_default(),
-                mcpmesh::audit::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
-            ));
-        }
-    }
-    s.trim_end().to_owned()
 }
 
 /// `mcpmesh use PEER/SERVICE`: the lines that mount it in common AI clients.
@@ -833,190 +645,12 @@ fn use_lines(
     Ok(())
 }
 
-/// `mcpmesh doctor`: checks that need no running node, and a few that do. Exit 1 on errors.
-fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut checks: Vec<(String, &str, String)> = Vec::new();
-    let mut check = |name: &str, status: &'static str, message: String| {
-        checks.push((name.to_owned(), status, message))
-    };
-    let mode_of = |p: &std::path::Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| m.permissions().mode() & 0o777)
-    };
-
-    let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
-    let settings = match config_file.load() {
-        Ok(s) => {
-            check(
-                "config",
-                "ok",
-                format!("{} is valid", profile.config_file().display()),
-            );
-            Some(s)
-        }
-        Err(e) => {
-            check("config", "error", e.to_string());
-            None
-        }
-    };
-    if let Some(mode) = mode_of(&profile.config_file()).filter(|m| m & 0o077 != 0) {
-        check(
-            "config permissions",
-            "warn",
-            format!(
-                "{} is readable by others (mode {mode:o}); service env may hold tokens: chmod 600 it",
-                profile.config_file().display()
-            ),
-        );
-    }
-    match mode_of(&profile.key_file()) {
-        None => check(
-            "device key",
-            "ok",
-            "no key yet; one is minted on first start".into(),
-        ),
-        Some(m) if m & 0o077 != 0 => check(
-            "device key",
-            "error",
-            format!(
-                "{} has mode {m:o}; it must be private: chmod 600 {}",
-                profile.key_file().display(),
-                profile.key_file().display()
-            ),
-        ),
-        Some(_) => check("device key", "ok", "private (0600)".into()),
-    }
-    match mode_of(&profile.socket_path()) {
-        None => check("node", "ok", "not running (any verb starts it)".into()),
-        Some(m) if m & 0o077 != 0 => check(
-            "control socket",
-            "error",
-            format!(
-                "{} has mode {m:o}; expected 0600",
-                profile.socket_path().display()
-            ),
-        ),
-        Some(_) => match ControlClient::connect(profile) {
-            Ok(Some(_)) => check(
-                "node",
-                "ok",
-                "running; control socket private (0600)".into(),
-            ),
-            _ => check(
-                "node",
-                "warn",
-                "a control socket exists but no node answers; `mcpmesh up` replaces it".into(),
-            ),
-        },
-    }
-    if let Some(s) = &settings {
-        for svc in &s.services {
-            match resolve_command(&svc.cmd[0], svc.cwd.as_deref()) {
-                Some(path) => check(
-                    &format!("service {}", svc.name),
-                    "ok",
-                    format!("runs {}", path.display()),
-                ),
-                None => check(
-                    &format!("service {}", svc.name),
-                    "error",
-                    format!(
-                        "services.{}.run: command not found: {}",
-                        svc.name, svc.cmd[0]
-                    ),
-                ),
-            }
-            if svc.allow.is_empty() {
-                check(
-                    &format!("service {}", svc.name),
-                    "warn",
-                    format!(
-                        "nobody may use {} yet: mcpmesh grant PEER {}, or mcpmesh invite {}",
-                        svc.name, svc.name, svc.name
-                    ),
-                );
-            }
-        }
-        match &s.network.relay {
-            mcpmesh_net::endpoint::RelayPolicy::Disabled => {
-                check(
-                    "network",
-                    "ok",
-                    "hermetic: no relays, no discovery (peers need direct addresses)".into(),
-                );
-                for p in s.peers.iter().filter(|p| p.addrs.is_empty()) {
-                    check(
-                        &format!("peer {}", p.name),
-                        "warn",
-                        format!(
-                            "no address for {} and relays are disabled: it can only be reached if it dials first",
-                            p.name
-                        ),
-                    );
-                }
-            }
-            mcpmesh_net::endpoint::RelayPolicy::Default => {
-                check("network", "ok", "iroh's public relays and discovery".into())
-            }
-            mcpmesh_net::endpoint::RelayPolicy::Custom(urls) => check(
-                "network",
-                "ok",
-                format!("self-hosted relays: {}", urls.len()),
-            ),
-        }
-    }
-    let ok = !checks.iter().any(|(_, status, _)| *status == "error");
-    let value = json!({
-        "ok": ok,
-        "checks": checks.iter().map(|(n, st, m)| json!({ "check": n, "status": st, "message": m })).collect::<Vec<_>>(),
-    });
-    out.print(value, || {
-        checks
-            .iter()
-            .map(|(n, st, m)| {
-                format!(
-                    "{:<6} {n}: {m}",
-                    match *st {
-                        "ok" => "ok",
-                        "warn" => "warn",
-                        _ => "ERROR",
-                    }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    });
-    if ok { Ok(()) } else { std::process::exit(1) }
-}
-
-/// Where `program` would be found: as a path (relative to `cwd`), or on PATH.
-fn resolve_command(program: &str, cwd: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = match cwd {
-            Some(dir) if !program.starts_with('/') => dir.join(program),
-            _ => std::path::PathBuf::from(program),
-        };
-        return executable(&path).then_some(path);
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(program))
-            .find(|p| executable(p))
-    })
-}
-
-struct Output {
-    json: bool,
+pub struct Output {
+    pub json: bool,
 }
 
 impl Output {
-    fn print(&self, value: Value, human: impl FnOnce() -> String) {
+    pub fn print(&self, value: Value, human: impl FnOnce() -> String) {
         let mut stdout = std::io::stdout().lock();
         let _ = if self.json {
             writeln!(stdout, "{value}")

@@ -2,6 +2,8 @@
 //! its control socket, renders the answer for people or, with `--json`, for scripts.
 
 mod cli;
+mod doctor;
+mod render;
 mod stub_server;
 
 use std::process::ExitCode;

@@ -1,0 +1,185 @@
+//! `mcpmesh doctor`: what is wrong with this node's setup, and what to do about it.
+
+use mcpmesh::control::client::ControlClient;
+use mcpmesh::paths::Profile;
+use serde_json::json;
+
+use crate::cli::{Failure, Output};
+
+/// `mcpmesh doctor`: checks that need no running node, and a few that do. Exit 1 on errors.
+pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut checks: Vec<(String, &str, String)> = Vec::new();
+    let mut check = |name: &str, status: &'static str, message: String| {
+        checks.push((name.to_owned(), status, message))
+    };
+    let mode_of = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| m.permissions().mode() & 0o777)
+    };
+
+    let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
+    let settings = match config_file.load() {
+        Ok(s) => {
+            check(
+                "config",
+                "ok",
+                format!("{} is valid", profile.config_file().display()),
+            );
+            Some(s)
+        }
+        Err(e) => {
+            check("config", "error", e.to_string());
+            None
+        }
+    };
+    if let Some(mode) = mode_of(&profile.config_file()).filter(|m| m & 0o077 != 0) {
+        check(
+            "config permissions",
+            "warn",
+            format!(
+                "{} is readable by others (mode {mode:o}); service env may hold tokens: chmod 600 it",
+                profile.config_file().display()
+            ),
+        );
+    }
+    match mode_of(&profile.key_file()) {
+        None => check(
+            "device key",
+            "ok",
+            "no key yet; one is minted on first start".into(),
+        ),
+        Some(m) if m & 0o077 != 0 => check(
+            "device key",
+            "error",
+            format!(
+                "{} has mode {m:o}; it must be private: chmod 600 {}",
+                profile.key_file().display(),
+                profile.key_file().display()
+            ),
+        ),
+        Some(_) => check("device key", "ok", "private (0600)".into()),
+    }
+    match mode_of(&profile.socket_path()) {
+        None => check("node", "ok", "not running (any verb starts it)".into()),
+        Some(m) if m & 0o077 != 0 => check(
+            "control socket",
+            "error",
+            format!(
+                "{} has mode {m:o}; expected 0600",
+                profile.socket_path().display()
+            ),
+        ),
+        Some(_) => match ControlClient::connect(profile) {
+            Ok(Some(_)) => check(
+                "node",
+                "ok",
+                "running; control socket private (0600)".into(),
+            ),
+            _ => check(
+                "node",
+                "warn",
+                "a control socket exists but no node answers; `mcpmesh up` replaces it".into(),
+            ),
+        },
+    }
+    if let Some(s) = &settings {
+        for svc in &s.services {
+            match resolve_command(&svc.cmd[0], svc.cwd.as_deref()) {
+                Some(path) => check(
+                    &format!("service {}", svc.name),
+                    "ok",
+                    format!("runs {}", path.display()),
+                ),
+                None => check(
+                    &format!("service {}", svc.name),
+                    "error",
+                    format!(
+                        "services.{}.run: command not found: {}",
+                        svc.name, svc.cmd[0]
+                    ),
+                ),
+            }
+            if svc.allow.is_empty() {
+                check(
+                    &format!("service {}", svc.name),
+                    "warn",
+                    format!(
+                        "nobody may use {} yet: mcpmesh grant PEER {}, or mcpmesh invite {}",
+                        svc.name, svc.name, svc.name
+                    ),
+                );
+            }
+        }
+        match &s.network.relay {
+            mcpmesh_net::endpoint::RelayPolicy::Disabled => {
+                check(
+                    "network",
+                    "ok",
+                    "hermetic: no relays, no discovery (peers need direct addresses)".into(),
+                );
+                for p in s.peers.iter().filter(|p| p.addrs.is_empty()) {
+                    check(
+                        &format!("peer {}", p.name),
+                        "warn",
+                        format!(
+                            "no address for {} and relays are disabled: it can only be reached if it dials first",
+                            p.name
+                        ),
+                    );
+                }
+            }
+            mcpmesh_net::endpoint::RelayPolicy::Default => {
+                check("network", "ok", "iroh's public relays and discovery".into())
+            }
+            mcpmesh_net::endpoint::RelayPolicy::Custom(urls) => check(
+                "network",
+                "ok",
+                format!("self-hosted relays: {}", urls.len()),
+            ),
+        }
+    }
+    let ok = !checks.iter().any(|(_, status, _)| *status == "error");
+    let value = json!({
+        "ok": ok,
+        "checks": checks.iter().map(|(n, st, m)| json!({ "check": n, "status": st, "message": m })).collect::<Vec<_>>(),
+    });
+    out.print(value, || {
+        checks
+            .iter()
+            .map(|(n, st, m)| {
+                format!(
+                    "{:<6} {n}: {m}",
+                    match *st {
+                        "ok" => "ok",
+                        "warn" => "warn",
+                        _ => "ERROR",
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    if ok { Ok(()) } else { std::process::exit(1) }
+}
+
+/// Where `program` would be found: as a path (relative to `cwd`), or on PATH.
+fn resolve_command(program: &str, cwd: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = match cwd {
+            Some(dir) if !program.starts_with('/') => dir.join(program),
+            _ => std::path::PathBuf::from(program),
+        };
+        return executable(&path).then_some(path);
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| executable(p))
+    })
+}

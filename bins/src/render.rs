@@ -1,0 +1,196 @@
+//! Human renderings of the node's answers (the `--json` forms are the answers themselves).
+
+use std::io::Write;
+
+use serde_json::{Value, json};
+
+pub fn print_record(v: &Value, json: bool) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = if json {
+        writeln!(stdout, "{v}")
+    } else {
+        writeln!(stdout, "{}", render_record(v))
+    };
+    let _ = stdout.flush();
+}
+
+pub fn render_record(v: &Value) -> String {
+    let s = |k: &str| v[k].as_str().unwrap_or("").to_owned();
+    let detail = match v["event"].as_str() {
+        Some("request") => format!(
+            "{} {} → {}{} in {:.1} ms, {} B in / {} B out",
+            s("method"),
+            s("name"),
+            s("outcome"),
+            v["code"]
+                .as_i64()
+                .map(|c| format!(" {c}"))
+                .unwrap_or_default(),
+            v["latency_us"].as_u64().unwrap_or(0) as f64 / 1000.0,
+            v["bytes_in"],
+            v["bytes_out"]
+        ),
+        Some("session_close") => format!(
+            "session closed ({}) after {} ms",
+            s("ended"),
+            v["duration_ms"]
+        ),
+        Some("trust") => format!("trust: {}", s("action")),
+        Some(other) => other.replace('_', " "),
+        None => String::new(),
+    };
+    format!(
+        "{} {:<12} {:<12} {detail}",
+        mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
+        s("peer"),
+        s("service"),
+    )
+}
+
+pub fn render_summary(summary: &mcpmesh::audit::Summary) -> String {
+    if summary.records == 0 {
+        return "no audit records in that period".into();
+    }
+    let mut s = String::new();
+    for (title, rows) in [("peer", &summary.peers), ("service", &summary.services)] {
+        s.push_str(&format!(
+            "{title:<16} {:>8} {:>9} {:>7} {:>8} {:>9} {:>9} {:>10} {:>10}\n",
+            "sessions",
+            "requests",
+            "errors",
+            "refused",
+            "p50 ms",
+            "p99 ms",
+            "bytes in",
+            "bytes out"
+        ));
+        for (name, t) in rows {
+            s.push_str(&format!(
+                "{name:<16} {:>8} {:>9} {:>7} {:>8} {:>9.1} {:>9.1} {:>10} {:>10}\n",
+                t.sessions,
+                t.requests,
+                t.errors,
+                t.refused,
+                t.p50_ms,
+                t.p99_ms,
+                t.bytes_in,
+                t.bytes_out
+            ));
+        }
+        s.push('\n');
+    }
+    s.trim_end().to_owned()
+}
+
+pub fn render_peers(v: &Value) -> String {
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    if peers.is_empty() {
+        return "no peers yet. Next: mcpmesh invite SERVICE (to share), or mcpmesh pair LINE (to redeem an invite)".into();
+    }
+    let list = |p: &Value, k: &str| -> String {
+        let items: Vec<&str> = p[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if items.is_empty() {
+            "-".to_owned()
+        } else {
+            items.join(",")
+        }
+    };
+    let mut s = format!(
+        "{:<16} {:<14} {:<14} {:<20} {}\n",
+        "peer", "id", "reachable", "they may use", "you may use"
+    );
+    for p in peers {
+        let reach = match p["rtt_ms"].as_f64() {
+            Some(ms) => format!("yes {ms:.1} ms"),
+            None => "no".to_owned(),
+        };
+        s.push_str(&format!(
+            "{:<16} {:<14} {:<14} {:<20} {}\n",
+            p["name"].as_str().unwrap_or_default(),
+            format!(
+                "{}…",
+                p["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .get(..12)
+                    .unwrap_or_default()
+            ),
+            reach,
+            list(&p, "services"),
+            list(&p, "mounts"),
+        ));
+    }
+    s.trim_end().to_owned()
+}
+
+pub fn render_status(v: &Value) -> String {
+    let mut s = format!(
+        "node {}{}\naddresses: {}\n\n",
+        v["id"].as_str().unwrap_or_default(),
+        v["nickname"]
+            .as_str()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default(),
+        v["addrs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let services = v["services"].as_array().cloned().unwrap_or_default();
+    if services.is_empty() {
+        s.push_str("serving nothing. Next: mcpmesh serve NAME -- COMMAND…\n");
+    }
+    for svc in &services {
+        let peers: Vec<&str> = svc["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        s.push_str(&format!(
+            "serving {:<14} to {:<30} {} live session(s)\n",
+            svc["name"].as_str().unwrap_or_default(),
+            if peers.is_empty() {
+                "no peer yet".to_owned()
+            } else {
+                peers.join(", ")
+            },
+            svc["sessions"]
+        ));
+    }
+    s.push('\n');
+    s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
+    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
+    if !sessions.is_empty() {
+        s.push_str("\n\nlive sessions:\n");
+        for x in sessions {
+            s.push_str(&format!(
+                "  {} → {} since {}\n",
+                x["peer"].as_str().unwrap_or_default(),
+                x["service"].as_str().unwrap_or_default(),
+                mcpmesh::audit::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+            ));
+        }
+    }
+    let pairings = v["pairings"].as_array().cloned().unwrap_or_default();
+    if !pairings.is_empty() {
+        s.push_str("\n\nrecent pairings:\n");
+        for p in pairings {
+            s.push_str(&format!(
+                "  {:<16} code {:<24} {}\n",
+                p["peer"].as_str().unwrap_or_default(),
+                p["code"].as_str().unwrap_or_default(),
+                mcpmesh::audit::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
+            ));
+        }
+    }
+    s.trim_end().to_owned()
+}
