@@ -36,6 +36,9 @@ use crate::store::{Store, StoreError};
 use node::{Node, peer_table};
 use trust::PairProtocol;
 
+/// How often the node prunes expired invites and idle rate-limit state.
+const HOUSEKEEPING: Duration = Duration::from_secs(60);
+
 /// How long shutdown waits for sessions to end their children.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -150,6 +153,19 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();
+    let upkeep = {
+        let (node, stop) = (node.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(HOUSEKEEPING);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = every.tick() => node.housekeeping(),
+                }
+            }
+        })
+    };
 
     let socket_path = profile.socket_path();
     let listener = bind_control_socket(&socket_path)?;
@@ -170,6 +186,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = router.shutdown().await;
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
+    upkeep.abort();
     audit_log.close().await;
     tracing::info!("node stopped");
     // Released last: `down` returns once it can take this lock, when nothing is left running.

@@ -116,6 +116,22 @@ impl Node {
         self.endpoint.set_alpns(alpns);
     }
 
+    /// Periodic upkeep: expired invites go (and with the last one the pairing ALPN), and rate
+    /// buckets of callers that went idle are dropped, so limiter memory stays bounded.
+    pub(super) fn housekeeping(&self) {
+        self.update_alpns();
+        let table = self
+            .services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for name in table.names() {
+            if let Some(entry) = table.get(&name) {
+                entry.limiter.evict_idle();
+            }
+        }
+    }
+
     pub(super) async fn stop_sessions(&self) {
         self.shutdown.cancel();
         if tokio::time::timeout(DRAIN_TIMEOUT, self.host.drain())
