@@ -36,6 +36,9 @@ pub enum EndpointError {
 
 /// Sessions one peer may have open on one connection at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// A connection silent this long is gone (iroh keeps live ones busy with 5 s keep-alives), so a
+/// peer that vanished mid-call is noticed in seconds rather than after QUIC's usual 30.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
 
 /// Binds an endpoint with `secret` as its identity. `book` is the address source for dialing
 /// by key (filled from persisted address hints); it is consulted in every mode.
@@ -47,6 +50,7 @@ pub async fn bind(
 ) -> Result<Endpoint, EndpointError> {
     let transport = QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into())
+        .max_idle_timeout(IDLE_TIMEOUT.try_into().ok())
         .build();
     let mut builder = match &config.relay {
         RelayPolicy::Default => Endpoint::builder(presets::N0),

@@ -22,6 +22,8 @@ pub enum ErrorCode {
     Unreachable,
     /// Input the mesh had to parse was not JSON.
     Parse,
+    /// JSON, but not one JSON-RPC message (an array, a bare value).
+    InvalidRequest,
 }
 
 impl ErrorCode {
@@ -33,6 +35,7 @@ impl ErrorCode {
             ErrorCode::UnknownService => -32054,
             ErrorCode::Unreachable => -32055,
             ErrorCode::Parse => -32700,
+            ErrorCode::InvalidRequest => -32600,
         }
     }
 
@@ -45,6 +48,7 @@ impl ErrorCode {
             ErrorCode::UnknownService => "unknown or unauthorized service",
             ErrorCode::Unreachable => "peer unreachable or session lost",
             ErrorCode::Parse => "parse error: not a JSON value",
+            ErrorCode::InvalidRequest => "invalid request: not a JSON-RPC message",
         }
     }
 }
@@ -124,6 +128,7 @@ mod tests {
             ErrorCode::UnknownService,
             ErrorCode::Unreachable,
             ErrorCode::Parse,
+            ErrorCode::InvalidRequest,
         ] {
             let v = parse(&ErrorFrame::new(code).to_line());
             assert_eq!(v["error"]["code"], code.code());

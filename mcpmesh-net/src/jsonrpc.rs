@@ -111,6 +111,9 @@ impl ResponsePeek<'_> {
 
 /// Peeks at a frame from a server; `None` if it is not a JSON object.
 pub fn peek_response(line: &[u8]) -> Option<ResponsePeek<'_>> {
+    if !is_object(line) {
+        return None;
+    }
     serde_json::from_slice(line).ok()
 }
 
@@ -129,7 +132,22 @@ pub fn subject_name(params: &RawValue) -> Option<String> {
 
 /// Peeks at one frame (a JSON object); `None` if it is not one.
 pub fn peek(line: &[u8]) -> Option<Peek<'_>> {
+    // serde would also build the struct from an array; only an object is a message.
+    if !is_object(line) {
+        return None;
+    }
     serde_json::from_slice(line).ok()
+}
+
+/// Whether `line` is a JSON value at all: UTF-8 (which skipping a value does not check) and
+/// well-formed.
+pub fn is_json(line: &[u8]) -> bool {
+    std::str::from_utf8(line)
+        .is_ok_and(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok())
+}
+
+fn is_object(line: &[u8]) -> bool {
+    line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// A key under which two spellings of the same id compare equal (`1` and `1`, `"a"` and
@@ -155,6 +173,19 @@ mod tests {
         let resp = peek(br#"{"jsonrpc":"2.0","result":{"big":[1,2,3]},"id":3}"#).unwrap();
         assert_eq!(resp.kind(), Kind::Response);
         assert!(peek(b"[1,2]").is_none());
+        assert!(
+            peek(br#"[{"jsonrpc":"2.0","id":1,"method":"x"}]"#).is_none(),
+            "no batches"
+        );
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(
+            peek(deep.as_bytes()).is_none(),
+            "deep nesting is not a message"
+        );
+        assert!(
+            !is_json(b"{\"method\":\"\xff\"}"),
+            "invalid UTF-8 is not JSON"
+        );
         assert!(peek(b"not json").is_none());
     }
 

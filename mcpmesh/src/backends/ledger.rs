@@ -74,11 +74,15 @@ impl Ledger {
     /// Decides on one line from the caller: forward it, or answer it here.
     pub fn client_line(&mut self, line: &[u8]) -> Verdict {
         let Some(peek) = jsonrpc::peek(line) else {
-            return Verdict::Strike(
+            let frame = if jsonrpc::is_json(line) {
+                ErrorFrame::new(ErrorCode::InvalidRequest).message(
+                    "not a JSON-RPC message: one object per line (batches are not supported)",
+                )
+            } else {
                 ErrorFrame::new(ErrorCode::Parse)
-                    .message("parse error: the mesh could not read this frame as a JSON object")
-                    .to_line(),
-            );
+                    .message("parse error: the mesh could not read this frame as JSON")
+            };
+            return Verdict::Strike(frame.to_line());
         };
         match (peek.kind(), peek.id) {
             (Kind::Request, Some(id)) => self.request(line, id, &peek),

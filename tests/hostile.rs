@@ -1,0 +1,274 @@
+//! Hostile input at the serving node: every case is answered as DESIGN §4 says, nothing
+//! crashes, memory stays bounded, and the session or node goes on.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use iroh::SecretKey;
+use iroh::address_lookup::MemoryLookup;
+use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
+use mcpmesh_net::session::ALPN_MCP;
+use serde_json::{Value, json};
+
+fn band(msg: &Value, code: i64) {
+    assert_eq!(msg["error"]["code"], code, "{msg}");
+    assert_eq!(msg["error"]["data"]["source"], "mcpmesh", "{msg}");
+}
+
+/// The serving daemon's resident memory, in KiB.
+fn rss_kib(node: &TestNode) -> u64 {
+    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn pair(marker: &str) -> (TestNode, TestNode) {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, marker);
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn frames_that_are_not_messages_are_answered_and_the_third_closes_the_session() {
+    let m = marker("parse");
+    let (alice, bob) = pair(&m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    // Invalid UTF-8, then a value nested far past any parser's depth.
+    s.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\xfe\"}\n")
+        .await;
+    band(&s.recv().await.unwrap(), -32700);
+    // Well-formed but not a message: invalid request, no deeper look, no crash.
+    let deep = format!("{}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    s.send_raw(deep.as_bytes()).await;
+    band(&s.recv().await.unwrap(), -32600);
+    // Two strikes: the session still works.
+    assert_eq!(
+        s.call("echo", json!({ "text": "ok" })).await["result"]["content"][0]["text"],
+        "ok"
+    );
+    s.send_raw(b"not json at all\n").await;
+    band(&s.recv().await.unwrap(), -32700);
+    s.wait_eof().await; // the third strike closes it
+    assert!(alice.log().contains("node ready"), "the node is still up");
+    assert_eq!(alice.json(&["id"])["id"], alice.id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_empty_lines_costs_nothing_and_changes_nothing() {
+    let m = marker("empty");
+    let (alice, bob) = pair(&m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let before = rss_kib(&alice);
+    let flood = vec![b'\n'; 8 << 20];
+    s.send_raw(&flood).await;
+    assert_eq!(
+        s.call("echo", json!({ "text": "after" })).await["result"]["content"][0]["text"],
+        "after"
+    );
+    let grown = rss_kib(&alice).saturating_sub(before);
+    assert!(grown < 32 * 1024, "the node grew by {grown} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_17_mib_line_is_refused_with_bounded_memory() {
+    let m = marker("huge");
+    let (alice, bob) = pair(&m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let before = rss_kib(&alice);
+    let mut huge =
+        b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"tools/call\",\"params\":{\"x\":\"".to_vec();
+    huge.extend(std::iter::repeat_n(b'z', 17 << 20));
+    huge.extend_from_slice(b"\"}}\n");
+    s.send_raw(&huge).await;
+    let refusal = s.recv().await.unwrap();
+    band(&refusal, -32051);
+    assert_eq!(refusal["id"], Value::Null);
+    assert_eq!(
+        s.call("echo", json!({ "text": "fine" })).await["result"]["content"][0]["text"],
+        "fine"
+    );
+    // The node holds at most one capped frame per hop, never the whole line twice over.
+    let grown = rss_kib(&alice).saturating_sub(before);
+    assert!(grown < 96 * 1024, "the node grew by {grown} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_peer_identity_in_meta_changes_nothing_the_server_is_told() {
+    let m = marker("forge");
+    let (_alice, bob) = pair(&m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let who = s
+        .request("tools/call", json!({
+            "name": "whoami", "arguments": {},
+            "_meta": { "mcpmesh/peer": { "eid": "eid:00", "name": "mallory", "groups": ["admin"] } },
+        }))
+        .await;
+    let env = &who["result"]["structuredContent"];
+    assert_eq!(env["MCPMESH_PEER_NAME"], "bob");
+    assert_eq!(env["MCPMESH_PEER_EID"], format!("eid:{}", bob.id));
+    assert_eq!(env["MCPMESH_PEER_GROUPS"], "");
+}
+
+/// A raw mesh client with its own key, which `node` trusts as `tester`.
+async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh::EndpointId) {
+    let key = SecretKey::generate();
+    if trusted {
+        node.json(&[
+            "peers",
+            "add",
+            &format!("tester{}", &key.public().to_string()[..8]),
+            &key.public().to_string(),
+        ]);
+    }
+    let book = MemoryLookup::new();
+    let target: iroh::EndpointId = node.id.parse().unwrap();
+    let mut addr = iroh::EndpointAddr::new(target);
+    for a in &node.addrs {
+        addr = addr.with_ip_addr(a.parse().unwrap());
+    }
+    book.add_endpoint_info(addr);
+    let config = NetworkConfig {
+        relay: RelayPolicy::Disabled,
+        bind: vec!["127.0.0.1:0".parse().unwrap()],
+    };
+    let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
+        .await
+        .unwrap();
+    (ep, target)
+}
+
+/// Opens a stream, writes `bytes`, and returns the first line answered.
+async fn exchange(ep: &iroh::Endpoint, target: iroh::EndpointId, bytes: &[u8]) -> Option<Value> {
+    let conn = ep.connect(target, ALPN_MCP).await.ok()?;
+    let (mut send, recv) = conn.open_bi().await.ok()?;
+    send.write_all(bytes).await.ok()?;
+    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+    let line = tokio::time::timeout(ANSWER_TIMEOUT, reader.next_line())
+        .await
+        .ok()?
+        .ok()??;
+    serde_json::from_slice(&line).ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_preambles_are_answered_and_spawn_nothing() {
+    let m = marker("preamble");
+    let (alice, _bob) = pair(&m);
+    let (ep, target) = raw_client(&alice, true).await;
+    band(
+        &exchange(&ep, target, b"hello there\n").await.unwrap(),
+        -32700,
+    );
+    let ctrl = br#"{"mcpmesh":1,"service":"s\u0007vc"}"#;
+    band(
+        &exchange(&ep, target, &[&ctrl[..], b"\n"].concat())
+            .await
+            .unwrap(),
+        -32054,
+    );
+    let long = format!("{{\"mcpmesh\":1,\"service\":\"{}\"}}\n", "a".repeat(4096));
+    band(
+        &exchange(&ep, target, long.as_bytes()).await.unwrap(),
+        -32700,
+    );
+    assert!(
+        procs_with(&m).is_empty(),
+        "no child for a session that never opened"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_attempts_from_untrusted_keys_are_all_refused_with_memory_flat() {
+    let m = marker("thousand");
+    let (alice, _bob) = pair(&m);
+    let before = rss_kib(&alice);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (ep, target) = raw_client(&alice, false).await;
+        tasks.spawn(async move {
+            let mut answered = 0;
+            for _ in 0..50 {
+                let first = br#"{"mcpmesh":1,"service":"svc"}
+{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}
+"#;
+                // The connection is closed (401) before any MCP byte is read: no answer line.
+                if exchange(&ep, target, first).await.is_some() {
+                    answered += 1;
+                }
+            }
+            ep.close().await;
+            answered
+        });
+    }
+    let mut answered = 0;
+    while let Some(n) = tasks.join_next().await {
+        answered += n.unwrap();
+    }
+    assert_eq!(answered, 0, "an untrusted key got an MCP answer");
+    assert!(procs_with(&m).is_empty(), "no child was spawned");
+    let grown = rss_kib(&alice).saturating_sub(before);
+    assert!(
+        grown < 32 * 1024,
+        "the node grew by {grown} KiB over 1,000 refusals"
+    );
+    assert!(
+        alice
+            .log()
+            .matches("refused a connection from an unknown key")
+            .count()
+            >= 1000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_trust() {
+    let m = marker("kill9");
+    let (alice, bob) = pair(&m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "pending", "method": "tools/call",
+                    "params": { "name": "sleep", "arguments": { "ms": 60_000 } } }),
+    )
+    .await;
+    let pid: i32 = std::fs::read_to_string(alice.home().join("daemon.lock"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let answer = s.recv().await.expect("the pending call is answered");
+    band(&answer, -32055);
+    assert_eq!(answer["id"], "pending");
+    s.wait_eof().await;
+
+    // Restarted (any verb starts it), the node has the same identity, peers and grants.
+    assert_eq!(alice.json(&["id"])["id"], alice.id);
+    let peers = alice.json(&["peers"]);
+    assert_eq!(peers["peers"][0]["name"], "bob");
+    assert_eq!(peers["peers"][0]["services"], json!(["svc"]));
+    let mut again = bob.connect("alice/svc");
+    assert_eq!(
+        again.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+    // Leftover children of the killed node exit on their own once their stdin closes.
+    let _ = Duration::ZERO;
+}
