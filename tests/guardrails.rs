@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::{Value, json};
 
@@ -130,4 +132,60 @@ async fn the_audit_log_records_requests_without_their_arguments_and_verifies() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], false);
     assert_eq!(report["first_bad"]["reason"], "the record was altered");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_limit_notifications_are_dropped_and_recorded_once_per_episode() {
+    let m = marker("notes");
+    let (alice, bob) = pair_with("[limits]\nrate_limit_per_min = 3\n", &m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await; // the session and its initialize take two of three tokens
+    let mut burst = Vec::new();
+    for i in 0..20 {
+        burst.extend(
+            serde_json::to_vec(
+                &json!({ "jsonrpc": "2.0", "method": "notifications/progress",
+                                                 "params": { "progressToken": i, "progress": i } }),
+            )
+            .unwrap(),
+        );
+        burst.push(b'\n');
+    }
+    burst.extend(request(9, "echo", json!({ "text": "after" })));
+    s.send_raw(&burst).await;
+    // The request after the burst is answered (refused), so the burst was handled before it.
+    let answer = s.recv().await.unwrap();
+    assert_eq!(answer["id"], 9);
+    assert_eq!(answer["error"]["code"], -32053);
+    alice.json(&["down"]);
+    let records = alice.json(&["audit", "tail", "-n", "1000"])["records"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let throttled = records
+        .iter()
+        .filter(|r| r["event"] == "notifications_throttled")
+        .count();
+    assert_eq!(throttled, 1, "one record for the whole episode");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_connection_to_a_peer_is_closed() {
+    let m = marker("idle");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start_with("bob", "[limits]\nidle_close_secs = 1\n", &[]);
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    assert_eq!(bob.json(&["peers"])["peers"][0]["connected"], true);
+    s.close_stdin();
+    s.wait_eof().await;
+    // No event announces another node's idle timer; check until it fired.
+    let closed = eventually(Duration::from_secs(10), || {
+        bob.json(&["peers"])["peers"][0]["connected"] == false
+    })
+    .await;
+    assert!(closed, "the idle connection stayed open");
 }

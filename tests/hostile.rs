@@ -6,26 +6,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use iroh::SecretKey;
-use iroh::address_lookup::MemoryLookup;
-use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
-use mcpmesh_net::session::ALPN_MCP;
 use serde_json::{Value, json};
 
 fn band(msg: &Value, code: i64) {
     assert_eq!(msg["error"]["code"], code, "{msg}");
     assert_eq!(msg["error"]["data"]["source"], "mcpmesh", "{msg}");
-}
-
-/// The serving daemon's resident memory, in KiB.
-fn rss_kib(node: &TestNode) -> u64 {
-    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 fn pair(marker: &str) -> (TestNode, TestNode) {
@@ -120,47 +105,6 @@ async fn a_forged_peer_identity_in_meta_changes_nothing_the_server_is_told() {
     assert_eq!(env["MCPMESH_PEER_NAME"], "bob");
     assert_eq!(env["MCPMESH_PEER_EID"], format!("eid:{}", bob.id));
     assert_eq!(env["MCPMESH_PEER_GROUPS"], "");
-}
-
-/// A raw mesh client with its own key, which `node` trusts as `tester`.
-async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh::EndpointId) {
-    let key = SecretKey::generate();
-    if trusted {
-        node.json(&[
-            "peers",
-            "add",
-            &format!("tester{}", &key.public().to_string()[..8]),
-            &key.public().to_string(),
-        ]);
-    }
-    let book = MemoryLookup::new();
-    let target: iroh::EndpointId = node.id.parse().unwrap();
-    let mut addr = iroh::EndpointAddr::new(target);
-    for a in &node.addrs {
-        addr = addr.with_ip_addr(a.parse().unwrap());
-    }
-    book.add_endpoint_info(addr);
-    let config = NetworkConfig {
-        relay: RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse().unwrap()],
-    };
-    let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
-        .await
-        .unwrap();
-    (ep, target)
-}
-
-/// Opens a stream, writes `bytes`, and returns the first line answered.
-async fn exchange(ep: &iroh::Endpoint, target: iroh::EndpointId, bytes: &[u8]) -> Option<Value> {
-    let conn = ep.connect(target, ALPN_MCP).await.ok()?;
-    let (mut send, recv) = conn.open_bi().await.ok()?;
-    send.write_all(bytes).await.ok()?;
-    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
-    let line = tokio::time::timeout(ANSWER_TIMEOUT, reader.next_line())
-        .await
-        .ok()?
-        .ok()??;
-    serde_json::from_slice(&line).ok()
 }
 
 #[tokio::test(flavor = "multi_thread")]

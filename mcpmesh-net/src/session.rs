@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use iroh::address_lookup::MemoryLookup;
@@ -233,17 +234,56 @@ pub struct Dialer {
     endpoint: Endpoint,
     book: MemoryLookup,
     registry: Arc<ConnectionRegistry>,
-    pool: std::sync::Mutex<HashMap<EndpointId, Arc<tokio::sync::Mutex<Option<Connection>>>>>,
+    pool: std::sync::Mutex<HashMap<EndpointId, Arc<tokio::sync::Mutex<Option<Pooled>>>>>,
     timeout: Duration,
+    idle_close: Duration,
 }
 
 /// An opened session: the stream pair and the connection it rides on (whose close reason
-/// tells a refusal from a loss).
+/// tells a refusal from a loss). Holding it keeps the pooled connection in use.
 #[derive(Debug)]
 pub struct OpenedSession {
     pub send: SendStream,
     pub recv: RecvStream,
     pub connection: Connection,
+    pub lease: Lease,
+}
+
+/// One session's claim on a pooled connection. When the last one goes, the connection is
+/// closed after it stayed idle for the dialer's idle time.
+#[derive(Debug)]
+pub struct Lease {
+    sessions: Arc<AtomicUsize>,
+    connection: Connection,
+    idle_close: Duration,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let (sessions, conn, idle) = (
+            self.sessions.clone(),
+            self.connection.clone(),
+            self.idle_close,
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(idle).await;
+                if sessions.load(Ordering::Acquire) == 0 {
+                    conn.close(VarInt::from_u32(0), b"idle");
+                }
+            });
+        }
+    }
+}
+
+/// A pooled connection and the sessions using it.
+#[derive(Debug)]
+struct Pooled {
+    connection: Connection,
+    sessions: Arc<AtomicUsize>,
 }
 
 impl Dialer {
@@ -252,6 +292,7 @@ impl Dialer {
         book: MemoryLookup,
         registry: Arc<ConnectionRegistry>,
         timeout: Duration,
+        idle_close: Duration,
     ) -> Self {
         Dialer {
             endpoint,
@@ -259,6 +300,7 @@ impl Dialer {
             registry,
             pool: Default::default(),
             timeout,
+            idle_close,
         }
     }
 
@@ -280,7 +322,13 @@ impl Dialer {
             // A pooled connection may have died since it was last used: one fresh dial is part
             // of opening, never of a session already running.
             for fresh in [false, true] {
-                let connection = self.connection(peer, fresh).await?;
+                let (connection, sessions) = self.connection(peer, fresh).await?;
+                sessions.fetch_add(1, Ordering::AcqRel);
+                let lease = Lease {
+                    sessions,
+                    connection: connection.clone(),
+                    idle_close: self.idle_close,
+                };
                 let Ok((mut send, recv)) = connection.open_bi().await else {
                     if close_reason_code(connection.close_reason().as_ref())
                         == ErrorCode::UnknownService
@@ -300,6 +348,7 @@ impl Dialer {
                     send,
                     recv,
                     connection,
+                    lease,
                 });
             }
             Err(DialError::Unreachable(
@@ -311,18 +360,22 @@ impl Dialer {
             .map_err(|_| DialError::Timeout(self.timeout))?
     }
 
-    async fn connection(&self, peer: EndpointId, fresh: bool) -> Result<Connection, DialError> {
+    async fn connection(
+        &self,
+        peer: EndpointId,
+        fresh: bool,
+    ) -> Result<(Connection, Arc<AtomicUsize>), DialError> {
         let slot = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.entry(peer).or_default().clone()
         };
         // Holding the slot's lock across the dial makes concurrent opens share one connection.
         let mut slot = slot.lock().await;
-        if let Some(conn) = slot
+        if let Some(p) = slot
             .as_ref()
-            .filter(|c| !fresh && c.close_reason().is_none())
+            .filter(|p| !fresh && p.connection.close_reason().is_none())
         {
-            return Ok(conn.clone());
+            return Ok((p.connection.clone(), p.sessions.clone()));
         }
         let conn = self
             .endpoint
@@ -330,8 +383,12 @@ impl Dialer {
             .await
             .map_err(|e| DialError::Unreachable(e.to_string()))?;
         self.registry.register(&conn);
-        *slot = Some(conn.clone());
-        Ok(conn)
+        let sessions = Arc::new(AtomicUsize::new(0));
+        *slot = Some(Pooled {
+            connection: conn.clone(),
+            sessions: sessions.clone(),
+        });
+        Ok((conn, sessions))
     }
 
     /// Drops the pooled connection to `peer` (after the peer was removed or severed).

@@ -23,6 +23,7 @@ pub const DEFAULT_RATE_PER_MIN: u32 = 120;
 const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
 /// Outstanding requests per session unless configured otherwise.
 pub const DEFAULT_IN_FLIGHT: u32 = 16;
+const DEFAULT_IDLE_CLOSE_SECS: u64 = 120;
 
 /// Environment variables the node sets for a child; no config may set them.
 pub const RESERVED_ENV_PREFIX: &str = "MCPMESH_";
@@ -91,6 +92,9 @@ pub struct LimitsSection {
     /// Requests one session may have outstanding at once.
     #[serde(default = "default_in_flight")]
     pub max_in_flight: u32,
+    /// A connection to a peer with no session for this long is closed.
+    #[serde(default = "default_idle_close")]
+    pub idle_close_secs: u64,
 }
 
 impl Default for LimitsSection {
@@ -100,6 +104,7 @@ impl Default for LimitsSection {
             max_sessions: DEFAULT_MAX_SESSIONS,
             dial_timeout_secs: DEFAULT_DIAL_TIMEOUT_SECS,
             max_in_flight: DEFAULT_IN_FLIGHT,
+            idle_close_secs: DEFAULT_IDLE_CLOSE_SECS,
         }
     }
 }
@@ -115,6 +120,9 @@ fn default_dial_timeout() -> u64 {
 }
 fn default_in_flight() -> u32 {
     DEFAULT_IN_FLIGHT
+}
+fn default_idle_close() -> u64 {
+    DEFAULT_IDLE_CLOSE_SECS
 }
 
 /// A string or a list of strings (`run = "python3 srv.py"` or `run = ["python3", "srv.py"]`).
@@ -206,6 +214,7 @@ pub struct Settings {
     pub network: NetworkConfig,
     pub rate_limit_per_min: u32,
     pub dial_timeout: Duration,
+    pub idle_close: Duration,
     pub services: Vec<ServiceSpec>,
     pub peers: Vec<PeerSpec>,
     pub audit_retain_months: Option<u32>,
@@ -286,6 +295,7 @@ impl Config {
             network: NetworkConfig { relay, bind },
             rate_limit_per_min: self.limits.rate_limit_per_min,
             dial_timeout: Duration::from_secs(self.limits.dial_timeout_secs.max(1)),
+            idle_close: Duration::from_secs(self.limits.idle_close_secs.max(1)),
             services,
             peers,
             audit_retain_months: self.audit.retain_months,

@@ -43,6 +43,11 @@ impl RateLimiter {
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
+    /// How many (service, caller) buckets are held.
+    pub fn tracked_callers(&self) -> usize {
+        self.buckets.as_ref().map_or(0, |b| b.len())
+    }
+
     /// Forgets callers whose buckets are full again, so idle callers cost no memory.
     pub fn evict_idle(&self) {
         if let Some(b) = &self.buckets {
@@ -72,5 +77,18 @@ mod tests {
             "another service has its own bucket"
         );
         assert!(RateLimiter::unlimited_shared().check("s", "a").is_ok());
+    }
+
+    #[test]
+    fn callers_that_went_idle_are_forgotten() {
+        let l = RateLimiter::per_minute_shared(600_000); // refills in 100 µs
+        for caller in 0..100 {
+            l.check("s", &format!("eid:{caller}")).unwrap();
+        }
+        assert_eq!(l.tracked_callers(), 100);
+        // Waiting out the refill is the behaviour under test.
+        std::thread::sleep(Duration::from_millis(5));
+        l.evict_idle();
+        assert_eq!(l.tracked_callers(), 0);
     }
 }

@@ -134,10 +134,12 @@ pub struct LocalSide {
 /// Runs one session between the AI client (`local`) and the mesh stream, until either side
 /// ends it. On failure every unanswered request gets an error of the band.
 pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: CancellationToken) {
+    // The lease keeps the pooled connection counted as in use until the session ends.
     let OpenedSession {
         send,
         recv,
         connection,
+        lease: _lease,
     } = session;
     let LocalSide {
         input,

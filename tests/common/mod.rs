@@ -365,3 +365,62 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 pub fn stub_path() -> PathBuf {
     PathBuf::from(STUB)
 }
+
+/// The serving daemon's resident memory, in KiB.
+pub fn rss_kib(node: &TestNode) -> u64 {
+    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// A raw mesh client with its own key, which `node` trusts as `tester`.
+pub async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh::EndpointId) {
+    let key = iroh::SecretKey::generate();
+    if trusted {
+        node.json(&[
+            "peers",
+            "add",
+            &format!("tester{}", &key.public().to_string()[..8]),
+            &key.public().to_string(),
+        ]);
+    }
+    let book = iroh::address_lookup::MemoryLookup::new();
+    let target: iroh::EndpointId = node.id.parse().unwrap();
+    let mut addr = iroh::EndpointAddr::new(target);
+    for a in &node.addrs {
+        addr = addr.with_ip_addr(a.parse().unwrap());
+    }
+    book.add_endpoint_info(addr);
+    let config = mcpmesh_net::endpoint::NetworkConfig {
+        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
+        bind: vec!["127.0.0.1:0".parse().unwrap()],
+    };
+    let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
+        .await
+        .unwrap();
+    (ep, target)
+}
+
+/// Opens a stream, writes `bytes`, and returns the first line answered.
+pub async fn exchange(
+    ep: &iroh::Endpoint,
+    target: iroh::EndpointId,
+    bytes: &[u8],
+) -> Option<Value> {
+    let conn = ep
+        .connect(target, mcpmesh_net::session::ALPN_MCP)
+        .await
+        .ok()?;
+    let (mut send, recv) = conn.open_bi().await.ok()?;
+    send.write_all(bytes).await.ok()?;
+    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+    let line = tokio::time::timeout(ANSWER_TIMEOUT, reader.next_line())
+        .await
+        .ok()?
+        .ok()??;
+    serde_json::from_slice(&line).ok()
+}

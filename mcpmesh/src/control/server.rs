@@ -26,7 +26,7 @@ pub enum Reply {
     /// An ordinary result.
     Value(Value),
     /// The result, after which the connection attaches the opener to an MCP session.
-    Tunnel(Value, OpenedSession, Attach),
+    Tunnel(Value, Box<OpenedSession>, Attach),
     /// The result, after which the node stops.
     ThenStop(Value),
     /// The result, after which each event is sent as an `event` notification until the client
@@ -147,7 +147,7 @@ async fn connection<H: ControlHandler>(
                     return;
                 };
                 match attach_local(stream, leftover, attach).await {
-                    Ok(local) => handler.tunnel(local, session).await,
+                    Ok(local) => handler.tunnel(local, *session).await,
                     Err(e) => tracing::warn!("a session's opener did not attach: {e}"),
                 }
                 return;

@@ -126,6 +126,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         book,
         registry.clone(),
         settings.dial_timeout,
+        settings.idle_close,
     ));
     let initial = peer_table(&settings, &store.peers()?);
     let node = Arc::new(Node {

@@ -273,7 +273,7 @@ impl ControlHandler for Node {
                 let session = self.open_session(&open).await?;
                 return Ok(Reply::Tunnel(
                     json!({ "opened": true }),
-                    session,
+                    Box::new(session),
                     open.attach,
                 ));
             }
