@@ -398,3 +398,70 @@ async fn watch_streams_trust_changes_sessions_and_requests() {
     assert!(call["latency_us"].as_u64().is_some() && call["bytes_out"].as_u64().unwrap() > 0);
     watch.start_kill().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
+    let mut outcomes = (0, 0);
+    for (round, delay_ms) in [20u64, 40, 60, 70, 80, 90, 100, 120].iter().enumerate() {
+        let alice = TestNode::start("alice");
+        let bob = TestNode::start("bob");
+        alice.json(&["serve", "notes", "--", STUB]);
+        let line = invite(&alice, &["notes"]);
+        let victim = if round % 2 == 0 { &alice } else { &bob };
+        let pair = bob
+            .command(&["--json", "pair", &line])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
+        let pid: i32 = std::fs::read_to_string(victim.home().join("daemon.lock"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        let _ = tokio::task::spawn_blocking(move || {
+            let mut pair = pair;
+            pair.wait()
+        })
+        .await;
+        // Both nodes up again (any verb starts one); listing peers settles a pending pairing.
+        let alice_has = alice.json(&["peers"])["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["id"] == bob.id);
+        let bob_peers = bob.json(&["peers"]);
+        let bob_entry = bob_peers["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == alice.id)
+            .cloned();
+        if let Some(entry) = &bob_entry {
+            assert_eq!(
+                entry["pending"], false,
+                "settled once alice is reachable: {entry}"
+            );
+        }
+        assert_eq!(
+            alice_has,
+            bob_entry.is_some(),
+            "round {round} (+{delay_ms} ms): alice has bob: {alice_has}, bob has alice: {}",
+            bob_entry.is_some()
+        );
+        if alice_has {
+            outcomes.0 += 1
+        } else {
+            outcomes.1 += 1
+        }
+    }
+    eprintln!(
+        "pairings completed: {}, undone or never started: {}",
+        outcomes.0, outcomes.1
+    );
+}

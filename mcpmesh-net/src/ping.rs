@@ -44,18 +44,52 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for PingProtocol<G> {
     }
 }
 
+/// What one ping found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PingOutcome {
+    /// Answered, with the round trip (after the handshake).
+    Reachable(Duration),
+    /// Reached, but the peer does not trust this node.
+    Refused,
+    /// No answer in time.
+    Unreachable,
+}
+
 /// One ping: the round trip on a fresh connection, after its handshake.
 pub async fn ping(endpoint: &Endpoint, peer: EndpointId, limit: Duration) -> Option<Duration> {
+    match ping_outcome(endpoint, peer, limit).await {
+        PingOutcome::Reachable(rtt) => Some(rtt),
+        _ => None,
+    }
+}
+
+/// One ping, telling a peer that refuses this node from one that cannot be reached.
+pub async fn ping_outcome(endpoint: &Endpoint, peer: EndpointId, limit: Duration) -> PingOutcome {
     let attempt = async {
         let conn = endpoint.connect(peer, ALPN_PING).await.ok()?;
-        let (mut send, mut recv) = conn.open_bi().await.ok()?;
-        let started = Instant::now();
-        send.write_all(PAYLOAD).await.ok()?;
-        send.finish().ok()?;
-        let echo = recv.read_to_end(64).await.ok()?;
-        let rtt = started.elapsed();
+        let exchange = async {
+            let (mut send, mut recv) = conn.open_bi().await.ok()?;
+            let started = Instant::now();
+            send.write_all(PAYLOAD).await.ok()?;
+            send.finish().ok()?;
+            let echo = recv.read_to_end(64).await.ok()?;
+            (echo == PAYLOAD).then(|| started.elapsed())
+        };
+        let outcome = match exchange.await {
+            Some(rtt) => PingOutcome::Reachable(rtt),
+            None if crate::session::close_reason_code(conn.close_reason().as_ref())
+                == crate::errors::ErrorCode::UnknownService =>
+            {
+                PingOutcome::Refused
+            }
+            None => PingOutcome::Unreachable,
+        };
         conn.close(VarInt::from_u32(0), b"");
-        (echo == PAYLOAD).then_some(rtt)
+        Some(outcome)
     };
-    tokio::time::timeout(limit, attempt).await.ok().flatten()
+    tokio::time::timeout(limit, attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(PingOutcome::Unreachable)
 }

@@ -5,6 +5,12 @@
 //! the inviter *by that key* (so TLS proves it reached the right node) and proves it holds the
 //! secret with a keyed hash bound to both keys, so the proof is useless anywhere else. The
 //! secret itself never crosses the wire and is never logged.
+//!
+//! Crash safety: the inviter checks the proof but stores nothing; the redeemer stores the
+//! inviter as *pending* and says `commit`; only then does the inviter store the pairing and
+//! grant. A redeemer left with a pending entry (either side crashed in between) asks the
+//! inviter over the gated ping: answered means the inviter committed (confirm), refused means
+//! it did not (drop). So after a crash both sides have the pairing or neither does.
 
 use std::time::Duration;
 
@@ -209,7 +215,8 @@ pub struct PairHello {
     pub addrs: Vec<String>,
 }
 
-/// The inviter's answer.
+/// The inviter's answers: first to the hello (the proof holds; nothing stored yet), then to
+/// the redeemer's `{"commit": true}` (the inviter stored the pairing).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairReply {
     pub ok: bool,
@@ -217,6 +224,22 @@ pub struct PairReply {
     pub services: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+impl PairReply {
+    pub fn refused(reason: impl Into<String>) -> Self {
+        PairReply {
+            ok: false,
+            services: Vec::new(),
+            error: Some(reason.into()),
+        }
+    }
+}
+
+/// The redeemer's second message: it stored the inviter (as pending); the inviter may commit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairCommit {
+    pub commit: bool,
 }
 
 const WORDS: [&str; 256] = [

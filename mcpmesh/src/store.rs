@@ -38,6 +38,10 @@ pub struct StoredPeer {
     #[serde(default)]
     pub mounts: Vec<String>,
     pub paired_at: u64,
+    /// A pairing this node redeemed whose completion the inviter has not confirmed yet
+    /// (a crash came in between); recovery confirms it or drops it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// An invite this node minted. The secret stays here and in the line; never in logs.
@@ -149,6 +153,18 @@ impl Store {
         Ok(live.len() - dead.len())
     }
 
+    /// Checks a redemption of invite `id` without consuming it: a wrong proof (`check` says
+    /// `Err`) is counted as a failed attempt (the invite dies after `max_failures`).
+    pub fn verify<T>(
+        &self,
+        id: &str,
+        now: u64,
+        max_failures: u32,
+        check: impl FnOnce(&StoredInvite) -> Result<T, String>,
+    ) -> Result<Redeemed<T>, StoreError> {
+        self.redeem_inner(id, now, max_failures, |i| check(i).map(|v| (None, v)))
+    }
+
     /// Redeems invite `id` in one transaction: `check` sees the invite and decides; on
     /// `Ok`, a use is taken and `peer` and the pairing are stored with it; on `Err`, a failed
     /// attempt is counted (the invite dies after `max_failures`).
@@ -158,6 +174,19 @@ impl Store {
         now: u64,
         max_failures: u32,
         check: impl FnOnce(&StoredInvite) -> Result<(StoredPeer, Pairing, T), String>,
+    ) -> Result<Redeemed<T>, StoreError> {
+        self.redeem_inner(id, now, max_failures, |i| {
+            check(i).map(|(p, r, v)| (Some((p, r)), v))
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn redeem_inner<T>(
+        &self,
+        id: &str,
+        now: u64,
+        max_failures: u32,
+        check: impl FnOnce(&StoredInvite) -> Result<(Option<(StoredPeer, Pairing)>, T), String>,
     ) -> Result<Redeemed<T>, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let outcome = {
@@ -179,7 +208,8 @@ impl Store {
                     Redeemed::Refused("the invite is used up".into())
                 }
                 Some(mut i) => match check(&i) {
-                    Ok((peer, pairing, value)) => {
+                    Ok((None, value)) => Redeemed::Accepted(value),
+                    Ok((Some((peer, pairing)), value)) => {
                         i.uses_left -= 1;
                         if i.uses_left == 0 {
                             invites.remove(id).map_err(err)?;
@@ -307,6 +337,7 @@ mod tests {
             addrs: vec![],
             mounts: vec![],
             paired_at: 1,
+            pending: false,
         }
     }
 

@@ -162,7 +162,12 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = every.tick() => node.housekeeping(),
+                    // The first tick is immediate: pairings a crash left pending are settled
+                    // as soon as the node is up.
+                    _ = every.tick() => {
+                        node.housekeeping();
+                        node.confirm_pending().await;
+                    }
                 }
             }
         })

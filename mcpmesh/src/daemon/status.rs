@@ -14,6 +14,8 @@ const PING_TIMEOUT: Duration = Duration::from_millis(1500);
 
 impl Node {
     pub(super) async fn peers_list(&self) -> Value {
+        // A pairing a crash left pending is settled before it is shown.
+        self.confirm_pending().await;
         let table = self.gate.snapshot();
         let services = self
             .services
@@ -46,6 +48,7 @@ impl Node {
                     "services": services.granted_to(&identity),
                     "mounts": record.map(|r| r.mounts.clone()).unwrap_or_default(),
                     "source": if record.is_some() { "paired" } else { "config" },
+                    "pending": record.is_some_and(|r| r.pending),
                     "connected": connected.contains(&p.id),
                     "reachable": rtt.is_some(),
                 });

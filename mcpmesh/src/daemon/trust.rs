@@ -20,6 +20,7 @@ use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
+use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
 use super::node::{Node, params_of};
 
@@ -352,43 +353,63 @@ impl Node {
             addrs: self.direct_addrs(),
         };
         let limit = self.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
-        let reply = tokio::time::timeout(limit, exchange(&self.endpoint, inviter, &hello))
+        let unanswered =
+            || ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time");
+        let mut exchange = tokio::time::timeout(limit, Exchange::open(&self.endpoint, inviter))
             .await
-            .map_err(|_| {
-                ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time")
-            })??;
+            .map_err(|_| unanswered())??;
+        let reply = tokio::time::timeout(limit, exchange.ask(&hello))
+            .await
+            .map_err(|_| unanswered())??;
         if !reply.ok {
-            return Err(ControlError::new(
-                codes::REFUSED,
-                format!(
-                    "the inviter refused: {}",
-                    reply.error.unwrap_or_else(|| "no reason given".into())
-                ),
-            ));
+            return Err(refusal(reply));
         }
         let name = if r.name.is_some() {
             wanted
         } else {
             self.name_for(&inviter, &wanted)
         };
-        let code = pairing::code(&inviter, &self.endpoint.id(), &secret);
-        let at = unix_ms();
-        let peer = StoredPeer {
+        // Stored as pending before the inviter commits: whatever crashes next, recovery can
+        // tell from the inviter whether the pairing happened (see `confirm_pending`).
+        let mut peer = StoredPeer {
             id: inviter.to_string(),
             name: name.clone(),
             addrs: invite.addrs.clone(),
             mounts: reply.services.clone(),
-            paired_at: at,
+            paired_at: unix_ms(),
+            pending: true,
         };
-        let pairing_record = Pairing {
+        self.store.put_peer(&peer, None).map_err(store_err)?;
+        self.refresh();
+        let done =
+            tokio::time::timeout(limit, exchange.ask(&pairing::PairCommit { commit: true })).await;
+        exchange.close();
+        match done {
+            Ok(Ok(done)) if done.ok => {}
+            Ok(Ok(refused)) => {
+                self.store.remove_peer(&peer.id).map_err(store_err)?;
+                self.refresh();
+                return Err(refusal(refused));
+            }
+            _ => {
+                return Err(ControlError::new(
+                    codes::UNREACHABLE,
+                    format!(
+                        "the inviter did not confirm the pairing; it will be confirmed or undone when {name} can be reached"
+                    ),
+                ));
+            }
+        }
+        let code = pairing::code(&inviter, &self.endpoint.id(), &secret);
+        peer.pending = false;
+        let record = Pairing {
             peer: name.clone(),
             code: code.clone(),
-            at,
+            at: peer.paired_at,
         };
         self.store
-            .put_peer(&peer, Some(&pairing_record))
+            .put_peer(&peer, Some(&record))
             .map_err(store_err)?;
-        self.refresh();
         self.trust_event("pair", Some(&name), None);
         let mounts: Vec<String> = reply
             .services
@@ -398,13 +419,99 @@ impl Node {
         Ok(json!({ "peer": name, "code": code, "services": reply.services, "mounts": mounts }))
     }
 
-    /// The inviter's side of a redemption: checks the proof against the stored invite, and on
-    /// success stores the redeemer, grants the invite's services, and records the pairing —
-    /// the store part in one transaction.
-    fn redeem(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
+    /// Settles pairings left pending by a crash: the inviter answers our ping only if it
+    /// stored the pairing (confirm), and refuses it if not (drop). Unreachable: ask later.
+    pub(super) async fn confirm_pending(&self) {
+        let pending: Vec<StoredPeer> = self
+            .store
+            .peers()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.pending)
+            .collect();
+        for mut peer in pending {
+            let Some(id) = parse_endpoint_id(&peer.id) else {
+                continue;
+            };
+            match ping_outcome(&self.endpoint, id, pairing::EXCHANGE_TIMEOUT).await {
+                PingOutcome::Reachable(_) => {
+                    peer.pending = false;
+                    if self.store.put_peer(&peer, None).is_ok() {
+                        tracing::info!(peer = %peer.name, "pairing confirmed");
+                        self.trust_event("pair", Some(&peer.name), None);
+                    }
+                }
+                PingOutcome::Refused => {
+                    if self.store.remove_peer(&peer.id).is_ok() {
+                        tracing::info!(peer = %peer.name, "pairing undone: the inviter never stored it");
+                        self.refresh();
+                    }
+                }
+                PingOutcome::Unreachable => {}
+            }
+        }
+    }
+
+    /// The inviter, on the hello: the proof must hold for a live invite. Nothing is stored
+    /// but a failed attempt.
+    fn check_redemption(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
         let me = self.endpoint.id();
-        let wanted = sanitize(hello.nick.as_deref(), "peer");
-        let name = self.name_for(&redeemer, &wanted);
+        let checked = self.store.verify(
+            &hello.invite,
+            unix_ms() / 1000,
+            pairing::MAX_FAILURES,
+            |invite| {
+                if pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
+                    Ok(invite.services.clone())
+                } else {
+                    Err("the invite's secret does not match".to_owned())
+                }
+            },
+        );
+        let reply = match checked {
+            Ok(Redeemed::Accepted(services)) => PairReply {
+                ok: true,
+                services: services
+                    .into_iter()
+                    .filter(|s| self.settings().services.iter().any(|x| &x.name == s))
+                    .collect(),
+                error: None,
+            },
+            Ok(Redeemed::Refused(reason)) => {
+                tracing::info!(peer = %redeemer.fmt_short(), "refused a pairing: {reason}");
+                PairReply::refused(reason)
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                PairReply::refused("the inviter's store failed")
+            }
+        };
+        self.update_alpns();
+        reply
+    }
+
+    /// The inviter, on `commit`: grants first (an allow entry for a key nobody trusts is
+    /// inert if a crash follows), then the peer, the pairing and the used invite in one
+    /// transaction.
+    fn complete_redemption(
+        &self,
+        redeemer: EndpointId,
+        hello: &PairHello,
+        services: &[String],
+    ) -> PairReply {
+        let me = self.endpoint.id();
+        let principal = format!("eid:{redeemer}");
+        let granted = self.edit(|doc| {
+            for s in services {
+                config::add_allow(doc, s, &principal)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = granted {
+            tracing::error!("pairing: granting services failed: {e}");
+            return PairReply::refused("the inviter could not record the grants");
+        }
+        let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
         let addrs: Vec<String> = hello
             .addrs
             .iter()
@@ -425,6 +532,7 @@ impl Node {
                         addrs,
                         mounts: Vec::new(),
                         paired_at: now,
+                        pending: false,
                     };
                     let code = pairing::code(&me, &redeemer, &invite.secret);
                     Ok((
@@ -434,57 +542,42 @@ impl Node {
                             code,
                             at: now,
                         },
-                        invite.services.clone(),
+                        (),
                     ))
                 });
         let reply = match outcome {
-            Ok(Redeemed::Accepted(services)) => {
-                let principal = format!("eid:{redeemer}");
-                let granted: Vec<String> = services
-                    .into_iter()
-                    .filter(|s| self.settings().services.iter().any(|x| &x.name == s))
-                    .collect();
-                let edit = self.edit(|doc| {
-                    for s in &granted {
-                        config::add_allow(doc, s, &principal)?;
-                    }
-                    Ok(())
-                });
-                if let Err(e) = edit {
-                    tracing::error!("pairing with {name}: granting services failed: {e}");
-                }
+            Ok(Redeemed::Accepted(())) => {
                 self.refresh();
                 self.trust_event("pair", Some(&name), None);
-                for s in &granted {
+                for s in services {
                     self.trust_event("grant", Some(&name), Some(s));
                 }
                 tracing::info!(peer = %name, "paired");
                 PairReply {
                     ok: true,
-                    services: granted,
+                    services: services.to_vec(),
                     error: None,
                 }
             }
-            Ok(Redeemed::Refused(reason)) => {
-                tracing::info!(peer = %redeemer.fmt_short(), "refused a pairing: {reason}");
-                PairReply {
-                    ok: false,
-                    services: Vec::new(),
-                    error: Some(reason),
-                }
-            }
+            Ok(Redeemed::Refused(reason)) => PairReply::refused(reason),
             Err(e) => {
                 tracing::error!("{e}");
-                PairReply {
-                    ok: false,
-                    services: Vec::new(),
-                    error: Some("the inviter's store failed".into()),
-                }
+                PairReply::refused("the inviter's store failed")
             }
         };
         self.update_alpns();
         reply
     }
+}
+
+fn refusal(reply: PairReply) -> ControlError {
+    ControlError::new(
+        codes::REFUSED,
+        format!(
+            "the inviter refused: {}",
+            reply.error.unwrap_or_else(|| "no reason given".into())
+        ),
+    )
 }
 
 #[derive(Deserialize)]
@@ -507,44 +600,78 @@ fn store_err(e: crate::store::StoreError) -> ControlError {
     ControlError::new(codes::NODE_UNAVAILABLE, e.to_string())
 }
 
-/// The redeemer's half of the exchange: one hello, one reply.
-async fn exchange(
-    endpoint: &iroh::Endpoint,
-    inviter: EndpointId,
-    hello: &PairHello,
-) -> Result<PairReply, ControlError> {
-    let unreachable = |e: &dyn std::fmt::Display| {
-        ControlError::new(
-            codes::UNREACHABLE,
-            format!(
-                "cannot reach the inviter ({e}); is its node running, and the invite still live?"
-            ),
-        )
-    };
-    let conn = endpoint.connect(inviter, ALPN_PAIR).await.map_err(|e| {
-        // A node with no live invite does not offer the pairing protocol at all.
-        if e.to_string().contains("known protocol") {
-            ControlError::new(
-                codes::REFUSED,
-                "the inviter is not accepting this invite: it was used up, expired or withdrawn",
-            )
-        } else {
-            unreachable(&e)
-        }
-    })?;
-    let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
-    let mut t = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
-    let value = serde_json::to_value(hello).map_err(|e| bad(e.to_string()))?;
-    t.send_value(value).await.map_err(|e| unreachable(&e))?;
-    let answer = t.recv_value().await.map_err(|e| unreachable(&e))?;
-    let _ = t.writer_mut().shutdown().await;
-    conn.close(VarInt::from_u32(0), b"done");
-    let answer = answer.ok_or_else(|| unreachable(&"the connection closed"))?;
-    serde_json::from_value(answer).map_err(|e| unreachable(&e))
+/// The redeemer's side of the pairing exchange: messages out, the inviter's answers back.
+struct Exchange {
+    conn: Connection,
+    wire: PairWire,
+}
+
+impl Exchange {
+    async fn open(endpoint: &iroh::Endpoint, inviter: EndpointId) -> Result<Self, ControlError> {
+        let conn = endpoint.connect(inviter, ALPN_PAIR).await.map_err(|e| {
+            // A node with no live invite does not offer the pairing protocol at all.
+            if e.to_string().contains("known protocol") {
+                ControlError::new(
+                    codes::REFUSED,
+                    "the inviter is not accepting this invite: it was used up, expired or withdrawn",
+                )
+            } else {
+                unreachable(&e)
+            }
+        })?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
+        Ok(Exchange {
+            conn,
+            wire: NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE),
+        })
+    }
+
+    async fn ask(&mut self, message: &impl serde::Serialize) -> Result<PairReply, ControlError> {
+        let value = serde_json::to_value(message).map_err(|e| bad(e.to_string()))?;
+        self.wire
+            .send_value(value)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let answer = self
+            .wire
+            .recv_value()
+            .await
+            .map_err(|e| unreachable(&e))?
+            .ok_or_else(|| unreachable(&"the connection closed"))?;
+        serde_json::from_value(answer).map_err(|e| unreachable(&e))
+    }
+
+    fn close(self) {
+        self.conn.close(VarInt::from_u32(0), b"done");
+    }
+}
+
+fn unreachable(e: &dyn std::fmt::Display) -> ControlError {
+    ControlError::new(
+        codes::UNREACHABLE,
+        format!("cannot reach the inviter ({e}); is its node running, and the invite still live?"),
+    )
+}
+
+type PairWire = NdjsonTransport<iroh::endpoint::RecvStream, iroh::endpoint::SendStream>;
+
+async fn next_message(wire: &mut PairWire) -> Option<Value> {
+    tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, wire.recv_value())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+}
+
+async fn answer(wire: &mut PairWire, reply: &PairReply) -> bool {
+    match serde_json::to_value(reply) {
+        Ok(v) => wire.send_value(v).await.is_ok(),
+        Err(_) => false,
+    }
 }
 
 /// The `mcpmesh/pair/1` handler. Open to unknown keys by design: the invite secret is the
-/// credential, checked in [`Node::redeem`], with an attempt budget per invite.
+/// credential, checked against the stored invite, with an attempt budget per invite.
 #[derive(Debug)]
 pub(super) struct PairProtocol {
     pub(super) node: Arc<Node>,
@@ -558,28 +685,27 @@ impl ProtocolHandler for PairProtocol {
         else {
             return Ok(());
         };
-        let mut t = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
-        let hello = tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, t.recv_value()).await;
-        let reply = match hello {
-            Ok(Ok(Some(v))) => match serde_json::from_value::<PairHello>(v) {
-                Ok(hello) if hello.pair == 1 => self.node.redeem(redeemer, &hello),
-                _ => PairReply {
-                    ok: false,
-                    services: Vec::new(),
-                    error: Some("malformed pairing request".into()),
-                },
-            },
-            _ => PairReply {
-                ok: false,
-                services: Vec::new(),
-                error: Some("malformed pairing request".into()),
-            },
+        let mut wire: PairWire = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
+        let hello = next_message(&mut wire)
+            .await
+            .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
+        let reply = match &hello {
+            Some(hello) if hello.pair == 1 => self.node.check_redemption(redeemer, hello),
+            _ => PairReply::refused("malformed pairing request"),
         };
-        if let Ok(v) = serde_json::to_value(&reply) {
-            let _ = t.send_value(v).await;
+        if answer(&mut wire, &reply).await && reply.ok {
+            let commit = next_message(&mut wire)
+                .await
+                .and_then(|v| serde_json::from_value::<pairing::PairCommit>(v).ok());
+            if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (&hello, commit) {
+                let done = self
+                    .node
+                    .complete_redemption(redeemer, hello, &reply.services);
+                answer(&mut wire, &done).await;
+            }
         }
-        let _ = t.writer_mut().shutdown().await;
-        // Let the reply reach the redeemer before the connection goes.
+        let _ = wire.writer_mut().shutdown().await;
+        // Let the last answer reach the redeemer before the connection goes.
         let _ = tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, conn.closed()).await;
         Ok(())
     }
