@@ -97,4 +97,18 @@ async fn twenty_callers_over_their_rate_for_a_minute_are_limited_answered_and_co
         totals.0, totals.1, totals.2, baseline, peak
     );
     assert!(grown < 32 * 1024, "the node grew by {grown} KiB under load");
+    alice.json(&["down"]); // a clean stop flushes every queued record
+    let summary = alice.cli(&["audit", "summary"]);
+    eprintln!(
+        "audit summary after the load:\n{}",
+        String::from_utf8_lossy(&summary.stdout)
+    );
+    let json = alice.json(&["audit", "summary"]);
+    let limited: u64 = json["peers"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|t| t["refused"].as_u64().unwrap())
+        .sum();
+    assert_eq!(limited, totals.2, "every refusal is in the audit log");
 }

@@ -765,6 +765,22 @@ mod tests {
         assert!(!verify(&path).unwrap().ok);
     }
 
+    #[tokio::test]
+    async fn retention_deletes_months_older_than_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit");
+        std::fs::create_dir_all(&path).unwrap();
+        for old in ["2001-01", "2001-02"] {
+            std::fs::write(path.join(file_name(old)), "").unwrap();
+        }
+        let current = month_of(now_ms());
+        let (log, sink) = AuditLog::start(path.clone(), Some(3)).unwrap();
+        sink.record(event(1));
+        log.close().await;
+        let months: Vec<String> = month_files(&path).into_iter().map(|(m, _)| m).collect();
+        assert_eq!(months, vec![current]);
+    }
+
     #[test]
     fn months_are_utc_calendar_months() {
         assert_eq!(month_of(0), "1970-01");
