@@ -265,17 +265,7 @@ async fn closing_connects_stdin_ends_the_remote_child_within_a_second() {
     s.initialize().await;
     let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
     s.close_stdin();
-    assert!(
-        wait_exit(pid, Duration::from_secs(1)).await,
-        "child {pid} still running"
-    );
-    assert!(
-        eventually(Duration::from_secs(2), || !procs_with(&m)
-            .iter()
-            .any(|(p, _)| *p == pid))
-        .await,
-        "child {pid} was not reaped"
-    );
+    assert_child_ends(pid, &m).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -365,17 +355,7 @@ async fn killing_connect_ends_the_remote_child_within_a_second() {
     s.initialize().await;
     let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
     s.child.start_kill().unwrap();
-    assert!(
-        wait_exit(pid, Duration::from_secs(1)).await,
-        "child {pid} still running"
-    );
-    assert!(
-        eventually(Duration::from_secs(2), || !procs_with(&m)
-            .iter()
-            .any(|(p, _)| *p == pid))
-        .await,
-        "child {pid} was not reaped"
-    );
+    assert_child_ends(pid, &m).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

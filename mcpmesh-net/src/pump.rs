@@ -45,19 +45,33 @@ where
     C: AsyncWrite + Unpin,
 {
     let mut strikes = 0u8;
-    while let Some(batch) = reader.next_batch().await.map_err(PumpError::Read)? {
-        match batch {
-            Batch::Lines(run) => {
-                observe(&run);
-                write_run(dest, &run).await.map_err(PumpError::Write)?;
-            }
-            Batch::Oversize => {
+    while let Some(run) = next_run(reader, client, &mut strikes).await? {
+        observe(&run);
+        write_run(dest, &run).await.map_err(PumpError::Write)?;
+    }
+    Ok(())
+}
+
+/// The next run of lines; an oversized line on the way is answered on `client` and counted.
+async fn next_run<R, C>(
+    reader: &mut FrameReader<R>,
+    client: &Mutex<C>,
+    strikes: &mut u8,
+) -> Result<Option<Bytes>, PumpError>
+where
+    R: AsyncRead + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    loop {
+        match reader.next_batch().await.map_err(PumpError::Read)? {
+            None => return Ok(None),
+            Some(Batch::Lines(run)) => return Ok(Some(run)),
+            Some(Batch::Oversize) => {
                 let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
-                strike(&mut strikes, client, &line).await?;
+                strike(strikes, client, &line).await?;
             }
         }
     }
-    Ok(())
 }
 
 /// What to do with one line the client sent.
@@ -85,15 +99,7 @@ where
     C: AsyncWrite + Unpin,
 {
     let mut strikes = 0u8;
-    while let Some(batch) = reader.next_batch().await.map_err(PumpError::Read)? {
-        let run = match batch {
-            Batch::Lines(run) => run,
-            Batch::Oversize => {
-                let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
-                strike(&mut strikes, client, &line).await?;
-                continue;
-            }
-        };
+    while let Some(run) = next_run(reader, client, &mut strikes).await? {
         let (mut kept_from, mut answers, mut struck) = (0, Vec::new(), 0u8);
         let mut start = 0;
         while start < run.len() {
@@ -106,19 +112,17 @@ where
             } else {
                 check(body)
             };
-            match verdict {
-                Verdict::Forward => {}
-                Verdict::Answer(bytes) => {
-                    write_slice(dest, &run[kept_from..start]).await?;
-                    answers.extend(bytes);
-                    kept_from = end;
-                }
-                Verdict::Strike(bytes) => {
-                    write_slice(dest, &run[kept_from..start]).await?;
-                    answers.extend(bytes);
-                    kept_from = end;
-                    struck += 1;
-                }
+            let (answer, strike) = match verdict {
+                Verdict::Forward => (None, false),
+                Verdict::Answer(bytes) => (Some(bytes), false),
+                Verdict::Strike(bytes) => (Some(bytes), true),
+            };
+            if let Some(bytes) = answer {
+                // Everything kept before this line goes out first, as one slice.
+                write_slice(dest, &run[kept_from..start]).await?;
+                answers.extend(bytes);
+                kept_from = end;
+                struck += u8::from(strike);
             }
             start = end;
         }

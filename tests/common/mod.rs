@@ -257,60 +257,57 @@ impl McpSession {
     }
 }
 
-/// Processes whose command line contains `marker`, with their state letter (`Z` = zombie).
-pub fn procs_with(marker: &str) -> Vec<(u32, char)> {
-    let mut found = Vec::new();
+/// Every process: its pid, its state letter (`Z` = zombie), its process group, and its
+/// command line split into arguments.
+fn processes() -> Vec<(u32, char, u32, Vec<Vec<u8>>)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
+        return Vec::new();
     };
-    for entry in dir.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if !cmdline
-            .split(|b| *b == 0)
-            .any(|arg| arg == marker.as_bytes())
-        {
-            continue;
-        }
-        let state = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.trim_start().chars().next())
-            })
-            .unwrap_or('?');
-        found.push((pid, state));
-    }
-    found
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command in parentheses: state, ppid, pgrp, …
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let state = fields.first()?.chars().next()?;
+            let pgrp = fields.get(2)?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let args = cmdline.split(|b| *b == 0).map(<[u8]>::to_vec).collect();
+            Some((pid, state, pgrp, args))
+        })
+        .collect()
+}
+
+/// Processes whose command line has the argument `marker`, with their state letter.
+pub fn procs_with(marker: &str) -> Vec<(u32, char)> {
+    processes()
+        .into_iter()
+        .filter(|(_, _, _, args)| args.iter().any(|a| a == marker.as_bytes()))
+        .map(|(pid, state, _, _)| (pid, state))
+        .collect()
 }
 
 /// Live (non-zombie) processes whose process group is `pgid`.
 pub fn procs_in_group(pgid: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in dir.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After the command: state, ppid, pgrp.
-        if fields.get(2) == Some(&pgid.to_string().as_str()) && fields.first() != Some(&"Z") {
-            found.push(pid);
-        }
-    }
-    found
+    processes()
+        .into_iter()
+        .filter(|(_, state, group, _)| *group == pgid && *state != 'Z')
+        .map(|(pid, _, _, _)| pid)
+        .collect()
+}
+
+/// Asserts that the server process `pid` (tagged `marker`) exits within a second and is
+/// reaped by its node.
+pub async fn assert_child_ends(pid: u32, marker: &str) {
+    assert!(
+        wait_exit(pid, Duration::from_secs(1)).await,
+        "child {pid} still running"
+    );
+    let reaped = eventually(Duration::from_secs(2), || {
+        !procs_with(marker).iter().any(|(p, _)| *p == pid)
+    })
+    .await;
+    assert!(reaped, "child {pid} was not reaped");
 }
 
 /// A tag unique to this test run, for [`procs_with`].
