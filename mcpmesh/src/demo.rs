@@ -201,7 +201,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
     say(out, t, "closed the session and stopped both nodes".into());
     let _ = writeln!(
         out,
-        "done in {:.0} ms. Share your own tool: mcpmesh serve NAME --allow PEER -- COMMAND…",
+        "done in {:.0} ms. Share your own tool: mcpmesh serve NAME -- COMMAND…, then mcpmesh invite NAME",
         total.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
