@@ -150,7 +150,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
             MeshProtocol::new(gate.clone(), host.clone(), registry.clone()),
         )
         .accept(ALPN_PING, PingProtocol::new(gate.clone()))
-        .accept(ALPN_PAIR, PairProtocol { node: node.clone() })
+        .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();

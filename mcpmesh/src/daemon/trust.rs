@@ -674,11 +674,29 @@ async fn answer(wire: &mut PairWire, reply: &PairReply) -> bool {
 /// credential, checked against the stored invite, with an attempt budget per invite.
 #[derive(Debug)]
 pub(super) struct PairProtocol {
-    pub(super) node: Arc<Node>,
+    node: Arc<Node>,
+    /// Pairing exchanges under way; past the cap, more are turned away at once.
+    slots: Arc<tokio::sync::Semaphore>,
 }
+
+impl PairProtocol {
+    pub(super) fn new(node: Arc<Node>) -> Self {
+        PairProtocol {
+            node,
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PAIRINGS)),
+        }
+    }
+}
+
+/// Pairing exchanges (from keys not yet trusted) handled at once.
+const MAX_CONCURRENT_PAIRINGS: usize = 16;
 
 impl ProtocolHandler for PairProtocol {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let Ok(_slot) = self.slots.clone().try_acquire_owned() else {
+            conn.close(VarInt::from_u32(503), b"busy");
+            return Ok(());
+        };
         let redeemer = conn.remote_id();
         let Ok(Ok((send, recv))) =
             tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, conn.accept_bi()).await
