@@ -465,3 +465,25 @@ async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
         outcomes.0, outcomes.1
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn renaming_a_peer_keeps_its_grants_by_key_and_by_name() {
+    let m = marker("rename");
+    let (alice, bob, _) = paired(&m); // bob holds notes and calc by key (eid:)
+    alice.json(&["serve", "byname", "--allow", "bob", "--", STUB]);
+    let renamed = alice.json(&["peers", "rename", "bob", "robert"]);
+    assert_eq!(renamed["peer"], "robert");
+    let status = alice.json(&["status"]);
+    for service in status["services"].as_array().unwrap() {
+        assert_eq!(service["peers"], json!(["robert"]), "{service}");
+    }
+    for target in ["alice/notes", "alice/byname"] {
+        let mut s = bob.connect(target);
+        assert_eq!(
+            s.initialize().await["result"]["serverInfo"]["name"],
+            "echo-stub",
+            "{target}"
+        );
+        assert_eq!(whoami(&mut s).await["MCPMESH_PEER_NAME"], "robert");
+    }
+}
