@@ -291,6 +291,7 @@ fn every_verb_prints_one_json_value() {
             s(&["audit", "verify"]),
             s(&["audit", "summary"]),
             s(&["audit", "tail"]),
+            s(&["demo"]),
         ]
     };
     let one_value = |node: &TestNode, args: &[String]| -> Value {

@@ -221,14 +221,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
     match cli.command {
-        Command::Daemon { notify } => daemon(profile, notify),
+        Command::Daemon { notify } => daemon(profile, notify || out.json),
         Command::DemoServer => {
             crate::stub_server::serve_stdio("mcpmesh-demo", false).context("demo server")?;
             Ok(())
         }
         Command::Demo => {
-            let mut stdout = std::io::stdout().lock();
-            mcpmesh::demo::run(&exe, &mut stdout).context("demo failed")?;
+            if out.json {
+                let report =
+                    mcpmesh::demo::run(&exe, &mut std::io::sink()).context("demo failed")?;
+                out.print(
+                    serde_json::to_value(&report).context("rendering")?,
+                    String::new,
+                );
+            } else {
+                mcpmesh::demo::run(&exe, &mut std::io::stdout().lock()).context("demo failed")?;
+            }
             Ok(())
         }
         Command::Connect { target } => connect(&profile, &exe, &target),

@@ -44,19 +44,13 @@ impl Drop for Nodes {
 
 /// Runs the demo with `exe` (this `mcpmesh` binary) as node, tool and `connect`, printing each
 /// step with its timing to `out`.
-pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
+pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
     let total = Instant::now();
     let base = tempfile::Builder::new()
         .prefix("mcpmesh-demo-")
         .tempdir()
         .map_err(|e| fail("creating temporary profiles")(&e))?;
-    let say = |out: &mut dyn Write, started: Instant, text: String| {
-        let _ = writeln!(
-            out,
-            "  [{:>6.1} ms] {text}",
-            started.elapsed().as_secs_f64() * 1e3
-        );
-    };
+    let mut report = Report::default();
     let _ = writeln!(
         out,
         "mcpmesh demo: two nodes on this machine share a tool (no network, no accounts)"
@@ -82,6 +76,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
             .call(methods::NODE_ID, json!({}))
             .map_err(|e| fail("asking a node its id")(&e))?;
         say(
+            &mut report,
             out,
             t,
             format!(
@@ -109,7 +104,12 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
     };
     add(&mut a, "bob", &b_id).map_err(|e| fail("alice trusting bob")(&e))?;
     add(&mut b, "alice", &a_id).map_err(|e| fail("bob trusting alice")(&e))?;
-    say(out, t, "alice and bob trust each other's keys".into());
+    say(
+        &mut report,
+        out,
+        t,
+        "alice and bob trust each other's keys".into(),
+    );
 
     let t = Instant::now();
     let run = vec![exe.display().to_string(), "demo-server".to_owned()];
@@ -119,6 +119,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
     )
     .map_err(|e| fail("alice serving demo")(&e))?;
     say(
+        &mut report,
         out,
         t,
         "alice serves \"demo\" (a built-in MCP server) to bob".into(),
@@ -140,6 +141,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
         .notify("notifications/initialized")
         .map_err(|e| fail("initialized")(&e))?;
     say(
+        &mut report,
         out,
         t,
         format!(
@@ -158,7 +160,12 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
         .flatten()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    say(out, t, format!("tools/list: {}", names.join(", ")));
+    say(
+        &mut report,
+        out,
+        t,
+        format!("tools/list: {}", names.join(", ")),
+    );
 
     let t = Instant::now();
     let echo = connect
@@ -168,6 +175,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
         )
         .map_err(|e| fail("tools/call echo")(&e))?;
     say(
+        &mut report,
         out,
         t,
         format!(
@@ -182,6 +190,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
         .map_err(|e| fail("tools/call whoami")(&e))?;
     let seen = &who["structuredContent"];
     say(
+        &mut report,
         out,
         t,
         format!(
@@ -198,13 +207,38 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<(), DemoError> {
     let t = Instant::now();
     connect.finish();
     drop(nodes);
-    say(out, t, "closed the session and stopped both nodes".into());
+    say(
+        &mut report,
+        out,
+        t,
+        "closed the session and stopped both nodes".into(),
+    );
     let _ = writeln!(
         out,
         "done in {:.0} ms. Share your own tool: mcpmesh serve NAME -- COMMAND…, then mcpmesh invite NAME",
         total.elapsed().as_secs_f64() * 1e3
     );
-    Ok(())
+    report.total_ms = total.elapsed().as_secs_f64() * 1e3;
+    Ok(report)
+}
+
+/// What the demo did, step by step, with each step's time.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub steps: Vec<Step>,
+    pub total_ms: f64,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Step {
+    pub step: String,
+    pub ms: f64,
+}
+
+fn say(report: &mut Report, out: &mut dyn Write, started: Instant, text: String) {
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let _ = writeln!(out, "  [{ms:>6.1} ms] {text}");
+    report.steps.push(Step { step: text, ms });
 }
 
 /// An MCP client over a child's stdio: the demo's stand-in for an AI client.
