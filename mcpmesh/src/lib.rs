@@ -1,8 +1,9 @@
 //! The mcpmesh node as a library.
 //!
 //! What it is: the node's policy and process — profile paths and config, the device key, the
-//! peer table and trust gate, services and their backends, limits, audit, the daemon (the
-//! composition root) with its local control API, and the connect proxy that AI clients launch.
+//! peer table and trust gate, pairing and the embedded store, services and their backends,
+//! limits, audit, the daemon (the composition root) with its local control API, and the
+//! connect proxy that AI clients launch.
 //!
 //! What it is not: the transport. QUIC, framing, gating mechanics and the error band live in
 //! `mcpmesh-net`; this crate decides *who* and *what*, that one moves the bytes.
