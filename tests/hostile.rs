@@ -190,16 +190,7 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
                     "params": { "name": "sleep", "arguments": { "ms": 60_000 } } }),
     )
     .await;
-    let pid: i32 = std::fs::read_to_string(alice.home().join("daemon.lock"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    alice.signal(rustix::process::Signal::KILL);
     let answer = s.recv().await.expect("the pending call is answered");
     band(&answer, -32055);
     assert_eq!(answer["id"], "pending");

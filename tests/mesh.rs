@@ -320,16 +320,7 @@ async fn a_peer_removed_from_the_config_loses_its_live_session_at_once() {
         .find("\n[")
         .map_or(text.len(), |i| start + 2 + i);
     std::fs::write(&path, format!("{}{}", &text[..start], &text[end..])).unwrap();
-    let daemon: i32 = std::fs::read_to_string(alice.home().join("daemon.lock"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(daemon).unwrap(),
-        rustix::process::Signal::HUP,
-    )
-    .unwrap();
+    alice.signal(rustix::process::Signal::HUP);
 
     let answer = s.recv().await.expect("the pending request is answered");
     band_error(&answer, -32052);
@@ -344,6 +335,33 @@ async fn a_peer_removed_from_the_config_loses_its_live_session_at_once() {
             .as_array()
             .unwrap()
             .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_dropped_by_hand_ends_the_session_on_reload() {
+    let m = marker("handedit");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.send(&json!({ "jsonrpc": "2.0", "id": 8, "method": "tools/call",
+                    "params": { "name": "sleep", "arguments": { "ms": 20_000 } } }))
+        .await;
+    // bob stays trusted; only the service's allow list loses him.
+    let path = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(r#"allow = ["bob"]"#), "{text}");
+    std::fs::write(&path, text.replace(r#"allow = ["bob"]"#, "allow = []")).unwrap();
+    alice.signal(rustix::process::Signal::HUP);
+
+    let answer = s.recv().await.expect("the pending request is answered");
+    band_error(&answer, -32052);
+    assert_eq!(answer["id"], 8);
+    s.wait_eof().await;
+    assert_eq!(
+        alice.json(&["peers"])["peers"][0]["name"],
+        "bob",
+        "still a peer"
     );
 }
 

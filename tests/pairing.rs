@@ -416,15 +416,7 @@ async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
-        let pid: i32 = std::fs::read_to_string(victim.home().join("daemon.lock"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_raw(pid).unwrap(),
-            rustix::process::Signal::KILL,
-        );
+        victim.signal(rustix::process::Signal::KILL);
         let _ = tokio::task::spawn_blocking(move || {
             let mut pair = pair;
             pair.wait()

@@ -155,24 +155,11 @@ impl ServiceHost {
         v
     }
 
-    /// Ends the sessions of `peer` (to `service`, or to every service): their pending requests
-    /// are answered `-32052` and their children stopped. Returns how many there were.
-    pub fn sever(&self, peer: &[u8; 32], service: Option<&str>) -> usize {
+    /// Ends every session `no_longer_admitted` picks: its pending requests are answered
+    /// `-32052` and its child is stopped. Returns how many there were.
+    pub fn sever_where(&self, no_longer_admitted: impl Fn(&LiveSession) -> bool) -> usize {
         let map = self.live_map();
-        let hit: Vec<&LiveSession> = map
-            .values()
-            .filter(|s| &s.peer == peer && service.is_none_or(|svc| s.service == svc))
-            .collect();
-        for s in &hit {
-            s.sever.cancel();
-        }
-        hit.len()
-    }
-
-    /// Ends every session of `service` (it is no longer served).
-    pub fn sever_service(&self, service: &str) -> usize {
-        let map = self.live_map();
-        let hit: Vec<&LiveSession> = map.values().filter(|s| s.service == service).collect();
+        let hit: Vec<&LiveSession> = map.values().filter(|s| no_longer_admitted(s)).collect();
         for s in &hit {
             s.sever.cancel();
         }

@@ -363,6 +363,18 @@ pub fn stub_path() -> PathBuf {
     PathBuf::from(STUB)
 }
 
+impl TestNode {
+    /// Sends `signal` to this node's daemon (its pid is in the profile's lock file).
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid: i32 = std::fs::read_to_string(self.home().join("daemon.lock"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), signal);
+    }
+}
+
 /// The serving daemon's resident memory, in KiB.
 pub fn rss_kib(node: &TestNode) -> u64 {
     let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();

@@ -4,13 +4,13 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use iroh::Endpoint;
-use mcpmesh_net::PeerIdentity;
+use iroh::{Endpoint, EndpointId};
 use mcpmesh_net::endpoint;
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
 use mcpmesh_net::registry::ConnectionRegistry;
 use mcpmesh_net::session::{ALPN_MCP, Dialer, OpenedSession, valid_service_name};
+use mcpmesh_net::{PeerIdentity, TrustGate};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -45,8 +45,11 @@ pub(super) struct Node {
 
 impl Node {
     /// Makes `settings` (with the store's peers) the running configuration: trust, services
-    /// and address hints. Peers no longer trusted lose their connections at once.
-    pub(super) fn apply(&self, settings: Settings) {
+    /// and address hints. This is the one place a trust change takes effect: peers no longer
+    /// trusted lose their connections, and every live session whose caller is no longer
+    /// admitted to its service (a revoke, an unserve, a hand edit) is severed at once.
+    /// Returns how many sessions were severed.
+    pub(super) fn apply(&self, settings: Settings) -> usize {
         let stored = self.store.peers().unwrap_or_else(|e| {
             tracing::error!("{e}");
             Vec::new()
@@ -57,7 +60,6 @@ impl Node {
             let n = self
                 .registry
                 .sever(&gone.id, CLOSE_SEVERED, b"no longer trusted");
-            self.host.sever(gone.id.as_bytes(), None);
             self.dialer.forget(&gone.id);
             tracing::info!(peer = %gone.name, severed = n, "peer removed");
         }
@@ -65,11 +67,21 @@ impl Node {
             self.dialer.add_address_hint(hint);
         }
         self.gate.replace(new);
-        {
+        let table = {
             let mut table = self.services.write().unwrap_or_else(|p| p.into_inner());
             *table = table.rebuild(&settings.services);
-        }
+            table.clone()
+        };
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
+        self.host.sever_where(|s| {
+            let caller = EndpointId::from_bytes(&s.peer)
+                .ok()
+                .and_then(|id| self.gate.resolve(&id));
+            match (caller, table.get(&s.service)) {
+                (Some(caller), Some(entry)) => !is_allowed(&entry.spec.allow, &caller),
+                _ => true,
+            }
+        })
     }
 
     /// Re-applies the current settings (after the store changed).
@@ -82,17 +94,17 @@ impl Node {
         self.settings.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Edits config.toml (validated, atomic) and applies the result.
+    /// Edits config.toml (validated, atomic) and applies the result; returns how many live
+    /// sessions the change severed.
     pub(super) fn edit(
         &self,
         change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
-    ) -> Result<(), ControlError> {
+    ) -> Result<usize, ControlError> {
         let settings = self
             .config_file
             .edit(change)
             .map_err(|e| ControlError::new(codes::CONFIG, e.to_string()))?;
-        self.apply(settings);
-        Ok(())
+        Ok(self.apply(settings))
     }
 
     pub(super) fn trust_event(&self, action: &str, peer: Option<&str>, service: Option<&str>) {
@@ -190,7 +202,7 @@ impl Node {
         }
         let u: Unserve = params_of(params)?;
         let mut existed = false;
-        self.edit(|doc| {
+        let ended = self.edit(|doc| {
             existed = config::remove_service(doc, &u.name)?;
             Ok(())
         })?;
@@ -200,7 +212,6 @@ impl Node {
                 format!("no service named {:?}", u.name),
             ));
         }
-        let ended = self.host.sever_service(&u.name);
         self.trust_event("unserve", None, Some(&u.name));
         Ok(json!({ "service": u.name, "serving": false, "sessions_ended": ended }))
     }

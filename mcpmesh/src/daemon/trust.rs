@@ -8,7 +8,6 @@ use std::time::Duration;
 use iroh::endpoint::{Connection, VarInt};
 use iroh::protocol::{AcceptError, ProtocolHandler};
 use iroh::{EndpointAddr, EndpointId, RelayUrl};
-use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::session::valid_service_name;
 use mcpmesh_net::transport::NdjsonTransport;
 use serde::Deserialize;
@@ -142,6 +141,12 @@ impl Node {
             ));
         }
         let is_static = self.is_static(&r.old);
+        // The store first: the edit below is applied with the peer already under its new name,
+        // so grants by name, renamed in the same edit, never stop admitting its sessions.
+        if let Some(mut stored) = self.stored_peer(&peer.id) {
+            stored.name = r.new.clone();
+            self.store.put_peer(&stored, None).map_err(store_err)?;
+        }
         // Grants by name follow the peer; grants by key need nothing.
         self.edit(|doc| {
             if is_static {
@@ -149,11 +154,6 @@ impl Node {
             }
             config::rename_allow(doc, &r.old, &r.new)
         })?;
-        if let Some(mut stored) = self.stored_peer(&peer.id) {
-            stored.name = r.new.clone();
-            self.store.put_peer(&stored, None).map_err(store_err)?;
-            self.refresh();
-        }
         self.trust_event("peer_renamed", Some(&r.new), None);
         Ok(json!({ "peer": r.new, "id": peer.id.to_string(), "was": r.old }))
     }
@@ -172,16 +172,13 @@ impl Node {
                 .remove_peer(&peer.id.to_string())
                 .map_err(store_err)?;
         }
-        // Removing the entry re-applies trust, which severs the peer's connections at once.
+        // Applying the edit severs the peer's connections and sessions at once.
         self.edit(|doc| {
             if is_static {
                 config::remove_peer(doc, &r.name)?;
             }
             config::remove_allow_everywhere(doc, &principals)
         })?;
-        self.registry
-            .sever(&peer.id, CLOSE_SEVERED, b"no longer trusted");
-        self.host.sever(peer.id.as_bytes(), None);
         self.trust_event("peer_removed", Some(&r.name), None);
         Ok(json!({ "peer": r.name, "removed": true }))
     }
@@ -200,8 +197,8 @@ impl Node {
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
         let principals = vec![format!("eid:{}", peer.id), g.peer.clone()];
-        self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
-        let ended = self.host.sever(peer.id.as_bytes(), Some(&g.service));
+        let ended =
+            self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
         self.trust_event("revoke", Some(&g.peer), Some(&g.service));
         // Access may remain through a user or group entry; say so rather than pretend.
         let identity = mcpmesh_net::PeerIdentity::new(peer.id, peer.name.clone());
