@@ -307,11 +307,7 @@ async fn a_peer_removed_from_the_config_loses_its_live_session_at_once() {
     let mut s = bob.connect("alice/svc");
     s.initialize().await;
     let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
-    s.send(
-        &json!({ "jsonrpc": "2.0", "id": "slow", "method": "tools/call",
-                    "params": { "name": "sleep", "arguments": { "ms": 20_000 } } }),
-    )
-    .await;
+    s.start_long_call(json!("slow"), 20_000).await;
     // Remove [peers.bob] by hand and tell the node to reload.
     let path = alice.home().join("config.toml");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -344,9 +340,7 @@ async fn a_grant_dropped_by_hand_ends_the_session_on_reload() {
     let (alice, bob) = pair(&m, None);
     let mut s = bob.connect("alice/svc");
     s.initialize().await;
-    s.send(&json!({ "jsonrpc": "2.0", "id": 8, "method": "tools/call",
-                    "params": { "name": "sleep", "arguments": { "ms": 20_000 } } }))
-        .await;
+    s.start_long_call(json!(8), 20_000).await;
     // bob stays trusted; only the service's allow list loses him.
     let path = alice.home().join("config.toml");
     let text = std::fs::read_to_string(&path).unwrap();

@@ -165,11 +165,7 @@ async fn removing_a_peer_ends_its_long_call_within_a_second_and_refuses_the_next
     let (alice, bob, _) = paired(&m);
     let mut s = bob.connect("alice/notes");
     s.initialize().await;
-    s.send(
-        &json!({ "jsonrpc": "2.0", "id": "long", "method": "tools/call",
-                    "params": { "name": "sleep", "arguments": { "ms": 30_000 } } }),
-    )
-    .await;
+    s.start_long_call(json!("long"), 30_000).await;
     let started = Instant::now();
     alice.json(&["peers", "remove", "bob"]);
     let answer = s.recv().await.expect("the long call is answered");
@@ -206,10 +202,7 @@ async fn revoke_ends_that_services_sessions_and_grant_applies_without_a_restart(
     notes.initialize().await;
     let mut calc = bob.connect("alice/calc");
     calc.initialize().await;
-    notes
-        .send(&json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call",
-                       "params": { "name": "sleep", "arguments": { "ms": 30_000 } } }))
-        .await;
+    notes.start_long_call(json!(5), 30_000).await;
     let started = Instant::now();
     let revoked = alice.json(&["revoke", "bob", "notes"]);
     assert_eq!(revoked["granted"], false);
@@ -479,4 +472,54 @@ async fn renaming_a_peer_keeps_its_grants_by_key_and_by_name() {
         );
         assert_eq!(whoami(&mut s).await["MCPMESH_PEER_NAME"], "robert");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
+    let m = marker("reserve");
+    let (alice, bob, _) = paired(&m); // bob holds notes by key, from the pairing
+    let path = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "[services.notes]",
+            "[services.notes]\nenv = { KEEP = \"me\" }",
+        ),
+    )
+    .unwrap();
+    alice.signal(rustix::process::Signal::HUP);
+    let m2 = marker("reserve2");
+    alice.json(&[
+        "serve", "notes", "--allow", "carol", "--", STUB, "--marker", &m2,
+    ]);
+    let notes = alice.json(&["status"])["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "notes")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        notes["peers"],
+        json!(["bob"]),
+        "the pairing's grant survives: {notes}"
+    );
+    assert!(
+        notes["allow"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "carol")
+    );
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert!(!procs_with(&m2).is_empty(), "the new command runs");
+    assert_eq!(env["MCPMESH_SERVICE"], "notes");
+    let config = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        config.contains("KEEP"),
+        "settings made by hand survive: {config}"
+    );
 }

@@ -34,6 +34,14 @@ pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
             continue; // notifications and responses need no answer
         };
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        // A call that asks for progress hears that it started, before any work is done.
+        if let Some(token) = params.pointer("/_meta/progressToken") {
+            let note = json!({ "jsonrpc": "2.0", "method": "notifications/progress",
+                               "params": { "progressToken": token, "progress": 0 } });
+            serde_json::to_writer(&mut out, &note)?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+        }
         let result = match method {
             "initialize" => Ok(json!({
                 "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),

@@ -496,7 +496,9 @@ pub fn set_peer(
     Ok(())
 }
 
-/// Sets `[services.NAME]`.
+/// Serves `[services.NAME]` with `cmd`. An existing entry is updated in place: its command
+/// (and `max_sessions`, if given) change, `allow` gains the new principals, and everything
+/// else — grants already made, `env`, `cwd`, limits — stays.
 pub fn set_service(
     doc: &mut toml_edit::DocumentMut,
     name: &str,
@@ -504,14 +506,24 @@ pub fn set_service(
     allow: &[String],
     max_sessions: Option<u32>,
 ) -> Result<(), String> {
-    let services = table(doc, "services")?;
-    let mut entry = toml_edit::Table::new();
-    entry["run"] = toml_edit::value(cmd.iter().collect::<toml_edit::Array>());
-    entry["allow"] = toml_edit::value(allow.iter().collect::<toml_edit::Array>());
+    let entry = table(doc, "services")?
+        .entry(name)
+        .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
+        .as_table_like_mut()
+        .ok_or_else(|| format!("services.{name}: expected a table"))?;
+    entry.insert(
+        "run",
+        toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
+    );
     if let Some(n) = max_sessions {
-        entry["max_sessions"] = toml_edit::value(i64::from(n));
+        entry.insert("max_sessions", toml_edit::value(i64::from(n)));
     }
-    services[name] = toml_edit::Item::Table(entry);
+    if entry.get("allow").is_none() {
+        entry.insert("allow", toml_edit::value(toml_edit::Array::new()));
+    }
+    for principal in allow {
+        add_allow(doc, name, principal)?;
+    }
     Ok(())
 }
 

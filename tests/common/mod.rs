@@ -248,6 +248,21 @@ impl McpSession {
             .await
     }
 
+    /// Starts a call to the stub's `sleep` tool and returns once the server has it (its first
+    /// progress notification arrived), so the request is known to be in flight at the server.
+    pub async fn start_long_call(&mut self, id: Value, ms: u64) {
+        self.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                           "params": { "name": "sleep", "arguments": { "ms": ms },
+                                       "_meta": { "progressToken": id } } }))
+            .await;
+        loop {
+            let msg = self.recv().await.expect("progress before EOF");
+            if msg["method"] == "notifications/progress" && msg["params"]["progressToken"] == id {
+                return;
+            }
+        }
+    }
+
     pub fn close_stdin(&mut self) {
         self.stdin = None;
     }

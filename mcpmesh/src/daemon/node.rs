@@ -185,14 +185,27 @@ impl Node {
             )
         })?;
         self.trust_event("serve", None, Some(&serve.name));
-        let table = self.gate.snapshot();
-        let reachable_by: Vec<&str> = table
+        let allow = self
+            .settings()
+            .services
+            .iter()
+            .find(|s| s.name == serve.name)
+            .map(|s| s.allow.clone())
+            .unwrap_or_default();
+        Ok(
+            json!({ "service": serve.name, "serving": true, "allowed_peers": self.admitted(&allow) }),
+        )
+    }
+
+    /// The peers an `allow` list admits, by name.
+    pub(super) fn admitted(&self, allow: &[String]) -> Vec<String> {
+        self.gate
+            .snapshot()
             .all()
             .iter()
-            .filter(|p| is_allowed(&serve.allow, &PeerIdentity::new(p.id, p.name.clone())))
-            .map(|p| p.name.as_str())
-            .collect();
-        Ok(json!({ "service": serve.name, "serving": true, "allowed_peers": reachable_by }))
+            .filter(|p| is_allowed(allow, &PeerIdentity::new(p.id, p.name.clone())))
+            .map(|p| p.name.clone())
+            .collect()
     }
 
     fn unserve(&self, params: Value) -> Result<Value, ControlError> {

@@ -64,28 +64,16 @@ impl Node {
     pub(super) async fn status(&self) -> Value {
         let peers = self.peers_list().await["peers"].take();
         let sessions = self.host.live_sessions();
-        let table = self.gate.snapshot();
         let services: Vec<Value> = self
             .settings()
             .services
             .iter()
             .map(|s| {
-                let admitted: Vec<&str> = table
-                    .all()
-                    .iter()
-                    .filter(|p| {
-                        crate::services::is_allowed(
-                            &s.allow,
-                            &PeerIdentity::new(p.id, p.name.clone()),
-                        )
-                    })
-                    .map(|p| p.name.as_str())
-                    .collect();
                 json!({
                     "name": s.name,
                     "run": s.cmd,
                     "allow": s.allow,
-                    "peers": admitted,
+                    "peers": self.admitted(&s.allow),
                     "max_sessions": s.max_sessions,
                     "sessions": sessions.iter().filter(|x| x.service == s.name).count(),
                 })
