@@ -30,11 +30,7 @@ impl PeerIdentity {
 
     /// The endpoint id as 64 lowercase hex characters.
     pub fn endpoint_hex(&self) -> String {
-        let mut s = String::with_capacity(64);
-        for b in self.endpoint {
-            s.push_str(&format!("{b:02x}"));
-        }
-        s
+        data_encoding::HEXLOWER.encode(&self.endpoint)
     }
 
     /// The peer's principal string, `eid:<hex>`.

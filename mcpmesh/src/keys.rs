@@ -59,20 +59,18 @@ fn create(path: &Path) -> Result<SecretKey, KeyError> {
         .mode(0o600)
         .open(path)
         .map_err(err)?;
-    let hex: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = data_encoding::HEXLOWER.encode(&key.to_bytes());
     file.write_all(format!("{hex}\n").as_bytes()).map_err(err)?;
     file.sync_all().map_err(err)?;
     Ok(key)
 }
 
 fn parse_hex(text: &str) -> Option<SecretKey> {
-    if text.len() != 64 {
-        return None;
-    }
-    let mut bytes = [0u8; 32];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    let bytes: [u8; 32] = data_encoding::HEXLOWER_PERMISSIVE
+        .decode(text.as_bytes())
+        .ok()?
+        .try_into()
+        .ok()?;
     Some(SecretKey::from_bytes(&bytes))
 }
 

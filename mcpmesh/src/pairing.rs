@@ -151,7 +151,7 @@ pub fn encode_secret(secret: &[u8; 32]) -> String {
 pub fn new_invite_id() -> std::io::Result<String> {
     let mut id = [0u8; 16];
     getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
-    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(data_encoding::HEXLOWER.encode(&id))
 }
 
 /// Proof of the secret, bound to both keys: useless with any other pair of nodes.
