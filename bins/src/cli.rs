@@ -45,7 +45,8 @@ enum Command {
         #[command(subcommand)]
         action: Option<PeersAction>,
     },
-    /// Serve a local stdio MCP server to peers, spawned once per session.
+    /// Serve a local MCP server to peers: a stdio command spawned once per session
+    /// (`serve NAME -- CMD…`), or a long-running server on a Unix socket (`--socket PATH`).
     Serve {
         /// The service's name, as peers will mount it (`<this node>/<NAME>`).
         name: String,
@@ -55,8 +56,12 @@ enum Command {
         /// Sessions running at once (default 4).
         #[arg(long, value_name = "N")]
         max_sessions: Option<u32>,
+        /// A Unix socket a running MCP server listens on; one connection per session, the
+        /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
+        #[arg(long, value_name = "PATH", conflicts_with = "cmd")]
+        socket: Option<PathBuf>,
         /// The server command and its arguments.
-        #[arg(last = true, required = true, value_name = "CMD")]
+        #[arg(last = true, required_unless_present = "socket", value_name = "CMD")]
         cmd: Vec<String>,
     },
     /// Stop serving a service (its live sessions end).
@@ -469,13 +474,20 @@ fn run(cli: Cli) -> Result<(), Failure> {
             name,
             allow,
             max_sessions,
+            socket,
             cmd,
         } => {
+            let mut params = json!({ "name": name, "allow": allow, "max_sessions": max_sessions });
+            match socket {
+                Some(path) => {
+                    let path = std::path::absolute(&path)
+                        .with_context(|| format!("socket path {}", path.display()))?;
+                    params["socket"] = json!(path);
+                }
+                None => params["run"] = json!(cmd),
+            }
             let mut client = ControlClient::connect_or_start(&profile, &exe)?;
-            let v = client.call(
-                methods::SERVICES_SERVE,
-                json!({ "name": name, "run": cmd, "allow": allow, "max_sessions": max_sessions }),
-            )?;
+            let v = client.call(methods::SERVICES_SERVE, params)?;
             let node = client.node_id().to_owned();
             out.print(json!({ "service": v["service"], "serving": true }), || {
                 let peers: Vec<&str> = v["allowed_peers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();

@@ -1,5 +1,6 @@
 //! `mcpmesh doctor`: what is wrong with this node's setup, and what to do about it.
 
+use mcpmesh::config::BackendSpec;
 use mcpmesh::control::client::ControlClient;
 use mcpmesh::paths::Profile;
 use serde_json::json;
@@ -86,20 +87,32 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
     }
     if let Some(s) = &settings {
         for svc in &s.services {
-            match resolve_command(&svc.cmd[0], svc.cwd.as_deref()) {
-                Some(path) => check(
-                    &format!("service {}", svc.name),
-                    "ok",
-                    format!("runs {}", path.display()),
-                ),
-                None => check(
-                    &format!("service {}", svc.name),
-                    "error",
-                    format!(
-                        "services.{}.run: command not found: {}",
-                        svc.name, svc.cmd[0]
+            let what = format!("service {}", svc.name);
+            match &svc.backend {
+                BackendSpec::Run(cmd) => match resolve_command(&cmd[0], svc.cwd.as_deref()) {
+                    Some(path) => check(&what, "ok", format!("runs {}", path.display())),
+                    None => check(
+                        &what,
+                        "error",
+                        format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
                     ),
-                ),
+                },
+                BackendSpec::Socket(path) => match std::os::unix::net::UnixStream::connect(path) {
+                    Ok(_) => check(
+                        &what,
+                        "ok",
+                        format!("a server listens on {}", path.display()),
+                    ),
+                    Err(e) => check(
+                        &what,
+                        "error",
+                        format!(
+                            "services.{}.socket: nothing accepts connections on {}: {e}",
+                            svc.name,
+                            path.display()
+                        ),
+                    ),
+                },
             }
             if svc.allow.is_empty() {
                 check(

@@ -83,10 +83,14 @@ pub enum Verdict {
     Answer(Vec<u8>),
     /// As `Answer`, and count a strike against the session.
     Strike(Vec<u8>),
+    /// Pass on these bytes (a whole line, newline included) in its place: the one edit the
+    /// node makes, writing the caller's identity into a request for backends that need it.
+    Replace(Vec<u8>),
 }
 
-/// Like [`forward`], with a decision per line: each line of a run is forwarded, or dropped
-/// and answered. Forwarded lines still go out as whole slices of the bytes read, unchanged.
+/// Like [`forward`], with a decision per line: each line of a run is forwarded, dropped and
+/// answered, or replaced. Forwarded lines still go out as whole slices of the bytes read,
+/// unchanged.
 pub async fn forward_checked<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
@@ -116,6 +120,12 @@ where
                 Verdict::Forward => (None, false),
                 Verdict::Answer(bytes) => (Some(bytes), false),
                 Verdict::Strike(bytes) => (Some(bytes), true),
+                Verdict::Replace(bytes) => {
+                    write_slice(dest, &run[kept_from..start]).await?;
+                    write_slice(dest, &bytes).await?;
+                    kept_from = end;
+                    (None, false)
+                }
             };
             if let Some(bytes) = answer {
                 // Everything kept before this line goes out first, as one slice.

@@ -149,7 +149,10 @@ impl OneOrMany {
 #[serde(deny_unknown_fields)]
 pub struct ServiceConfig {
     /// The command spawned once per session. A string is split like a shell would.
+    #[serde(default)]
     pub run: OneOrMany,
+    /// Or: the Unix socket of a long-running MCP server, one connection per session.
+    pub socket: Option<PathBuf>,
     /// Principals admitted: peer nicknames, `eid:<hex>`, user ids or groups. Empty: nobody.
     #[serde(default)]
     pub allow: Vec<String>,
@@ -186,11 +189,30 @@ pub enum ConfigError {
     },
 }
 
+/// What a service's sessions are attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// `run`: a command spawned once per session.
+    Run(Vec<String>),
+    /// `socket`: a Unix socket, connected once per session.
+    Socket(PathBuf),
+}
+
+impl BackendSpec {
+    /// The config key and its value, for display (`run` as a list, `socket` as a path).
+    pub fn describe(&self) -> (&'static str, serde_json::Value) {
+        match self {
+            BackendSpec::Run(cmd) => ("run", serde_json::json!(cmd)),
+            BackendSpec::Socket(path) => ("socket", serde_json::json!(path)),
+        }
+    }
+}
+
 /// A service as the node runs it, after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceSpec {
     pub name: String,
-    pub cmd: Vec<String>,
+    pub backend: BackendSpec,
     pub allow: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
@@ -314,14 +336,40 @@ fn validate_service(
         ));
     }
     let cmd = match &svc.run {
-        OneOrMany::One(line) => shlex::split(line)
-            .ok_or_else(|| format!("services.{name}.run: unbalanced quotes in {line:?}"))?,
-        OneOrMany::Many(v) => v.clone(),
-        OneOrMany::None => Vec::new(),
+        OneOrMany::One(line) => Some(
+            shlex::split(line)
+                .ok_or_else(|| format!("services.{name}.run: unbalanced quotes in {line:?}"))?,
+        ),
+        OneOrMany::Many(v) => Some(v.clone()),
+        OneOrMany::None => None,
     };
-    if cmd.first().is_none_or(|c| c.is_empty()) {
-        return Err(format!("services.{name}.run: must name a command"));
-    }
+    let backend = match (cmd, &svc.socket) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "services.{name}: give either run or socket, not both"
+            ));
+        }
+        (None, None) => {
+            return Err(format!(
+                "services.{name}.run: must name a command (or give socket = \"/path/to/server.sock\")"
+            ));
+        }
+        (Some(cmd), None) => {
+            if cmd.first().is_none_or(|c| c.is_empty()) {
+                return Err(format!("services.{name}.run: must name a command"));
+            }
+            BackendSpec::Run(cmd)
+        }
+        (None, Some(path)) => {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "services.{name}.socket: must be an absolute path, not {}",
+                    path.display()
+                ));
+            }
+            BackendSpec::Socket(path.clone())
+        }
+    };
     if let Some(key) = svc.env.keys().find(|k| k.starts_with(RESERVED_ENV_PREFIX)) {
         return Err(format!(
             "services.{name}.env.{key}: variables starting with {RESERVED_ENV_PREFIX} are set by the node"
@@ -353,7 +401,7 @@ fn validate_service(
     Ok(ServiceSpec {
         max_in_flight,
         name: name.to_owned(),
-        cmd,
+        backend,
         allow: svc.allow.clone(),
         env: svc.env.clone(),
         cwd: svc.cwd.clone(),
@@ -496,13 +544,13 @@ pub fn set_peer(
     Ok(())
 }
 
-/// Serves `[services.NAME]` with `cmd`. An existing entry is updated in place: its command
-/// (and `max_sessions`, if given) change, `allow` gains the new principals, and everything
-/// else — grants already made, `env`, `cwd`, limits — stays.
+/// Serves `[services.NAME]` with `backend`. An existing entry is updated in place: its
+/// backend (and `max_sessions`, if given) change, `allow` gains the new principals, and
+/// everything else — grants already made, `env`, `cwd`, limits — stays.
 pub fn set_service(
     doc: &mut toml_edit::DocumentMut,
     name: &str,
-    cmd: &[String],
+    backend: &BackendSpec,
     allow: &[String],
     max_sessions: Option<u32>,
 ) -> Result<(), String> {
@@ -511,10 +559,19 @@ pub fn set_service(
         .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
         .as_table_like_mut()
         .ok_or_else(|| format!("services.{name}: expected a table"))?;
-    entry.insert(
-        "run",
-        toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
-    );
+    match backend {
+        BackendSpec::Run(cmd) => {
+            entry.remove("socket");
+            entry.insert(
+                "run",
+                toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
+            );
+        }
+        BackendSpec::Socket(path) => {
+            entry.remove("run");
+            entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
+        }
+    }
     if let Some(n) = max_sessions {
         entry.insert("max_sessions", toml_edit::value(i64::from(n)));
     }
@@ -680,8 +737,12 @@ addrs = ["127.0.0.1:4433"]
         assert_eq!(s.network.relay, RelayPolicy::Disabled);
         assert_eq!(s.network.bind, vec!["127.0.0.1:0".parse().unwrap()]);
         assert_eq!(
-            s.services[0].cmd,
-            ["python3", "-m", "notes", "--dir", "/tmp/my notes"]
+            s.services[0].backend,
+            BackendSpec::Run(
+                ["python3", "-m", "notes", "--dir", "/tmp/my notes"]
+                    .map(String::from)
+                    .to_vec()
+            )
         );
         assert_eq!(s.services[0].max_sessions, 2);
         assert_eq!(s.peers[0].addrs.len(), 1);
@@ -707,6 +768,9 @@ addrs = ["127.0.0.1:4433"]
         );
         assert!(error_of("[services.x]\nrun = \"a\"\nalow = []\n").contains("alow"));
         assert!(error_of("[services.\"a/b\"]\nrun = \"a\"\n").contains("services.a/b"));
+        assert!(error_of("[services.x]\nrun = \"a\"\nsocket = \"/s\"\n").contains("not both"));
+        assert!(error_of("[services.x]\nsocket = \"rel.sock\"\n").contains("absolute"));
+        assert!(error_of("[services.x]\nallow = []\n").contains("services.x.run"));
     }
 
     #[test]
@@ -722,7 +786,7 @@ addrs = ["127.0.0.1:4433"]
         assert_eq!(s.peers[0].id, id);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("# my node\n"), "{text}");
-        let err = file.edit(|d| set_service(d, "bad", &[], &[], None));
+        let err = file.edit(|d| set_service(d, "bad", &BackendSpec::Run(vec![]), &[], None));
         assert!(err.is_err());
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),

@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::session::SessionOptions;
+use crate::backends::socket::SocketBackend;
 use crate::backends::spawn::{SpawnBackend, SpawnOptions};
-use crate::config::ServiceSpec;
+use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
 
 /// A caller's principal set: `{eid:<hex>, nickname, user_id?} ∪ groups`. The one definition
@@ -202,13 +204,6 @@ impl SessionHandler for ServiceHost {
             refuse(&mut transport, ErrorFrame::new(ErrorCode::UnknownService)).await;
             return;
         };
-        let backend = SpawnBackend {
-            cmd: entry.spec.cmd.clone(),
-            concurrency: entry.sessions.clone(),
-            service: service.clone(),
-            audit: self.audit.clone(),
-            limiter: entry.limiter.clone(),
-        };
         let sever = CancellationToken::new();
         let id = self
             .next_id
@@ -224,14 +219,47 @@ impl SessionHandler for ServiceHost {
             },
         );
         let _guard = LiveGuard { host: self, id };
-        let options = SpawnOptions {
-            env: entry.spec.env.clone(),
-            cwd: entry.spec.cwd.clone(),
+        let session = SessionOptions {
             shutdown: self.shutdown.child_token(),
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
         };
-        let run = backend.run_session(Some(peer.clone()), None, transport, &options);
+        let (concurrency, audit, limiter) = (
+            entry.sessions.clone(),
+            self.audit.clone(),
+            entry.limiter.clone(),
+        );
+        let run = async {
+            match &entry.spec.backend {
+                BackendSpec::Run(cmd) => {
+                    let backend = SpawnBackend {
+                        cmd: cmd.clone(),
+                        concurrency,
+                        service: service.clone(),
+                        audit,
+                        limiter,
+                    };
+                    let options = SpawnOptions {
+                        env: entry.spec.env.clone(),
+                        cwd: entry.spec.cwd.clone(),
+                        session,
+                    };
+                    backend
+                        .run_session(Some(peer.clone()), None, transport, &options)
+                        .await
+                }
+                BackendSpec::Socket(path) => {
+                    let backend = SocketBackend {
+                        path: path.clone(),
+                        concurrency,
+                        service: service.clone(),
+                        audit,
+                        limiter,
+                    };
+                    backend.run_session(peer.clone(), transport, &session).await
+                }
+            }
+        };
         if let Err(e) = self.sessions.track_future(run).await {
             tracing::warn!(peer = %peer.name, %service, "session ended with an error: {e}");
         }

@@ -169,6 +169,11 @@ impl Ledger {
         }
     }
 
+    /// A request the node answered itself after letting it through (an error `code`).
+    pub fn answered_here(&mut self, id: &RawValue, code: i64) {
+        self.finish(&jsonrpc::id_key(id), "error", Some(code), 0);
+    }
+
     /// Answers every pending request with `code` (the session is being cut), recording each.
     pub fn answer_pending(&mut self, code: ErrorCode, message: &str) -> Vec<u8> {
         let mut out = Vec::new();

@@ -7,31 +7,21 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use mcpmesh_net::PeerIdentity;
-use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
-use mcpmesh_net::pump::{Verdict, forward, forward_checked, write_run};
-use mcpmesh_net::session::refuse;
-use mcpmesh_net::transport::{Batch, FrameReader, MAX_FRAME, NdjsonTransport};
+use mcpmesh_net::transport::{Batch, FrameReader, NdjsonTransport};
 use serde_json::Value;
-use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr, Command};
-use tokio::sync::{Mutex, Semaphore};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Semaphore;
 
-use crate::audit::{AuditEvent, AuditSink};
-use crate::backends::ledger::{Caller, Ledger};
+use crate::audit::AuditSink;
+use crate::backends::session::{GRACE, Host, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
 
-/// How long a child gets after its stdin closes, and again after SIGTERM: the whole teardown
-/// stays well under a second.
-const GRACE: Duration = Duration::from_millis(300);
-/// A caller told "at capacity" is asked to wait this long.
-const RETRY_AT_CAPACITY: Duration = Duration::from_secs(1);
 /// Longest stderr line logged whole.
 const MAX_LOG_LINE: usize = 16 * 1024;
 
@@ -41,6 +31,11 @@ pub enum BackendError {
     Spawn { cmd: String, source: std::io::Error },
     #[error("the service has no command")]
     NoCommand,
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// Runs `cmd` once per session. The fields are the seam the daemon (and tests) fill in.
@@ -54,40 +49,13 @@ pub struct SpawnBackend {
     pub limiter: Arc<RateLimiter>,
 }
 
-/// Per-service settings beyond the command.
-#[derive(Debug, Clone)]
+/// Per-service settings of a spawned server.
+#[derive(Debug, Clone, Default)]
 pub struct SpawnOptions {
     /// Extra environment for the child (never `MCPMESH_*`).
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
-    /// Fires when the node shuts down: the session ends and its child with it.
-    pub shutdown: CancellationToken,
-    /// Fires when a trust change takes the caller's access away: pending requests are
-    /// answered `-32052`, then the session ends.
-    pub sever: CancellationToken,
-    /// Requests the session may have outstanding at once.
-    pub max_in_flight: usize,
-}
-
-impl Default for SpawnOptions {
-    fn default() -> Self {
-        SpawnOptions {
-            env: BTreeMap::new(),
-            cwd: None,
-            shutdown: CancellationToken::new(),
-            sever: CancellationToken::new(),
-            max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
-        }
-    }
-}
-
-/// How a session's pump ended.
-enum End {
-    ClientClosed,
-    ServerClosed,
-    Failed(String),
-    Shutdown,
-    Severed,
+    pub session: SessionOptions,
 }
 
 impl SpawnBackend {
@@ -125,43 +93,16 @@ impl SpawnBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let principal = identity
-            .as_ref()
-            .map_or_else(|| "local".to_owned(), PeerIdentity::principal);
-        let peer_name = identity
-            .as_ref()
-            .map(|i| i.name.clone())
-            .unwrap_or_default();
-
-        let Ok(_permit) = self.concurrency.clone().try_acquire_owned() else {
-            let frame = ErrorFrame::new(ErrorCode::Busy)
-                .message(format!("service {} is at its session limit", self.service))
-                .retry_after_ms(RETRY_AT_CAPACITY.as_millis() as u64);
-            self.refuse(
-                first_frame.as_ref(),
-                transport,
-                frame,
-                &principal,
-                &peer_name,
-            )
-            .await;
+        let host = Host {
+            service: &self.service,
+            audit: &self.audit,
+            limiter: &self.limiter,
+            concurrency: &self.concurrency,
+        };
+        let who = Who::of(identity.as_ref());
+        let Some(_permit) = host.admit(&who, first_frame.as_ref(), &mut transport).await else {
             return Ok(());
         };
-        if let Err(wait) = self.limiter.check(&self.service, &principal) {
-            let frame = ErrorFrame::new(ErrorCode::Busy)
-                .message("rate limited")
-                .retry_after_ms(wait.as_millis().max(1) as u64);
-            self.refuse(
-                first_frame.as_ref(),
-                transport,
-                frame,
-                &principal,
-                &peer_name,
-            )
-            .await;
-            return Ok(());
-        }
-
         let mut child = match self.spawn(identity.as_ref(), options) {
             Ok(child) => child,
             Err(e) => {
@@ -171,12 +112,6 @@ impl SpawnBackend {
                 return Err(e);
             }
         };
-        self.audit.record(AuditEvent::SessionOpen {
-            service: self.service.clone(),
-            principal: principal.clone(),
-            peer: peer_name.clone(),
-        });
-        let started = Instant::now();
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(log_stderr(stderr, self.service.clone()));
         }
@@ -184,136 +119,19 @@ impl SpawnBackend {
             stop_child(&mut child, GRACE).await;
             return Ok(());
         };
-
-        let (mut mesh_r, mesh_w) = transport.into_parts();
-        let mesh_w = Mutex::new(mesh_w);
-        let child_w = Mutex::new(stdin);
-        let mut child_r = FrameReader::new(stdout, MAX_FRAME);
-        let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-        let caller = Caller {
-            service: self.service.clone(),
-            principal: principal.clone(),
-            peer: peer_name.clone(),
-        };
-        let ledger = StdMutex::new(Ledger::new(
-            caller,
-            self.limiter.clone(),
-            self.audit.clone(),
-            options.max_in_flight,
-        ));
-        let account = || ledger.lock().unwrap_or_else(|p| p.into_inner());
-
-        let mut end = End::ClientClosed;
-        if let Some(first) = &first_frame {
-            let line = serde_json::to_vec(first).unwrap_or_default();
-            bytes_in += line.len() as u64 + 1;
-            let verdict = account().client_line(&line);
-            let written = match verdict {
-                Verdict::Forward => write_run(&child_w, &[&line[..], b"\n"].concat()).await,
-                Verdict::Answer(answer) | Verdict::Strike(answer) => {
-                    write_run(&mesh_w, &answer).await
-                }
-            };
-            if let Err(e) = written {
-                end = End::Failed(format!("writing the first frame: {e}"));
-            }
-        }
-        if matches!(end, End::ClientClosed) {
-            end = tokio::select! {
-                r = forward_checked(&mut mesh_r, &child_w, &mesh_w, |line| {
-                    bytes_in += line.len() as u64 + 1;
-                    account().client_line(line)
-                }) => match r {
-                    Ok(()) => End::ClientClosed,
-                    Err(e) => End::Failed(e.to_string()),
-                },
-                r = forward(&mut child_r, &mesh_w, &mesh_w, |run| {
-                    bytes_out += run.len() as u64;
-                    account().server_run(run);
-                }) => match r {
-                    Ok(()) => End::ServerClosed,
-                    Err(e) => End::Failed(e.to_string()),
-                },
-                _ = options.shutdown.cancelled() => End::Shutdown,
-                _ = options.sever.cancelled() => End::Severed,
-            };
-        }
-
-        if matches!(end, End::Severed) {
-            let answers = account()
-                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
-            if !answers.is_empty() {
-                let _ = write_run(&mesh_w, &answers).await;
-            }
-        }
-        drop(child_w.into_inner());
-        let mut patience = GRACE;
-        if matches!(end, End::ClientClosed) {
-            // The client is done sending, perhaps not reading: answers the server still
-            // writes as it sees its input end reach the client, for a short while.
-            let drain = forward(&mut child_r, &mesh_w, &mesh_w, |run| {
-                bytes_out += run.len() as u64;
-                account().server_run(run);
-            });
-            if tokio::time::timeout(GRACE, drain).await.is_err() {
-                patience = Duration::ZERO; // it had its grace while draining
-            }
-        }
-        // Client-visible end first, so the caller is never kept waiting on the child's exit.
-        let _ = mesh_w.lock().await.shutdown().await;
-        stop_child(&mut child, patience).await;
-        account().close();
-
-        let ended = match &end {
-            End::ClientClosed => "client_closed".to_owned(),
-            End::ServerClosed => "server_closed".to_owned(),
-            End::Shutdown => "node_shutdown".to_owned(),
-            End::Severed => "severed".to_owned(),
-            End::Failed(why) => {
-                tracing::debug!(service = %self.service, "session failed: {why}");
-                "failed".to_owned()
-            }
-        };
-        self.audit.record(AuditEvent::SessionClose {
-            service: self.service.clone(),
-            principal,
-            peer: peer_name,
-            duration_ms: started.elapsed().as_millis() as u64,
-            bytes_in,
-            bytes_out,
-            ended,
-        });
+        let teardown = |patience| async move { stop_child(&mut child, patience).await };
+        host.pump(
+            who,
+            first_frame,
+            transport,
+            stdout,
+            stdin,
+            &options.session,
+            None,
+            teardown,
+        )
+        .await;
         Ok(())
-    }
-
-    async fn refuse<R, W>(
-        &self,
-        first_frame: Option<&Value>,
-        mut transport: NdjsonTransport<R, W>,
-        frame: ErrorFrame,
-        principal: &str,
-        peer_name: &str,
-    ) where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
-    {
-        tracing::info!(service = %self.service, peer = %peer_name, "refused a session: busy");
-        self.audit.record(AuditEvent::SessionRefused {
-            service: self.service.clone(),
-            principal: principal.to_owned(),
-            peer: peer_name.to_owned(),
-            code: ErrorCode::Busy.code(),
-        });
-        match first_frame {
-            Some(first) => {
-                let id = first
-                    .get("id")
-                    .and_then(|id| RawValue::from_string(id.to_string()).ok());
-                let _ = transport.send_raw(&frame.id(id.as_deref()).to_line()).await;
-                let _ = transport.writer_mut().shutdown().await;
-            }
-            None => refuse(&mut transport, frame).await,
-        }
     }
 
     fn spawn(

@@ -169,20 +169,27 @@ impl Node {
         #[derive(Deserialize)]
         struct Serve {
             name: String,
-            run: Vec<String>,
+            #[serde(default)]
+            run: Option<Vec<String>>,
+            #[serde(default)]
+            socket: Option<std::path::PathBuf>,
             #[serde(default)]
             allow: Vec<String>,
             max_sessions: Option<u32>,
         }
         let serve: Serve = params_of(params)?;
+        let backend = match (serve.run, serve.socket) {
+            (Some(cmd), None) => config::BackendSpec::Run(cmd),
+            (None, Some(path)) => config::BackendSpec::Socket(path),
+            _ => {
+                return Err(ControlError::new(
+                    codes::INVALID_PARAMS,
+                    "serve takes either run (a command) or socket (a path)",
+                ));
+            }
+        };
         self.edit(|doc| {
-            config::set_service(
-                doc,
-                &serve.name,
-                &serve.run,
-                &serve.allow,
-                serve.max_sessions,
-            )
+            config::set_service(doc, &serve.name, &backend, &serve.allow, serve.max_sessions)
         })?;
         self.trust_event("serve", None, Some(&serve.name));
         let allow = self

@@ -69,9 +69,10 @@ impl Node {
             .services
             .iter()
             .map(|s| {
+                let (kind, target) = s.backend.describe();
                 json!({
                     "name": s.name,
-                    "run": s.cmd,
+                    kind: target,
                     "allow": s.allow,
                     "peers": self.admitted(&s.allow),
                     "max_sessions": s.max_sessions,

@@ -1,0 +1,303 @@
+//! One served session, whatever it is attached to: admission (the service's session cap and
+//! the caller's rate), the two pumps with the ledger in between, severing, draining, and the
+//! session's audit records. A backend supplies the server's reader and writer and its own
+//! teardown.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::jsonrpc::{self, Kind};
+use mcpmesh_net::pump::{Verdict, forward, forward_checked, write_run};
+use mcpmesh_net::session::refuse;
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::ledger::{Caller, Ledger};
+use crate::backends::stamp::{self, PeerStamp};
+use crate::limits::RateLimiter;
+
+/// How long a server gets to finish writing after its input ends; the spawn backend also
+/// gives a child this long after SIGTERM. The whole teardown stays well under a second.
+pub(crate) const GRACE: Duration = Duration::from_millis(300);
+/// A caller told "at capacity" is asked to wait this long.
+const RETRY_AT_CAPACITY: Duration = Duration::from_secs(1);
+
+/// Settings of one session beyond what it is attached to.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Fires when the node shuts down: the session ends (and a child with it).
+    pub shutdown: CancellationToken,
+    /// Fires when a trust change takes the caller's access away: pending requests are
+    /// answered `-32052`, then the session ends.
+    pub sever: CancellationToken,
+    /// Requests the session may have outstanding at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            shutdown: CancellationToken::new(),
+            sever: CancellationToken::new(),
+            max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
+        }
+    }
+}
+
+/// The service a session belongs to, as the session machinery needs it.
+pub(crate) struct Host<'a> {
+    pub service: &'a str,
+    pub audit: &'a AuditSink,
+    pub limiter: &'a Arc<RateLimiter>,
+    pub concurrency: &'a Arc<Semaphore>,
+}
+
+/// Who is calling, as the records name them.
+pub(crate) struct Who {
+    pub principal: String,
+    pub peer: String,
+}
+
+impl Who {
+    pub fn of(identity: Option<&PeerIdentity>) -> Self {
+        Who {
+            principal: identity.map_or_else(|| "local".to_owned(), PeerIdentity::principal),
+            peer: identity.map(|i| i.name.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+/// How a session's pump ended.
+enum End {
+    ClientClosed,
+    ServerClosed,
+    Failed(String),
+    Shutdown,
+    Severed,
+}
+
+impl Host<'_> {
+    /// Takes a session slot and checks the caller's rate; on refusal the caller is answered
+    /// `-32053` (echoing the first frame's id when it was already read) and `None` returned.
+    pub async fn admit<R, W>(
+        &self,
+        who: &Who,
+        first_frame: Option<&Value>,
+        transport: &mut NdjsonTransport<R, W>,
+    ) -> Option<OwnedSemaphorePermit>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let refusal = match self.concurrency.clone().try_acquire_owned() {
+            Err(_) => ErrorFrame::new(ErrorCode::Busy)
+                .message(format!("service {} is at its session limit", self.service))
+                .retry_after_ms(RETRY_AT_CAPACITY.as_millis() as u64),
+            Ok(permit) => match self.limiter.check(self.service, &who.principal) {
+                Ok(()) => return Some(permit),
+                Err(wait) => ErrorFrame::new(ErrorCode::Busy)
+                    .message("rate limited")
+                    .retry_after_ms(wait.as_millis().max(1) as u64),
+            },
+        };
+        tracing::info!(service = %self.service, peer = %who.peer, "refused a session: busy");
+        self.audit.record(AuditEvent::SessionRefused {
+            service: self.service.to_owned(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+            code: ErrorCode::Busy.code(),
+        });
+        match first_frame {
+            Some(first) => {
+                let id = first
+                    .get("id")
+                    .and_then(|id| RawValue::from_string(id.to_string()).ok());
+                let _ = transport
+                    .send_raw(&refusal.id(id.as_deref()).to_line())
+                    .await;
+                let _ = transport.writer_mut().shutdown().await;
+            }
+            None => refuse(transport, refusal).await,
+        }
+        None
+    }
+
+    /// Pumps the session between the mesh `transport` and the server until either side ends
+    /// (or shutdown, or a sever), then ends the client's side, runs `teardown` with how long
+    /// the server may still take to go, and writes the session's records. With `stamp`, each
+    /// request carries the caller's identity in `params._meta` (the only edit to any frame).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pump<R, W, SR, SW, T, F>(
+        &self,
+        who: Who,
+        first_frame: Option<Value>,
+        transport: NdjsonTransport<R, W>,
+        server_r: SR,
+        server_w: SW,
+        options: &SessionOptions,
+        stamp: Option<PeerStamp>,
+        teardown: T,
+    ) where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+        SR: AsyncRead + Unpin + Send,
+        SW: AsyncWrite + Unpin + Send,
+        T: FnOnce(Duration) -> F,
+        F: Future<Output = ()>,
+    {
+        self.audit.record(AuditEvent::SessionOpen {
+            service: self.service.to_owned(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+        });
+        let started = Instant::now();
+        let (mut mesh_r, mesh_w) = transport.into_parts();
+        let mesh_w = Mutex::new(mesh_w);
+        let server_w = Mutex::new(server_w);
+        let mut server_r = FrameReader::new(server_r, MAX_FRAME);
+        let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
+        let caller = Caller {
+            service: self.service.to_owned(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+        };
+        let ledger = StdMutex::new(Ledger::new(
+            caller,
+            self.limiter.clone(),
+            self.audit.clone(),
+            options.max_in_flight,
+        ));
+        let account = || ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let mut check = |line: &[u8]| {
+            bytes_in += line.len() as u64 + 1;
+            let verdict = account().client_line(line);
+            match (&stamp, verdict) {
+                (Some(stamp), Verdict::Forward) => {
+                    stamped(stamp, line, |id, code| account().answered_here(id, code))
+                }
+                (_, verdict) => verdict,
+            }
+        };
+
+        let mut end = End::ClientClosed;
+        if let Some(first) = &first_frame {
+            let line = serde_json::to_vec(first).unwrap_or_default();
+            let written = match check(&line) {
+                Verdict::Forward => write_run(&server_w, &[&line[..], b"\n"].concat()).await,
+                Verdict::Replace(line) => write_run(&server_w, &line).await,
+                Verdict::Answer(answer) | Verdict::Strike(answer) => {
+                    write_run(&mesh_w, &answer).await
+                }
+            };
+            if let Err(e) = written {
+                end = End::Failed(format!("writing the first frame: {e}"));
+            }
+        }
+        if matches!(end, End::ClientClosed) {
+            end = tokio::select! {
+                r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
+                    Ok(()) => End::ClientClosed,
+                    Err(e) => End::Failed(e.to_string()),
+                },
+                r = forward(&mut server_r, &mesh_w, &mesh_w, |run| {
+                    bytes_out += run.len() as u64;
+                    account().server_run(run);
+                }) => match r {
+                    Ok(()) => End::ServerClosed,
+                    Err(e) => End::Failed(e.to_string()),
+                },
+                _ = options.shutdown.cancelled() => End::Shutdown,
+                _ = options.sever.cancelled() => End::Severed,
+            };
+        }
+
+        if matches!(end, End::Severed) {
+            let answers = account()
+                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
+            if !answers.is_empty() {
+                let _ = write_run(&mesh_w, &answers).await;
+            }
+        }
+        // The server's input ends: EOF on a child's stdin, a half-close on a socket.
+        let _ = server_w.into_inner().shutdown().await;
+        let mut patience = GRACE;
+        if matches!(end, End::ClientClosed) {
+            // The client is done sending, perhaps not reading: answers the server still
+            // writes as it sees its input end reach the client, for a short while.
+            let drain = forward(&mut server_r, &mesh_w, &mesh_w, |run| {
+                bytes_out += run.len() as u64;
+                account().server_run(run);
+            });
+            if tokio::time::timeout(GRACE, drain).await.is_err() {
+                patience = Duration::ZERO; // it had its grace while draining
+            }
+        }
+        // Client-visible end first, so the caller is never kept waiting on the server.
+        let _ = mesh_w.lock().await.shutdown().await;
+        drop(server_r);
+        teardown(patience).await;
+        account().close();
+
+        let ended = match &end {
+            End::ClientClosed => "client_closed".to_owned(),
+            End::ServerClosed => "server_closed".to_owned(),
+            End::Shutdown => "node_shutdown".to_owned(),
+            End::Severed => "severed".to_owned(),
+            End::Failed(why) => {
+                tracing::debug!(service = %self.service, "session failed: {why}");
+                "failed".to_owned()
+            }
+        };
+        self.audit.record(AuditEvent::SessionClose {
+            service: self.service.to_owned(),
+            principal: who.principal,
+            peer: who.peer,
+            duration_ms: started.elapsed().as_millis() as u64,
+            bytes_in,
+            bytes_out,
+            ended,
+        });
+    }
+}
+
+/// A line the ledger let through, with the caller's identity written in (requests) or any
+/// forged `mcpmesh/*` member taken out (notifications). Responses pass as they are. A request
+/// that cannot carry the identity is answered `-32600` here, and `refused` told so.
+fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64)) -> Verdict {
+    let Some(peek) = jsonrpc::peek(line) else {
+        return Verdict::Forward;
+    };
+    let edited = match peek.kind() {
+        Kind::Request => stamp.request(line).map(Some),
+        Kind::Notification => stamp::strip(line),
+        Kind::Response => return Verdict::Forward,
+    };
+    match edited {
+        Ok(Some(mut line)) => {
+            line.push(b'\n');
+            Verdict::Replace(line)
+        }
+        Ok(None) => Verdict::Forward,
+        Err(e) => match (peek.kind(), peek.id) {
+            (Kind::Request, Some(id)) => {
+                refused(id, ErrorCode::InvalidRequest.code());
+                Verdict::Answer(
+                    ErrorFrame::new(ErrorCode::InvalidRequest)
+                        .id(Some(id))
+                        .message(format!("invalid request: {e}"))
+                        .to_line(),
+                )
+            }
+            // A notification has nobody to answer; it is dropped.
+            _ => Verdict::Answer(Vec::new()),
+        },
+    }
+}

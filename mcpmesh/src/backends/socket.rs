@@ -1,0 +1,95 @@
+//! The `socket` backend: a long-running MCP server on a Unix socket, one connection per
+//! session, speaking MCP's stdio framing (one JSON value per line) over it.
+//!
+//! The server cannot learn the caller from its environment, so the node writes the caller's
+//! identity into every request's `params._meta["mcpmesh/peer"]` after removing any
+//! `mcpmesh/*` member the caller put there (see [`crate::backends::stamp`]). That is the only
+//! edit; every other byte passes as it was sent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::transport::NdjsonTransport;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::Semaphore;
+
+use crate::audit::AuditSink;
+use crate::backends::session::{Host, SessionOptions, Who};
+use crate::backends::spawn::BackendError;
+use crate::backends::stamp::PeerStamp;
+use crate::limits::RateLimiter;
+
+/// How long connecting to the server's socket may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects to `path` once per session.
+#[derive(Debug, Clone)]
+pub struct SocketBackend {
+    pub path: PathBuf,
+    /// The service's session cap; a session that finds no permit is refused before
+    /// connecting.
+    pub concurrency: Arc<Semaphore>,
+    pub service: String,
+    pub audit: AuditSink,
+    pub limiter: Arc<RateLimiter>,
+}
+
+impl SocketBackend {
+    /// Runs one session for `identity` (the gate-resolved caller). Nothing is read before the
+    /// connection is made; the caller's frames then flow with only the identity written in.
+    pub async fn run_session<R, W>(
+        &self,
+        identity: PeerIdentity,
+        mut transport: NdjsonTransport<R, W>,
+        options: &SessionOptions,
+    ) -> Result<(), BackendError>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let host = Host {
+            service: &self.service,
+            audit: &self.audit,
+            limiter: &self.limiter,
+            concurrency: &self.concurrency,
+        };
+        let who = Who::of(Some(&identity));
+        let Some(_permit) = host.admit(&who, None, &mut transport).await else {
+            return Ok(());
+        };
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&self.path))
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+        {
+            Ok(stream) => stream,
+            Err(source) => {
+                let e = BackendError::Connect {
+                    path: self.path.display().to_string(),
+                    source,
+                };
+                tracing::error!(service = %self.service, "{e}");
+                // Ending the stream makes the dialing side answer -32055 for what is pending.
+                let _ = transport.writer_mut().shutdown().await;
+                return Err(e);
+            }
+        };
+        let (server_r, server_w) = stream.into_split();
+        // The connection closes when both halves are dropped; the server stays up.
+        let teardown = |_patience| async {};
+        host.pump(
+            who,
+            None,
+            transport,
+            server_r,
+            server_w,
+            options,
+            Some(PeerStamp::new(&identity)),
+            teardown,
+        )
+        .await;
+        Ok(())
+    }
+}
