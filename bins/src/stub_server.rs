@@ -3,25 +3,72 @@
 //! Blocking std I/O only, so it starts fast and adds nothing to what it measures.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 /// Serves MCP over stdio until stdin closes. Tools: `echo` (also the default for a call
 /// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
-/// identity env the node set, and the server's pid), `blob` (a text of `bytes` bytes). With `test_tools`, also
-/// `crash` (exits mid-call), `size` (the length of `text`) and `sleep` (answers after `ms`).
+/// identity env the node set, the request's `_meta["mcpmesh/peer"]`, and the server's pid),
+/// `blob` (a text of `bytes` bytes). With `test_tools`, also `crash` (exits mid-call), `size`
+/// (the length of `text`) and `sleep` (answers after `ms`).
 pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
     // Says hello on stderr, where a node sends it to its log (never into the MCP stream).
     eprintln!("{name}: ready (pid {})", std::process::id());
-    let stdin = std::io::stdin().lock();
-    let mut out = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
-    let mut reader = BufReader::with_capacity(256 * 1024, stdin);
+    let stdin = BufReader::with_capacity(256 * 1024, std::io::stdin().lock());
+    let stdout = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
+    serve(stdin, stdout, name, test_tools, None)
+}
+
+/// Serves MCP on a Unix socket, one session per connection (each on its own thread), until
+/// killed: a long-running server for the `socket` backend. With `record`, every line each
+/// session receives is appended to that file as it arrived.
+#[allow(dead_code)] // the demo server only speaks stdio
+pub fn serve_socket(path: &Path, name: &str, record: Option<&Path>) -> std::io::Result<()> {
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    eprintln!(
+        "{name}: listening on {} (pid {})",
+        path.display(),
+        std::process::id()
+    );
+    let record = match record {
+        Some(p) => Some(std::sync::Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)?,
+        ))),
+        None => None,
+    };
+    for conn in listener.incoming() {
+        let conn = conn?;
+        let (name, record) = (name.to_owned(), record.clone());
+        std::thread::spawn(move || {
+            let reader = BufReader::new(conn.try_clone()?);
+            serve(reader, BufWriter::new(conn), &name, true, record.as_deref())
+        });
+    }
+    Ok(())
+}
+
+fn serve(
+    mut reader: impl BufRead,
+    mut out: impl Write,
+    name: &str,
+    test_tools: bool,
+    record: Option<&std::sync::Mutex<std::fs::File>>,
+) -> std::io::Result<()> {
     let mut line = Vec::new();
     loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
             return Ok(());
+        }
+        if let Some(file) = record {
+            file.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write_all(&line)?;
         }
         let Ok(msg) = serde_json::from_slice::<Value>(&line) else {
             if !line.iter().all(u8::is_ascii_whitespace) {
@@ -96,6 +143,8 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
                 .map(|(k, v)| (k, Value::from(v)))
                 .collect();
             env.insert("pid".into(), Value::from(std::process::id()));
+            let meta_peer = params.pointer("/_meta/mcpmesh~1peer").cloned();
+            env.insert("meta_peer".into(), meta_peer.unwrap_or(Value::Null));
             let mut result = text_result(Value::Object(env.clone()).to_string());
             result["structuredContent"] = Value::Object(env);
             Ok(result)

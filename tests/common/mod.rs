@@ -100,21 +100,23 @@ impl TestNode {
         max_sessions: Option<u32>,
         marker: &str,
     ) {
-        let mut args = vec!["serve".to_owned(), service.to_owned()];
+        let n = max_sessions.map(|n| n.to_string());
+        let mut backend = Vec::new();
+        if let Some(n) = &n {
+            backend.extend(["--max-sessions", n.as_str()]);
+        }
+        backend.extend(["--", STUB, "--marker", marker]);
+        self.serve(service, allow, &backend);
+    }
+
+    /// `mcpmesh serve service --allow …` followed by `backend` (`-- CMD…` or `--socket P`).
+    pub fn serve(&self, service: &str, allow: &[&str], backend: &[&str]) {
+        let mut args = vec!["serve", service];
         for a in allow {
-            args.extend(["--allow".to_owned(), (*a).to_owned()]);
+            args.extend(["--allow", a]);
         }
-        if let Some(n) = max_sessions {
-            args.extend(["--max-sessions".to_owned(), n.to_string()]);
-        }
-        args.extend([
-            "--".to_owned(),
-            STUB.to_owned(),
-            "--marker".to_owned(),
-            marker.to_owned(),
-        ]);
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let v = self.json(&refs);
+        args.extend(backend);
+        let v = self.json(&args);
         assert_eq!(v, json!({ "service": service, "serving": true }));
     }
 

@@ -1,0 +1,429 @@
+//! Transparency with MCP software nobody on this team wrote, and the `socket` backend.
+//!
+//! The third-party pieces — npm `@modelcontextprotocol/server-everything` and the official
+//! MCP Python SDK (PyPI `mcp`) — are installed at pinned versions by `scripts/interop-deps`
+//! (which `scripts/test` runs first) into `target/interop/`. Every session here crosses two
+//! real nodes on loopback: the client talks to `mcpmesh connect bob→alice/…` and alice's node
+//! runs the server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Where `scripts/interop-deps` put the third-party software.
+fn deps() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/interop");
+    assert!(
+        dir.join("installed").exists(),
+        "the interop suite needs the pinned MCP SDK and server-everything: run scripts/interop-deps \
+         (scripts/test does)"
+    );
+    dir
+}
+
+/// Two nodes: alice trusts bob, bob trusts alice.
+fn two_nodes() -> (TestNode, TestNode) {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+/// The long-running stub server on a Unix socket, recording every line it receives.
+struct SocketServer {
+    _child: tokio::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl SocketServer {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(STUB)
+            .arg("--socket")
+            .arg(dir.path().join("server.sock"))
+            .arg("--record")
+            .arg(dir.path().join("received"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // It says so on stderr once it listens.
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let ready = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+            .await
+            .expect("the socket server starts in time")
+            .unwrap()
+            .unwrap_or_default();
+        assert!(ready.contains("listening"), "{ready}");
+        SocketServer { _child: child, dir }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("server.sock")
+    }
+
+    fn received(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("received")).unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {
+    let (alice, bob) = two_nodes();
+    let server = SocketServer::start().await;
+    let sock = server.path();
+    alice.serve("tools", &["bob"], &["--socket", sock.to_str().unwrap()]);
+    let bob_eid = format!("eid:{}", bob.id);
+    let mut s = bob.connect("alice/tools");
+
+    // What bob's client sends, byte for byte, odd spacing and escapes included; each request
+    // is answered before the next is sent, so the server receives them in this order.
+    let sent: [&str; 5] = [
+        r#"{"jsonrpc":"2.0","id":"init-1","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0", "id" : 2 ,"method":"tools/call","params":{"_meta":{"mcpmesh/peer":{"eid":"eid:00","name":"root"},"progressToken":7, "mcpmesh/x":1},"name":"whoami","arguments":{"s":"é\u00e9\ud83d\ude00 \"q\""}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"mcpmesh/peer":"forged"},"progressToken":"up","progress":1}}"#,
+        r#"{"jsonrpc":"2.0","id":3.0,"method":"ping"}"#,
+    ];
+    let mut answers = Vec::new();
+    for line in sent {
+        s.send_raw(format!("{line}\n").as_bytes()).await;
+        if !line.contains(r#""id""#) {
+            continue;
+        }
+        let id = serde_json::from_str::<Value>(line).unwrap()["id"].clone();
+        loop {
+            let msg = s.recv().await.expect("an answer");
+            let answered = msg.get("id") == Some(&id);
+            answers.push(msg);
+            if answered {
+                break;
+            }
+        }
+    }
+
+    // The forged identity never reached the server: it saw bob, as bob's node proved him.
+    let whoami = answers.iter().find(|m| m["id"] == 2).unwrap();
+    let peer = json!({ "eid": bob_eid, "name": "bob", "user_id": null, "groups": [] });
+    assert_eq!(whoami["result"]["structuredContent"]["meta_peer"], peer);
+    // The caller's own _meta members, the progress token among them, kept their JSON type.
+    let progress = answers
+        .iter()
+        .find(|m| m["method"] == "notifications/progress")
+        .unwrap();
+    assert_eq!(progress["params"]["progressToken"], json!(7));
+    assert!(
+        answers
+            .iter()
+            .any(|m| m["id"] == json!(3.0) && m.get("result").is_some())
+    );
+
+    // Byte for byte, what the server received: the caller's lines with `mcpmesh/*` members
+    // cut out of `_meta` and the node's one member spliced in — nothing else changed.
+    let stamp = format!(
+        r#""mcpmesh/peer":{}"#,
+        serde_json::to_string(&peer).unwrap()
+    );
+    let expected = [
+        format!(
+            r#"{{"jsonrpc":"2.0","id":"init-1","method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}},"_meta":{{{stamp}}}}}}}"#
+        ),
+        sent[1].to_owned(),
+        format!(
+            r#"{{"jsonrpc":"2.0", "id" : 2 ,"method":"tools/call","params":{{"_meta":{{"progressToken":7,{stamp}}},"name":"whoami","arguments":{{"s":"é\u00e9\ud83d\ude00 \"q\""}}}}}}"#
+        ),
+        r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{},"progressToken":"up","progress":1}}"#.to_owned(),
+        format!(r#"{{"jsonrpc":"2.0","id":3.0,"method":"ping","params":{{"_meta":{{{stamp}}}}}}}"#),
+    ];
+    let received = server.received();
+    let received: Vec<&str> = received.lines().collect();
+    assert_eq!(received, expected);
+}
+
+/// server-everything, run through `sh` with a `tee` in front that appends every byte the
+/// server receives to `tee_file`.
+fn everything_teed(tee_file: &Path) -> Vec<String> {
+    let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    vec![
+        "sh".into(),
+        "-c".into(),
+        r#"tee -a "$0" | exec node "$1" stdio"#.into(),
+        tee_file.display().to_string(),
+        index.display().to_string(),
+    ]
+}
+
+/// `line` as text with every clock time (`h:mm:ss` or `hh:mm:ss`) replaced by `<time>`.
+fn mask_clock(line: &[u8]) -> String {
+    let text = String::from_utf8(line.to_vec()).expect("UTF-8");
+    let b = text.as_bytes();
+    let digits = |at: usize, n: usize| {
+        b.get(at..at + n)
+            .is_some_and(|s| s.iter().all(u8::is_ascii_digit))
+    };
+    let (mut out, mut i, mut copied) = (String::new(), 0, 0);
+    while i < b.len() {
+        let hour = if digits(i, 2) {
+            2
+        } else if digits(i, 1) {
+            1
+        } else {
+            0
+        };
+        let clock = hour > 0
+            && (i == 0 || !b[i - 1].is_ascii_digit())
+            && b.get(i + hour) == Some(&b':')
+            && digits(i + hour + 1, 2)
+            && b.get(i + hour + 3) == Some(&b':')
+            && digits(i + hour + 4, 2);
+        if clock {
+            out.push_str(&text[copied..i]);
+            out.push_str("<time>");
+            i += hour + 6;
+            copied = i;
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+/// One step of a scripted raw session.
+enum Step {
+    /// Send this line; when it carries an id, read until that id is answered.
+    Send(&'static str),
+    /// Read until a frame with this method arrives (a server-initiated request or
+    /// notification with a fixed place in the session).
+    Await(&'static str),
+}
+
+/// The client's fixed answer to a server-initiated request (by method), echoing its raw id.
+fn canned_answer(method: &str, raw_id: &str) -> String {
+    let result = match method {
+        "roots/list" => r#"{"roots":[{"uri":"file:///tmp/ünïcode root","name":"rø\u00f6t"}]}"#,
+        "sampling/createMessage" => {
+            r#"{"role":"assistant","content":{"type":"text","text":"sampled: 𝄞 ok"},"model":"canned-model","stopReason":"endTurn"}"#
+        }
+        "elicitation/create" => r#"{"action":"accept","content":{"name":"Zoë \"Q\" Example"}}"#,
+        "ping" => "{}",
+        other => panic!("the script has no answer for a server request {other}"),
+    };
+    format!(r#"{{"jsonrpc":"2.0","id":{raw_id},"result":{result}}}"#)
+}
+
+/// Runs the script on `s`, answering server requests with [`canned_answer`]; returns every
+/// line the server sent, as raw bytes.
+async fn run_script(s: &mut McpSession, script: &[Step]) -> Vec<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Frame<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+        method: Option<String>,
+    }
+    let mut received = Vec::new();
+    for step in script {
+        let (wait_id, wait_method) = match step {
+            Step::Send(line) => {
+                s.send_raw(format!("{line}\n").as_bytes()).await;
+                let v: Value = serde_json::from_str(line).unwrap();
+                match (v.get("id"), v.get("method")) {
+                    (Some(id), Some(_)) => (Some(id.clone()), None),
+                    _ => continue,
+                }
+            }
+            Step::Await(method) => (None, Some(*method)),
+        };
+        loop {
+            let line = s.recv_raw().await.expect("the server answers before EOF");
+            let frame: Frame = serde_json::from_slice(&line).expect("a JSON-RPC frame");
+            let method = frame.method.clone();
+            if let (Some(id), Some(m)) = (frame.id, &frame.method) {
+                let answer = canned_answer(m, id.get());
+                s.send_raw(format!("{answer}\n").as_bytes()).await;
+            }
+            let is_answer = frame.method.is_none()
+                && wait_id.as_ref().is_some_and(|want| {
+                    frame
+                        .id
+                        .map(|id| serde_json::from_str::<Value>(id.get()).unwrap())
+                        == Some(want.clone())
+                });
+            received.push(line);
+            if is_answer || (wait_method.is_some() && method.as_deref() == wait_method) {
+                break;
+            }
+        }
+    }
+    received
+}
+
+/// A session exercising every kind of traffic with fixed ids of both JSON types, progress
+/// tokens of both types, awkward UTF-8 and escapes, and server-to-client requests.
+const SCRIPT: &[Step] = &[
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"roots":{"listChanged":true},"sampling":{},"elicitation":{"form":{}}},"clientInfo":{"name":"mcpmesh-transcript","version":"1.0.0"}}}"#,
+    ),
+    Step::Send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+    // 350 ms later the server asks for roots, then logs that it got them.
+    Step::Await("roots/list"),
+    Step::Await("notifications/message"),
+    Step::Send(r#"{"jsonrpc":"2.0","id":"list-1","method":"tools/list"}"#),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"message":"é中😀\u0301 \u2028\u2029 \"quoted\" back\\slash \u0001\t end"}}}"#,
+    ),
+    Step::Send(
+        r#"{ "jsonrpc" : "2.0" , "id" : "3" , "method" : "tools/call" , "params" : { "name" : "get-sum" , "arguments" : { "a" : 2 , "b" : 3.5 } } }"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"trigger-long-running-operation","arguments":{"duration":0.2,"steps":2},"_meta":{"progressToken":"tok-4"}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":"5","method":"tools/call","params":{"name":"trigger-long-running-operation","arguments":{"duration":0.2,"steps":2},"_meta":{"progressToken":5}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"trigger-sampling-request","arguments":{"prompt":"say ✓","maxTokens":20}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"trigger-elicitation-request","arguments":{}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"get-roots-list","arguments":{}}}"#,
+    ),
+    Step::Send(r#"{"jsonrpc":"2.0","id":9,"method":"resources/list"}"#),
+    Step::Send(r#"{"jsonrpc":"2.0","id":10,"method":"resources/templates/list"}"#),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":11,"method":"resources/read","params":{"uri":"demo://resource/dynamic/text/1"}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":12,"method":"resources/subscribe","params":{"uri":"demo://resource/dynamic/text/1"}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":13,"method":"resources/unsubscribe","params":{"uri":"demo://resource/dynamic/text/1"}}"#,
+    ),
+    Step::Send(r#"{"jsonrpc":"2.0","id":14,"method":"prompts/list"}"#),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":15,"method":"prompts/get","params":{"name":"args-prompt","arguments":{"city":"Zürich","state":"ZH"}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":16,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"completable-prompt"},"argument":{"name":"department","value":"E"}}}"#,
+    ),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":17,"method":"logging/setLevel","params":{"level":"debug"}}"#,
+    ),
+    Step::Send(r#"{"jsonrpc":"2.0","id":"ping-18","method":"ping"}"#),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":19,"method":"tools/call","params":{"name":"no-such-tool","arguments":{}}}"#,
+    ),
+    Step::Send(r#"{"jsonrpc":"2.0","id":20,"method":"no/such/method"}"#),
+    Step::Send(r#"{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}"#),
+    Step::Await("roots/list"),
+    Step::Await("notifications/message"),
+    Step::Send(
+        r#"{"jsonrpc":"2.0","id":21,"method":"tools/call","params":{"name":"get-tiny-image","arguments":{}}}"#,
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_everything_sees_and_says_the_same_bytes_directly_and_through_two_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (direct_in, mesh_in) = (dir.path().join("direct.in"), dir.path().join("mesh.in"));
+
+    // Directly: the client spawns the server itself.
+    let cmd = everything_teed(&direct_in);
+    let mut direct = tokio::process::Command::new(&cmd[0]);
+    direct
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut direct = McpSession::spawn(direct);
+    let direct_out = run_script(&mut direct, SCRIPT).await;
+    direct.close_stdin();
+    direct.wait_eof().await;
+
+    // Through the mesh: alice serves the same command to bob, bob's client uses connect.
+    let (alice, bob) = two_nodes();
+    let cmd = everything_teed(&mesh_in);
+    let mut backend = vec!["--"];
+    backend.extend(cmd.iter().map(String::as_str));
+    alice.serve("everything", &["bob"], &backend);
+    let mut mesh = bob.connect("alice/everything");
+    let mesh_out = run_script(&mut mesh, SCRIPT).await;
+    mesh.close_stdin();
+    mesh.wait_eof().await;
+
+    // Server → client: the same lines, byte for byte.
+    assert_eq!(direct_out.len(), mesh_out.len(), "as many lines either way");
+    // (The one value the server itself varies: the clock time in dynamic resources.)
+    for (i, (d, m)) in direct_out.iter().zip(&mesh_out).enumerate() {
+        assert_eq!(
+            mask_clock(d),
+            mask_clock(m),
+            "server→client line {i} differs"
+        );
+    }
+    // Client → server: what the server read, byte for byte (the tee saw it).
+    let (d, m) = (
+        std::fs::read(&direct_in).unwrap(),
+        std::fs::read(&mesh_in).unwrap(),
+    );
+    assert!(d.len() > 2000, "the tee recorded the session");
+    assert!(
+        d == m,
+        "client→server bytes differ:\n{}\n---\n{}",
+        String::from_utf8_lossy(&d),
+        String::from_utf8_lossy(&m)
+    );
+    // The ids and tokens came back with their JSON types.
+    let find = |id: Value| {
+        mesh_out
+            .iter()
+            .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+            .find(|v| v.get("id") == Some(&id) && v.get("method").is_none())
+            .unwrap_or_else(|| panic!("no answer to {id}"))
+    };
+    assert!(
+        find(json!("3"))["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("5.5")
+    );
+    assert!(find(json!(2))["result"].is_object());
+    // The server's own requests reached the client and its answers reached the server.
+    let text = |id: Value| find(id)["result"].to_string();
+    assert!(
+        text(json!(6)).contains("sampled: 𝄞 ok"),
+        "{}",
+        text(json!(6))
+    );
+    assert!(text(json!(7)).contains("Zoë"), "{}", text(json!(7)));
+    assert!(
+        text(json!(8)).contains("ünïcode root"),
+        "{}",
+        text(json!(8))
+    );
+    let progress_tokens: Vec<Value> = mesh_out
+        .iter()
+        .map(|l| serde_json::from_slice::<Value>(l).unwrap())
+        .filter(|v| v["method"] == "notifications/progress")
+        .map(|v| v["params"]["progressToken"].clone())
+        .collect();
+    assert!(
+        progress_tokens.contains(&json!("tok-4")) && progress_tokens.contains(&json!(5)),
+        "{progress_tokens:?}"
+    );
+    assert!(
+        !progress_tokens.contains(&json!("5")),
+        "{progress_tokens:?}"
+    );
+}
