@@ -427,3 +427,207 @@ async fn server_everything_sees_and_says_the_same_bytes_directly_and_through_two
         "{progress_tokens:?}"
     );
 }
+
+fn python() -> PathBuf {
+    deps().join("venv/bin/python")
+}
+
+fn interop_script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/interop")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Runs a Python driver to completion (bounded), echoing its report; returns its stdout.
+async fn run_driver(args: &[String]) -> String {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(240),
+        tokio::process::Command::new(python())
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the driver finishes in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("$ python {}\n{stdout}", args.join(" "));
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{}",
+        args[0],
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A relay transcript's lines in one direction (`>` client→server, `<` server→client).
+fn direction(transcript: &str, arrow: char) -> Vec<String> {
+    transcript
+        .lines()
+        .filter_map(|l| l.strip_prefix(arrow)?.strip_prefix(' '))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Masks the one value the server randomizes per process: the sealed `requestState`.
+fn mask_request_state(line: &str) -> String {
+    match line.find(r#""requestState":""#) {
+        Some(at) => {
+            let start = at + r#""requestState":""#.len();
+            let end = start + line[start..].find('"').unwrap_or(0);
+            format!("{}<sealed>{}", &line[..start], &line[end..])
+        }
+        None => line.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_stateless_session_opens_is_gated_audited_and_passes_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |f: &str| dir.path().join(f).display().to_string();
+    let (client, server) = (
+        interop_script("modern_client.py"),
+        interop_script("modern_server.py"),
+    );
+    let py = python().display().to_string();
+
+    // Directly: the official SDK's client spawns the SDK's server (2026-07-28, no initialize).
+    run_driver(&[
+        client.clone(),
+        "--transcript".into(),
+        at("direct"),
+        "--".into(),
+        py.clone(),
+        server.clone(),
+    ])
+    .await;
+
+    // Through two nodes; a relay in front of the served server records what reached it.
+    let (alice, bob) = two_nodes();
+    let carol = TestNode::start("carol");
+    alice.trust(&carol);
+    carol.trust(&alice);
+    let served = [
+        py.as_str(),
+        client.as_str(),
+        "--relay",
+        &at("served"),
+        "--",
+        py.as_str(),
+        server.as_str(),
+    ];
+    let mut backend = vec!["--"];
+    backend.extend(served);
+    alice.serve("modern", &["bob"], &backend);
+    let home = bob.home().display().to_string();
+    let connect = [
+        MCPMESH.to_owned(),
+        "--home".into(),
+        home.clone(),
+        "connect".into(),
+        "alice/modern".into(),
+    ];
+    let mut args = vec![
+        client.clone(),
+        "--transcript".into(),
+        at("mesh"),
+        "--".into(),
+    ];
+    args.extend(connect.iter().cloned());
+    let report = run_driver(&args).await;
+    assert!(
+        report.contains("ok   first-frame server/discover"),
+        "{report}"
+    );
+    assert!(
+        report.contains("input_required -> elicitation -> retry"),
+        "{report}"
+    );
+
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    let (direct, mesh, served) = (read("direct"), read("mesh"), read("served"));
+    // Both ends of the mesh saw exactly the same bytes, both ways, nothing masked.
+    for arrow in ['>', '<'] {
+        assert_eq!(
+            direction(&mesh, arrow),
+            direction(&served, arrow),
+            "direction {arrow}"
+        );
+    }
+    // And the same as without the mesh: the first frame is server/discover, the retry
+    // carries the requestState it was given; only the sealed state and the caller's identity
+    // (absent directly, bob through the mesh) differ.
+    let sent = direction(&mesh, '>');
+    assert!(
+        sent[0].contains(r#""method":"server/discover""#),
+        "{}",
+        sent[0]
+    );
+    assert!(!mesh.contains(r#""method":"initialize""#));
+    let whoami = |t: &str| {
+        direction(t, '<')
+            .into_iter()
+            .find(|l| l.contains("MCPMESH_PEER_NAME"))
+            .unwrap()
+    };
+    assert!(
+        whoami(&mesh).contains(r#"\"MCPMESH_PEER_NAME\": \"bob\""#),
+        "{}",
+        whoami(&mesh)
+    );
+    for arrow in ['>', '<'] {
+        let masked = |t: &str| -> Vec<String> {
+            direction(t, arrow)
+                .iter()
+                .filter(|l| !l.contains("MCPMESH_PEER_NAME"))
+                .map(|l| mask_request_state(l))
+                .collect()
+        };
+        assert_eq!(
+            masked(&direct),
+            masked(&mesh),
+            "direction {arrow}, direct vs mesh"
+        );
+    }
+
+    // The same server through the mesh in the handshake era, for good measure.
+    let mut args = vec![client.clone(), "--era".into(), "legacy".into(), "--".into()];
+    args.extend(connect.iter().cloned());
+    run_driver(&args).await;
+
+    // Gated: carol is trusted as a peer but not allowed this service. Her first frame is a
+    // stateless request, and it is answered -32054 with its own id.
+    let mut s = carol.connect("alice/modern");
+    s.send_raw(sent[0].replace(r#""id":1"#, r#""id":"d-1""#).as_bytes())
+        .await;
+    s.send_raw(b"\n").await;
+    let refusal = s.recv().await.expect("an answer");
+    assert_eq!(refusal["id"], "d-1");
+    assert_eq!(refusal["error"]["code"], -32054);
+
+    // Audited: the stateless requests are on record like any others.
+    let tail = alice.json(&["audit", "tail", "-n", "200"]);
+    let records = tail["records"].as_array().unwrap();
+    let by = |method: &str| {
+        records
+            .iter()
+            .filter(|r| r["method"] == method && r["peer"] == "bob")
+            .count()
+    };
+    assert!(by("server/discover") >= 1, "{records:?}");
+    let confirms = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call" && r["name"] == "confirm" && r["outcome"] == "ok")
+        .count();
+    assert!(confirms >= 2, "the call and its retry are both recorded");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["event"] == "session_refused" && r["peer"] == "carol")
+    );
+}

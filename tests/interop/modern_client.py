@@ -27,27 +27,37 @@ Eras:
 
 Wire order of a modern session, verified by tracing the pipe
 (`sh -c 'tee /tmp/in.log | python modern_server.py | tee /tmp/out.log'`) and by --transcript:
-  client -> server:
-    1. server/discover          (id 0, `_meta` envelope at 2026-07-28; never `initialize`)
-    2. tools/list               (id 1)
-    3. tools/call  echo         (id 2)
-    4. tools/call  add          (id 3)
-    5. tools/call  whoami       (id 4)
-    6. tools/call  confirm      (id 5)  -> answered {"resultType": "input_required",
-                                           "inputRequests": {"__main__:ask": {"method":
-                                           "elicitation/create", ...}}, "requestState": "v1...."}
-    7. tools/call  confirm      (id 6)  retry carrying "inputResponses" + "requestState"
-    8. resources/read           (id 7)
-    9. prompts/get              (id 8)
-  server -> client: exactly one response per request, in order; no server-initiated requests
-  (2026-07-28 forbids them; the elicitation rides inside the input_required result).
-  A legacy session instead starts `initialize`, `notifications/initialized`, and the server
-  sends a standalone `elicitation/create` request (id 0) in the middle of the confirm call.
+  client -> server (ids count from 1):
+    1. server/discover          id 1, `_meta` envelope at 2026-07-28 (never `initialize`)
+    2. tools/list               id 2
+    3. tools/call  echo         id 3
+    4. tools/call  add          id 4
+    5. tools/call  whoami       id 5
+    6. tools/call  confirm      id 6  -> answered {"inputRequests": {"__main__:ask": {"method":
+                                          "elicitation/create", "params": {...}}},
+                                          "requestState": "v1.<sealed>", "resultType": "input_required"}
+    7. tools/call  confirm      id 7  the retry: same name/arguments plus "inputResponses":
+                                          {"__main__:ask": {"action": "accept", "content": {...}}}
+                                          and the byte-exact "requestState"
+    8. resources/read           id 8
+    9. prompts/get              id 9
+  Every modern request's params carry `_meta` {io.modelcontextprotocol/protocolVersion,
+  io.modelcontextprotocol/clientInfo, io.modelcontextprotocol/clientCapabilities}; the server
+  rejects a request lacking any of the three (-32602).
+  server -> client: exactly one response per request, in order, each `resultType`-tagged and
+  `_meta`-stamped with serverInfo; no server-initiated requests (2026-07-28 forbids them; the
+  elicitation rides inside the input_required result).
+  A legacy session instead sends `initialize` (id 1), `notifications/initialized`, tools/list
+  (id 2), ...; during the confirm call (id 6) the server sends a standalone
+  `elicitation/create` request (server id 1) which the client answers before the id 6 result.
 
 Transcript: `--transcript FILE` wraps CMD in a tiny byte-level relay (this same file, run with
 the internal `--relay FILE` flag) that copies stdin/stdout verbatim and appends every line to
 FILE as `> <line>` (client -> server) or `< <line>` (server -> client). The lines are the exact
 bytes on the pipe. Equivalent by hand: put `sh -c 'tee in.log | CMD | tee out.log'` in front.
+The relay also works standalone, e.g. as the *remote* service command of a mesh test, to record
+exactly what arrived at the server after crossing the mesh:
+    python modern_client.py --relay FILE -- python modern_server.py
 
 The child gets this process's full environment (the SDK default would pass only
 HOME/LOGNAME/PATH/SHELL/TERM/USER), so MCPMESH_* and config variables reach `mcpmesh connect`.
@@ -63,7 +73,6 @@ import threading
 from typing import Any
 
 TOTAL_TIMEOUT = 60.0
-CONNECT_TIMEOUT = 20.0
 STEP_TIMEOUT = 15.0
 
 MODERN_VERSION = "2026-07-28"
@@ -225,6 +234,13 @@ class Report:
         print(f"FAIL {name}: {reason}".replace("\n", " "), flush=True)
 
 
+def describe(exc: BaseException) -> str:
+    """One-line description, unwrapping the task-group ExceptionGroups the SDK raises."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def text_of(result: Any) -> str:
     from mcp_types import TextContent
 
@@ -265,148 +281,152 @@ async def run_checks(era: str, cmd: list[str], transcript: str | None, report: R
         except TimeoutError:
             report.fail(name, f"timed out after {timeout}s")
         except Exception as e:  # noqa: BLE001 - every failure is a reported check
-            report.fail(name, f"{type(e).__name__}: {e}")
+            report.fail(name, describe(e))
 
+    # `Client.__aenter__` opens the stdio transport's task group, so it cannot sit inside a cancel
+    # scope of its own (anyio scope nesting); the connect is bounded by the caller's overall
+    # fail_after plus the SDK's own timeouts (discover: 10 s, initialize: read_timeout_seconds).
+    connected = False
     try:
-        with anyio.fail_after(CONNECT_TIMEOUT):
-            await client.__aenter__()
-    except BaseException as e:  # noqa: BLE001
-        report.fail("connect", f"{type(e).__name__}: {e}")
-        return
-    try:
+        async with client:
+            connected = True
+            await session_checks(era, client, tap, elicitations, step)
+    except Exception as e:  # noqa: BLE001 - connect or teardown failure
+        report.fail("connect" if not connected else "teardown", describe(e))
 
-        async def connect() -> str:
-            session = client.session
-            version = client.protocol_version
-            if era == "modern":
-                assert version == MODERN_VERSION, f"negotiated {version!r}, wanted {MODERN_VERSION} (fell back?)"
-                dr = session.discover_result
-                assert dr is not None and session.initialize_result is None, "no DiscoverResult adopted"
-                assert MODERN_VERSION in dr.supported_versions, f"supportedVersions {dr.supported_versions}"
-                name = client.server_info.name if client.server_info else None
-                return f"discover version={version} supported={dr.supported_versions} server={name}"
-            assert version == LEGACY_VERSION, f"negotiated {version!r}, wanted {LEGACY_VERSION}"
-            ir = session.initialize_result
-            assert ir is not None and session.discover_result is None, "no InitializeResult"
-            return f"initialize version={version} server={ir.server_info.name}"
 
-        await step("connect", connect)
+async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any], step: Any) -> None:
+    import mcp_types as types
 
-        async def first_frame() -> str:
-            methods = [m.get("method") for m in tap.sent if "method" in m]
-            assert methods, "nothing sent"
-            if era == "modern":
-                assert methods[0] == "server/discover", f"first frame was {methods[0]!r}"
-                assert "initialize" not in methods, "sent initialize on a modern session"
-                meta = (tap.sent[0].get("params") or {}).get("_meta") or {}
-                pv = meta.get("io.modelcontextprotocol/protocolVersion")
-                assert pv == MODERN_VERSION, f"discover _meta protocolVersion={pv!r}"
-            else:
-                assert methods[0] == "initialize", f"first frame was {methods[0]!r}"
-                pv = (tap.sent[0].get("params") or {}).get("protocolVersion")
-                assert pv == LEGACY_VERSION, f"initialize protocolVersion={pv!r}"
-            return " ".join(str(m) for m in methods)
+    async def connect() -> str:
+        session = client.session
+        version = client.protocol_version
+        if era == "modern":
+            assert version == MODERN_VERSION, f"negotiated {version!r}, wanted {MODERN_VERSION} (fell back?)"
+            dr = session.discover_result
+            assert dr is not None and session.initialize_result is None, "no DiscoverResult adopted"
+            assert MODERN_VERSION in dr.supported_versions, f"supportedVersions {dr.supported_versions}"
+            name = client.server_info.name if client.server_info else None
+            return f"discover version={version} supported={dr.supported_versions} server={name}"
+        assert version == LEGACY_VERSION, f"negotiated {version!r}, wanted {LEGACY_VERSION}"
+        ir = session.initialize_result
+        assert ir is not None and session.discover_result is None, "no InitializeResult"
+        return f"initialize version={version} server={ir.server_info.name}"
 
-        await step("first-frame", first_frame)
+    await step("connect", connect)
 
-        async def list_tools() -> str:
-            names = {t.name for t in (await client.list_tools()).tools}
-            assert EXPECTED_TOOLS <= names, f"missing tools {sorted(EXPECTED_TOOLS - names)}"
-            return ",".join(sorted(names))
+    async def first_frame() -> str:
+        methods = [m.get("method") for m in tap.sent if "method" in m]
+        assert methods, "nothing sent"
+        if era == "modern":
+            assert methods[0] == "server/discover", f"first frame was {methods[0]!r}"
+            assert "initialize" not in methods, "sent initialize on a modern session"
+            meta = (tap.sent[0].get("params") or {}).get("_meta") or {}
+            pv = meta.get("io.modelcontextprotocol/protocolVersion")
+            assert pv == MODERN_VERSION, f"discover _meta protocolVersion={pv!r}"
+        else:
+            assert methods[0] == "initialize", f"first frame was {methods[0]!r}"
+            pv = (tap.sent[0].get("params") or {}).get("protocolVersion")
+            assert pv == LEGACY_VERSION, f"initialize protocolVersion={pv!r}"
+        return " ".join(str(m) for m in methods)
 
-        await step("tools/list", list_tools)
+    await step("first-frame", first_frame)
 
-        async def echo() -> str:
-            r = await client.call_tool("echo", {"text": ECHO_TEXT})
-            assert not r.is_error, f"isError: {text_of(r)}"
-            assert text_of(r) == ECHO_TEXT, f"got {text_of(r)!r}"
-            return json.dumps(text_of(r))
+    async def list_tools() -> str:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert EXPECTED_TOOLS <= names, f"missing tools {sorted(EXPECTED_TOOLS - names)}"
+        return ",".join(sorted(names))
 
-        await step("echo", echo)
+    await step("tools/list", list_tools)
 
-        async def add() -> str:
-            r = await client.call_tool("add", {"a": 2, "b": 40})
-            assert not r.is_error, f"isError: {text_of(r)}"
-            assert text_of(r) == "42", f"got {text_of(r)!r}"
-            assert r.structured_content == {"result": 42}, f"structured {r.structured_content!r}"
-            return "2+40=42"
+    async def echo() -> str:
+        r = await client.call_tool("echo", {"text": ECHO_TEXT})
+        assert not r.is_error, f"isError: {text_of(r)}"
+        assert text_of(r) == ECHO_TEXT, f"got {text_of(r)!r}"
+        return json.dumps(text_of(r))
 
-        await step("add", add)
+    await step("echo", echo)
 
-        async def whoami() -> str:
-            r = await client.call_tool("whoami", {})
-            assert not r.is_error, f"isError: {text_of(r)}"
-            data = json.loads(text_of(r))
-            for key in ("MCPMESH_PEER_EID", "MCPMESH_PEER_NAME", "MCPMESH_SERVICE", "meta_peer"):
-                assert key in data, f"missing {key}"
-            return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    async def add() -> str:
+        r = await client.call_tool("add", {"a": 2, "b": 40})
+        assert not r.is_error, f"isError: {text_of(r)}"
+        assert text_of(r) == "42", f"got {text_of(r)!r}"
+        assert r.structured_content == {"result": 42}, f"structured {r.structured_content!r}"
+        return "2+40=42"
 
-        await step("whoami", whoami)
+    await step("add", add)
 
-        async def confirm() -> str:
-            r = await client.call_tool("confirm", {"question": CONFIRM_QUESTION})
-            assert not r.is_error, f"isError: {text_of(r)}"
-            want = f"{CONFIRM_QUESTION} -> {CONFIRM_ANSWER}"
-            assert text_of(r) == want, f"got {text_of(r)!r}, wanted {want!r}"
-            assert len(elicitations) == 1, f"elicitation callback ran {len(elicitations)} times"
-            calls = tap.requests_sent("tools/call", "confirm")
-            if era == "modern":
-                assert len(calls) == 2, f"{len(calls)} tools/call confirm frames sent, wanted 2 (call + retry)"
-                first = tap.response_to(calls[0]["id"])
-                assert first is not None and "result" in first, f"first round answered {first!r}"
-                res = first["result"]
-                assert res.get("resultType") == "input_required", f"first round resultType={res.get('resultType')!r}"
-                keys = list((res.get("inputRequests") or {}).keys())
-                methods = [v.get("method") for v in (res.get("inputRequests") or {}).values()]
-                assert methods == ["elicitation/create"], f"inputRequests methods {methods}"
-                state = res.get("requestState")
-                assert isinstance(state, str) and state, "no requestState"
-                retry = calls[1].get("params") or {}
-                assert retry.get("requestState") == state, "retry did not echo requestState byte-exact"
-                answers = retry.get("inputResponses") or {}
-                assert list(answers.keys()) == keys, f"retry inputResponses keys {list(answers)} != {keys}"
-                assert not any(m.get("method") == "elicitation/create" and "id" in m for m in tap.received), (
-                    "server sent a standalone elicitation/create request on a modern session"
-                )
-                second = tap.response_to(calls[1]["id"])
-                rt = (second or {}).get("result", {}).get("resultType")
-                assert rt == "complete", f"retry resultType={rt!r}"
-                return f"input_required -> elicitation -> retry -> {json.dumps(text_of(r))} (rounds=2)"
-            assert len(calls) == 1, f"{len(calls)} tools/call confirm frames sent, wanted 1"
-            server_reqs = [m for m in tap.received if m.get("method") == "elicitation/create" and "id" in m]
-            assert len(server_reqs) == 1, f"{len(server_reqs)} elicitation/create requests from the server"
-            return f"elicitation/create mid-call -> {json.dumps(text_of(r))}"
+    async def whoami() -> str:
+        r = await client.call_tool("whoami", {})
+        assert not r.is_error, f"isError: {text_of(r)}"
+        data = json.loads(text_of(r))
+        for key in ("MCPMESH_PEER_EID", "MCPMESH_PEER_NAME", "MCPMESH_SERVICE", "meta_peer"):
+            assert key in data, f"missing {key}"
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
-        await step("confirm", confirm)
+    await step("whoami", whoami)
 
-        async def read_resource() -> str:
-            r = await client.read_resource(RESOURCE_URI)
-            texts = [c.text for c in r.contents if isinstance(c, types.TextResourceContents)]
-            assert texts == [RESOURCE_TEXT], f"got {texts!r}"
-            return f"{RESOURCE_URI} {json.dumps(texts[0])}"
+    async def confirm() -> str:
+        r = await client.call_tool("confirm", {"question": CONFIRM_QUESTION})
+        assert not r.is_error, f"isError: {text_of(r)}"
+        want = f"{CONFIRM_QUESTION} -> {CONFIRM_ANSWER}"
+        assert text_of(r) == want, f"got {text_of(r)!r}, wanted {want!r}"
+        assert len(elicitations) == 1, f"elicitation callback ran {len(elicitations)} times"
+        calls = tap.requests_sent("tools/call", "confirm")
+        if era == "modern":
+            assert len(calls) == 2, f"{len(calls)} tools/call confirm frames sent, wanted 2 (call + retry)"
+            first = tap.response_to(calls[0]["id"])
+            assert first is not None and "result" in first, f"first round answered {first!r}"
+            res = first["result"]
+            assert res.get("resultType") == "input_required", f"first round resultType={res.get('resultType')!r}"
+            keys = list((res.get("inputRequests") or {}).keys())
+            methods = [v.get("method") for v in (res.get("inputRequests") or {}).values()]
+            assert methods == ["elicitation/create"], f"inputRequests methods {methods}"
+            state = res.get("requestState")
+            assert isinstance(state, str) and state, "no requestState"
+            retry = calls[1].get("params") or {}
+            assert retry.get("requestState") == state, "retry did not echo requestState byte-exact"
+            answers = retry.get("inputResponses") or {}
+            assert list(answers.keys()) == keys, f"retry inputResponses keys {list(answers)} != {keys}"
+            assert not any(m.get("method") == "elicitation/create" and "id" in m for m in tap.received), (
+                "server sent a standalone elicitation/create request on a modern session"
+            )
+            second = tap.response_to(calls[1]["id"])
+            rt = (second or {}).get("result", {}).get("resultType")
+            assert rt == "complete", f"retry resultType={rt!r}"
+            return f"input_required -> elicitation -> retry -> {json.dumps(text_of(r))} (rounds=2)"
+        assert len(calls) == 1, f"{len(calls)} tools/call confirm frames sent, wanted 1"
+        server_reqs = [m for m in tap.received if m.get("method") == "elicitation/create" and "id" in m]
+        assert len(server_reqs) == 1, f"{len(server_reqs)} elicitation/create requests from the server"
+        return f"elicitation/create mid-call -> {json.dumps(text_of(r))}"
 
-        await step("resources/read", read_resource)
+    await step("confirm", confirm)
 
-        async def get_prompt() -> str:
-            r = await client.get_prompt(PROMPT_NAME, {"name": "mesh"})
-            assert len(r.messages) == 1, f"{len(r.messages)} messages"
-            content = r.messages[0].content
-            assert isinstance(content, types.TextContent), f"content {type(content).__name__}"
-            assert content.text == "Please greet mesh.", f"got {content.text!r}"
-            return f"{PROMPT_NAME} {json.dumps(content.text)}"
+    async def read_resource() -> str:
+        r = await client.read_resource(RESOURCE_URI)
+        texts = [c.text for c in r.contents if isinstance(c, types.TextResourceContents)]
+        assert texts == [RESOURCE_TEXT], f"got {texts!r}"
+        return f"{RESOURCE_URI} {json.dumps(texts[0])}"
 
-        await step("prompts/get", get_prompt)
+    await step("resources/read", read_resource)
 
-        if era == "legacy":  # `ping` was removed in 2026-07-28
+    async def get_prompt() -> str:
+        r = await client.get_prompt(PROMPT_NAME, {"name": "mesh"})
+        assert len(r.messages) == 1, f"{len(r.messages)} messages"
+        content = r.messages[0].content
+        assert isinstance(content, types.TextContent), f"content {type(content).__name__}"
+        assert content.text == "Please greet mesh.", f"got {content.text!r}"
+        return f"{PROMPT_NAME} {json.dumps(content.text)}"
 
-            async def ping() -> str:
-                await client.session.send_ping()
-                return ""
+    await step("prompts/get", get_prompt)
 
-            await step("ping", ping)
-    finally:
-        with anyio.move_on_after(10, shield=True):
-            await client.__aexit__(None, None, None)
+    if era == "legacy":  # `ping` was removed in 2026-07-28
+
+        async def ping() -> str:
+            await client.session.send_ping()
+            return ""
+
+        await step("ping", ping)
 
 
 def parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
