@@ -631,3 +631,37 @@ async fn a_2026_07_28_stateless_session_opens_is_gated_audited_and_passes_byte_i
             .any(|r| r["event"] == "session_refused" && r["peer"] == "carol")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_python_sdk_uses_every_feature_of_server_everything_through_two_nodes() {
+    let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let index = index.display().to_string();
+    let client = interop_script("everything_client.py");
+    let (alice, bob) = two_nodes();
+    alice.serve("everything", &["bob"], &["--", "node", &index, "stdio"]);
+    let home = bob.home().display().to_string();
+
+    // The same checks directly and through the mesh, at the same time.
+    let direct_args = [
+        client.clone(),
+        "--".into(),
+        "node".into(),
+        index.clone(),
+        "stdio".into(),
+    ];
+    let mesh_args = [
+        client.clone(),
+        "--".into(),
+        MCPMESH.into(),
+        "--home".into(),
+        home,
+        "connect".into(),
+        "alice/everything".into(),
+    ];
+    let (direct, mesh) = (run_driver(&direct_args), run_driver(&mesh_args));
+    let (direct, mesh) = tokio::join!(direct, mesh);
+    // Every check passed both ways (run_driver asserts the exit status), and the reports
+    // (no ids, times or other varying values in them) are the same.
+    assert!(mesh.contains(r#"{"passed":32,"failed":0}"#), "{mesh}");
+    assert_eq!(direct, mesh);
+}

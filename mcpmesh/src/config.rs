@@ -21,8 +21,10 @@ pub const DEFAULT_MAX_SESSIONS: u32 = 4;
 /// Requests per minute per (service, caller) unless configured otherwise.
 pub const DEFAULT_RATE_PER_MIN: u32 = 120;
 const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
-/// Outstanding requests per session unless configured otherwise.
-pub const DEFAULT_IN_FLIGHT: u32 = 16;
+/// Outstanding requests per session unless configured otherwise: room for clients that run
+/// tool calls concurrently (the official Python SDK's task groups pipeline dozens), while a
+/// server is still never flooded.
+pub const DEFAULT_IN_FLIGHT: u32 = 64;
 const DEFAULT_IDLE_CLOSE_SECS: u64 = 120;
 
 /// Environment variables the node sets for a child; no config may set them.

@@ -10,9 +10,10 @@ the same run works against the server directly and against
 `mcpmesh connect peer/service`, which must forward the bytes unchanged.
 
 Each check prints one line, `ok   <check> <detail>` or `FAIL <check>: <reason>`;
-the last line is `{"passed": N, "failed": M}` and the exit status is 0 only if
-nothing failed. Details are deterministic (no ids, timestamps or counts that
-vary between runs), so two runs' outputs can be compared line by line.
+the last line is the JSON object `{"passed":N,"failed":M}` and the exit status
+is 0 only if nothing failed. Details are deterministic ASCII (no ids, timestamps
+or counts that vary between runs), so two runs' outputs can be compared line by
+line. If CMD cannot be started at all, the one line is `FAIL session: ...`.
 
 Checks (names for --only): initialize, tools (also tool:<name> for one tool),
 resources, prompts, ping, logging, progress, list-changed, server-requests,
@@ -308,7 +309,8 @@ class TaskAwareDispatcher(JSONRPCDispatcher):
             raise MCPError(code=types.INVALID_PARAMS, message=f"Task not found: {task_id!r}")
         return task
 
-    async def _route(self, inner: OnRequest, dctx: Any, method: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    async def _route(self, inner: OnRequest, dctx: Any, method: str,
+                     params: Mapping[str, Any] | None) -> dict[str, Any]:
         if method == "tasks/get":
             task = self._task(params)
             task.polls += 1
@@ -364,27 +366,29 @@ class TaskAwareDispatcher(JSONRPCDispatcher):
 
 @dataclass
 class Harness:
-    session: ClientSession
-    dispatcher: TaskAwareDispatcher
-    wire_in: Log
-    wire_out: Log
-    notes: Log  # server notifications, via the session's message_handler
-    logs: Log  # notifications/message params, via the logging callback
-    task_status: Log  # notifications/tasks/status params, via a NotificationBinding
-    sampling: Log  # sampling/createMessage params seen by the sampling callback
-    elicitations: Log  # (params, meta) seen by the elicitation callback
-    roots_requests: Log  # roots/list requests answered (the roots list returned)
-    transport_errors: Log  # exceptions the transport surfaced to message_handler
+    """The session plus what its callbacks and the wire taps recorded.
+
+    The callbacks below are bound methods handed to `ClientSession`; `session` and
+    `dispatcher` are filled in right after, before the session is entered.
+    """
+
+    wire_in: Log = field(default_factory=Log)  # every inbound JSON-RPC message, in wire order
+    wire_out: Log = field(default_factory=Log)  # every outbound JSON-RPC message, in wire order
+    notes: Log = field(default_factory=Log)  # server notifications, via the session's message_handler
+    logs: Log = field(default_factory=Log)  # notifications/message params, via the logging callback
+    task_status: Log = field(default_factory=Log)  # notifications/tasks/status params, via a NotificationBinding
+    sampling: Log = field(default_factory=Log)  # sampling/createMessage params the sampling callback answered
+    elicitations: Log = field(default_factory=Log)  # (params, _meta) the elicitation callback answered
+    roots_requests: Log = field(default_factory=Log)  # the roots list returned for each roots/list
+    transport_errors: Log = field(default_factory=Log)  # exceptions the transport surfaced to message_handler
     roots: list[tuple[str, str]] = field(default_factory=lambda: list(INITIAL_ROOTS))
     init: types.InitializeResult | None = None
+    session: ClientSession = field(init=False)
+    dispatcher: TaskAwareDispatcher = field(init=False)
 
-
-def make_callbacks(h_ref: list[Harness]) -> dict[str, Any]:
-    """The SDK callbacks; they record into the harness (set once it exists)."""
-
-    async def sampling_callback(ctx: ClientRequestContext, params: types.CreateMessageRequestParams):
-        h = h_ref[0]
-        h.sampling.add(params)
+    async def on_sampling(self, ctx: ClientRequestContext,
+                          params: types.CreateMessageRequestParams) -> types.CreateMessageResult | types.ErrorData:
+        self.sampling.add(params)
         prompt = " ".join(block.text for m in params.messages for block in _blocks(m.content)
                           if isinstance(block, types.TextContent))
         if SAMPLING_REFUSAL in prompt:
@@ -392,35 +396,28 @@ def make_callbacks(h_ref: list[Harness]) -> dict[str, Any]:
         return types.CreateMessageResult(role="assistant", content=types.TextContent(text=f"sampled<{prompt}>"),
                                          model=SAMPLING_MODEL, stop_reason="endTurn")
 
-    async def elicitation_callback(ctx: ClientRequestContext, params: Any):
-        h = h_ref[0]
-        h.elicitations.add((params, ctx.meta or {}))
+    async def on_elicitation(self, ctx: ClientRequestContext, params: Any) -> types.ElicitResult:
+        self.elicitations.add((params, ctx.meta or {}))
         if isinstance(params, types.ElicitRequestURLParams):
             return types.ElicitResult(action="accept")  # "the user opened the URL"
         wanted = (params.requested_schema or {}).get("properties", {})
         return types.ElicitResult(action="accept", content={k: v for k, v in ELICIT_ANSWERS.items() if k in wanted})
 
-    async def list_roots_callback(ctx: ClientRequestContext):
-        h = h_ref[0]
-        h.roots_requests.add(list(h.roots))
-        return types.ListRootsResult(roots=[types.Root(uri=uri, name=name) for uri, name in h.roots])
+    async def on_list_roots(self, ctx: ClientRequestContext) -> types.ListRootsResult:
+        self.roots_requests.add(list(self.roots))
+        return types.ListRootsResult(roots=[types.Root(uri=uri, name=name) for uri, name in self.roots])
 
-    async def logging_callback(params: types.LoggingMessageNotificationParams) -> None:
-        h_ref[0].logs.add(params)
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.add(params)
 
-    async def message_handler(message: Any) -> None:
-        h = h_ref[0]
+    async def on_message(self, message: Any) -> None:
         if isinstance(message, Exception):
-            h.transport_errors.add(message)
+            self.transport_errors.add(message)
         else:
-            h.notes.add(message)
+            self.notes.add(message)
 
-    async def task_status_handler(params: types.TaskStatusNotificationParams) -> None:
-        h_ref[0].task_status.add(params)
-
-    return dict(sampling_callback=sampling_callback, elicitation_callback=elicitation_callback,
-                list_roots_callback=list_roots_callback, logging_callback=logging_callback,
-                message_handler=message_handler, task_status_handler=task_status_handler)
+    async def on_task_status(self, params: types.TaskStatusNotificationParams) -> None:
+        self.task_status.add(params)
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -582,10 +579,12 @@ async def tool_get_resource_links(h: Harness) -> str:
     result = await call_ok(h, "get-resource-links", {"count": 4})
     links = [c for c in result.content if isinstance(c, types.ResourceLink)]
     expect(len(links) == 4, f"expected 4 resource links, got {len(links)}")
-    expected = [f"demo://resource/dynamic/{kind}/{i}" for i, kind in [(1, "blob"), (2, "text"), (3, "blob"), (4, "text")]]
+    # Odd ids link blob resources, even ids text resources.
+    expected = [f"demo://resource/dynamic/{'text' if i % 2 == 0 else 'blob'}/{i}" for i in range(1, 5)]
     expect([str(link.uri) for link in links] == expected, f"link URIs {[str(l.uri) for l in links]}")
     read = await h.session.read_resource(str(links[1].uri))  # a link must be readable
-    expect(read.contents and getattr(read.contents[0], "text", "").startswith("Resource 2:"), "linked resource unreadable")
+    expect(read.contents and getattr(read.contents[0], "text", "").startswith("Resource 2:"),
+           "linked resource unreadable")
     return "4 resource_link blocks, linked resource readable"
 
 
@@ -596,7 +595,8 @@ async def tool_get_resource_reference(h: Harness) -> str:
     resource = embedded[0].resource
     expect(str(resource.uri) == "demo://resource/dynamic/blob/5", f"embedded uri {resource.uri}")
     expect(isinstance(resource, types.BlobResourceContents)
-           and base64.b64decode(resource.blob).startswith(b"Resource 5: This is a base64 blob"), "embedded blob content")
+           and base64.b64decode(resource.blob).startswith(b"Resource 5: This is a base64 blob"),
+           "embedded blob content")
     return "embedded blob resource 5"
 
 
@@ -726,7 +726,7 @@ async def research(h: Harness, topic: str) -> tuple[str, list[str]]:
 
 async def tool_simulate_research_query(h: Harness) -> str:
     _, statuses = await research(h, "mesh transports")
-    return f"task {'→'.join(statuses)}, report fetched via tasks/result"
+    return f"task {' -> '.join(statuses)}, report fetched via tasks/result"
 
 
 def client_task_from(h: Harness, text: str, method: str) -> ClientTask:
@@ -821,7 +821,7 @@ async def check_tools_listing(h: Harness) -> tuple[list[str], str]:
     missing = sorted(set(TOOL_EXERCISERS) - set(names))
     expect(not uncovered, f"listed but not covered by this driver (new in server-everything?): {', '.join(uncovered)}")
     expect(not missing, f"not listed (capability-gated registration failed?): {', '.join(missing)}")
-    return names, f"{len(names)} tools listed, every one exercised below"
+    return names, f"{len(names)} tools listed, each one has an exerciser"
 
 
 async def check_resources(h: Harness) -> str:
@@ -852,7 +852,8 @@ async def check_resources(h: Harness) -> str:
     expect(getattr(templated.contents[0], "text", "").startswith("Resource 3: This is a plaintext resource"),
            "templated text resource 3")
     completion = await h.session.complete(
-        types.ResourceTemplateReference(uri="demo://resource/dynamic/text/{resourceId}"), {"name": "resourceId", "value": "12"})
+        types.ResourceTemplateReference(uri="demo://resource/dynamic/text/{resourceId}"),
+        {"name": "resourceId", "value": "12"})
     expect(completion.completion.values == ["12"], f"template completion {completion.completion.values}")
 
     # Subscriptions. Every `toggle-subscriber-updates` that turns updates on sends one
@@ -909,8 +910,10 @@ async def check_prompts(h: Harness) -> str:
            and str(embedded.resource.uri) == "demo://resource/dynamic/blob/2", "resource-prompt embedded resource")
     ref = types.PromptReference(name="completable-prompt")
     departments = await h.session.complete(ref, {"name": "department", "value": "S"})
-    expect(departments.completion.values == ["Sales", "Support"], f"department completions {departments.completion.values}")
-    members = await h.session.complete(ref, {"name": "name", "value": ""}, context_arguments={"department": "Engineering"})
+    expect(departments.completion.values == ["Sales", "Support"],
+           f"department completions {departments.completion.values}")
+    members = await h.session.complete(ref, {"name": "name", "value": ""},
+                                       context_arguments={"department": "Engineering"})
     expect(members.completion.values == ["Alice", "Bob", "Charlie"], f"context completions {members.completion.values}")
     return f"{len(names)} prompts fetched with arguments; completion/complete with and without context"
 
@@ -932,7 +935,7 @@ async def check_logging(h: Harness) -> str:
     set_level = h.wire_out.find(lambda m: is_request(m, "logging/setLevel"), out_mark)[-1].item
     answered = h.wire_in.find(lambda m: answers(m, set_level.id))
     expect(answered, "logging/setLevel response not seen on the wire")
-    after_set_level = h.wire_in.mark()  # everything from here was sent after the server applied the level
+    applied_at = answered[0].seq  # whatever the server sent after this response, it sent under the new level
     mark = h.logs.mark()
     # Each toggle-on sends one message of a random level at once (then every 5 s): cycle on/off
     # until one at or above the threshold reaches the logging callback.
@@ -943,7 +946,7 @@ async def check_logging(h: Harness) -> str:
             break
     got = (await h.logs.wait_for(is_simulated, mark)).item
     expect(LOG_LEVELS.index(got.level) >= LOG_LEVELS.index(threshold), f"callback got a {got.level} message")
-    below = [m for m in (e.item for e in h.wire_in.entries[after_set_level:])
+    below = [m for m in (e.item for e in h.wire_in.entries if e.seq > applied_at)
              if is_notification(m, "notifications/message")
              and LOG_LEVELS.index((m.params or {}).get("level", "debug")) < LOG_LEVELS.index(threshold)]
     if below:
@@ -960,7 +963,8 @@ async def check_progress(h: Harness) -> str:
         seen.append((progress, total))
 
     await call_ok(h, "trigger-long-running-operation", {"duration": 0.6, "steps": 3}, progress_callback=on_progress)
-    request = h.wire_out.find(lambda m: is_request(m, "tools/call") and progress_token_of(m) is not None, out_mark)[-1].item
+    request = h.wire_out.find(lambda m: is_request(m, "tools/call") and progress_token_of(m) is not None,
+                              out_mark)[-1].item
     token = progress_token_of(request)
     inbound = [e.item for e in h.wire_in.entries[in_mark:]]
     response_at = next(i for i, m in enumerate(inbound) if answers(m, request.id))
@@ -1018,9 +1022,9 @@ async def check_tasks(h: Harness) -> str:
 
     async def plain() -> None:
         task_id, statuses = await research(h, "mesh tasks")
-        notified = h.task_status.find(lambda p: p.task_id == task_id and p.status == "completed")
-        expect(notified, "no notifications/tasks/status 'completed' for the task")
-        details["plain"] = "→".join(statuses)
+        # The server also announced completion with notifications/tasks/status (seen via the binding).
+        await h.task_status.wait_for(lambda p: p.task_id == task_id and p.status == "completed")
+        details["plain"] = " -> ".join(statuses)
         details["plain_id"] = task_id
 
     async def ambiguous() -> None:
@@ -1036,7 +1040,7 @@ async def check_tasks(h: Harness) -> str:
         expect(asked, "the clarification elicitation did not carry related-task meta")
         text = "\n".join(texts(result))
         expect("# Research Report: python (programming)" in text, f"clarification not used: {text[:120]!r}")
-        details["ambiguous"] = "→".join(statuses + ["elicitation", "result"])
+        details["ambiguous"] = " -> ".join(statuses + ["elicitation", "result"])
 
     async def server_to_client() -> None:
         await tool_trigger_sampling_request_async(h)
@@ -1239,33 +1243,27 @@ async def run_tools(h: Harness, report: Reporter, only_tools: set[str] | None) -
 
 async def run(command: list[str], only: set[str] | None) -> Reporter:
     report = Reporter()
-    h_ref: list[Harness] = []
-    callbacks = make_callbacks(h_ref)
     server = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     wanted = [name for name, _ in CHECKS if only is None or name in only
               or (name == "tools" and any(o.startswith("tool:") for o in only))]
+    only_tools = None if only is None or "tools" in only else {o[len("tool:"):] for o in only if o.startswith("tool:")}
+    h = Harness()
     try:
         async with stdio_client(server) as (read_stream, write_stream):
-            wire_in, wire_out = Log(), Log()
-            dispatcher = TaskAwareDispatcher(TapReceive(read_stream, wire_in), TapSend(write_stream, wire_out))
-            session = ClientSession(
-                dispatcher=dispatcher,
-                sampling_callback=callbacks["sampling_callback"],
-                elicitation_callback=callbacks["elicitation_callback"],
-                list_roots_callback=callbacks["list_roots_callback"],
-                logging_callback=callbacks["logging_callback"],
-                message_handler=callbacks["message_handler"],
-                client_info=types.Implementation(name="mcpmesh-interop", version="1.0.0"),
+            h.dispatcher = TaskAwareDispatcher(TapReceive(read_stream, h.wire_in), TapSend(write_stream, h.wire_out))
+            h.session = ClientSession(
+                dispatcher=h.dispatcher,
+                sampling_callback=h.on_sampling,
+                elicitation_callback=h.on_elicitation,
+                list_roots_callback=h.on_list_roots,
+                logging_callback=h.on_log,
+                message_handler=h.on_message,
                 # notifications/tasks/status is not in the SDK's 2025-11-25 tables; bind it explicitly.
                 notification_bindings=[NotificationBinding(method="notifications/tasks/status",
                                                            params_type=types.TaskStatusNotificationParams,
-                                                           handler=callbacks["task_status_handler"])],
+                                                           handler=h.on_task_status)],
             )
-            h = Harness(session=session, dispatcher=dispatcher, wire_in=wire_in, wire_out=wire_out, notes=Log(),
-                        logs=Log(), task_status=Log(), sampling=Log(), elicitations=Log(), roots_requests=Log(),
-                        transport_errors=Log())
-            h_ref.append(h)
-            async with session:
+            async with h.session:
                 try:
                     with anyio.fail_after(CHECK_TIMEOUT):
                         await handshake(h)
@@ -1275,9 +1273,6 @@ async def run(command: list[str], only: set[str] | None) -> Reporter:
                         if name != "initialize":
                             report.line(name, False, "not run: no session")
                     return report
-                only_tools = {o[len("tool:"):] for o in only if o.startswith("tool:")} if only else None
-                if only and "tools" in only:
-                    only_tools = None
                 for name, fn in CHECKS:
                     if name not in wanted:
                         continue
@@ -1291,6 +1286,7 @@ async def run(command: list[str], only: set[str] | None) -> Reporter:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(errors="backslashreplace")  # a FAIL reason may quote any text
     argv = sys.argv[1:]
     if "--" not in argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -1304,11 +1300,12 @@ def main() -> int:
         parser.error("no server command after --")
     only = {n.strip() for n in options.only.split(",") if n.strip()} if options.only else None
     known = {name for name, _ in CHECKS}
-    unknown = sorted(n for n in only or () if n not in known and not (n.startswith("tool:") and n[5:] in TOOL_EXERCISERS))
+    unknown = sorted(n for n in only or ()
+                     if n not in known and not (n.startswith("tool:") and n[len("tool:"):] in TOOL_EXERCISERS))
     if unknown:
         parser.error(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     report = anyio.run(run, command, only)
-    print(json.dumps({"passed": report.passed, "failed": report.failed}), flush=True)
+    print(json.dumps({"passed": report.passed, "failed": report.failed}, separators=(",", ":")), flush=True)
     return 0 if report.failed == 0 and report.passed > 0 else 1
 
 
