@@ -665,3 +665,54 @@ async fn the_official_python_sdk_uses_every_feature_of_server_everything_through
     assert!(mesh.contains(r#"{"passed":32,"failed":0}"#), "{mesh}");
     assert_eq!(direct, mesh);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_sdk_server_on_a_socket_serves_both_eras_and_its_tools_see_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("sdk.sock");
+    let mut server = tokio::process::Command::new(python())
+        .arg(interop_script("socket_server.py"))
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+        .await
+        .expect("the SDK server starts in time")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(ready.starts_with("listening on"), "{ready}");
+
+    let (alice, bob) = two_nodes();
+    alice.serve("sdk", &["bob"], &["--socket", sock.to_str().unwrap()]);
+    let connect = [
+        MCPMESH.to_owned(),
+        "--home".into(),
+        bob.home().display().to_string(),
+        "connect".into(),
+        "alice/sdk".into(),
+    ];
+    let peer =
+        json!({ "eid": format!("eid:{}", bob.id), "groups": [], "name": "bob", "user_id": null });
+    for era in ["modern", "legacy"] {
+        let mut args = vec![
+            interop_script("modern_client.py"),
+            "--era".into(),
+            era.into(),
+            "--".into(),
+        ];
+        args.extend(connect.iter().cloned());
+        let report = run_driver(&args).await;
+        // The tool read the identity the node wrote into the request's _meta.
+        let whoami = report
+            .lines()
+            .find_map(|l| l.strip_prefix("ok   whoami "))
+            .expect("a whoami line");
+        let whoami: Value = serde_json::from_str(whoami).unwrap();
+        assert_eq!(whoami["meta_peer"], peer, "{era}");
+    }
+}

@@ -109,10 +109,11 @@ fn edit_for(line: &[u8], member: Option<&str>) -> Result<Option<Edit>, StampErro
             // No params: a member before the frame's closing brace.
             None => {
                 let close = closing_brace(line.as_bytes()).ok_or(StampError::Malformed)?;
+                let comma = if top.0.is_empty() { "" } else { "," };
                 Edit {
                     start: close,
                     end: close,
-                    text: format!(",\"params\":{text}"),
+                    text: format!("{comma}\"params\":{text}"),
                 }
             }
         }));
@@ -277,6 +278,10 @@ mod tests {
             format!(
                 r#"{{"id":1,"method":"tools/list","params":{{"cursor":"c","_meta":{{{ME}}}}}}}"#
             )
+        );
+        assert_eq!(
+            stamped(" {} ").unwrap(),
+            format!(r#" {{"params":{{"_meta":{{{ME}}}}}}} "#)
         );
         assert_eq!(
             stamped(r#"{"id":1,"method":"m","params":{"_meta":null}}"#).unwrap(),
