@@ -178,3 +178,48 @@ async fn down_stops_every_child_the_node_spawned() {
     s.close_stdin();
     s.wait_eof().await;
 }
+
+#[test]
+fn serve_socket_writes_an_absolute_path_replaces_run_and_doctor_checks_it() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "tools", "--", "cat"]);
+    // A relative path is resolved where the command runs, and `run` gives way to `socket`.
+    let out = alice
+        .command(&["--json", "serve", "tools", "--socket", "srv.sock"])
+        .current_dir(alice.home())
+        .output()
+        .unwrap();
+    assert_eq!(
+        parse_ok(&out),
+        json!({ "service": "tools", "serving": true })
+    );
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    let sock = alice.home().join("srv.sock");
+    assert!(
+        config.contains(&format!("socket = \"{}\"", sock.display())),
+        "{config}"
+    );
+    assert!(!config.contains("run ="), "{config}");
+    let status = alice.json(&["status"]);
+    assert_eq!(status["services"][0]["socket"], sock.display().to_string());
+
+    // Nothing listens yet: doctor says so and exits 1; once a server listens, it is content.
+    let out = alice.cli(&["--json", "doctor"]);
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("nothing accepts connections on"), "{text}");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let doctor = parse_ok(&alice.cli(&["--json", "doctor"]));
+    let service = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "service tools" && c["status"] != "warn")
+        .cloned()
+        .unwrap();
+    assert_eq!(service["status"], "ok", "{doctor}");
+
+    // Both at once is refused before anything is written.
+    let out = alice.cli(&["serve", "tools", "--socket", "/x.sock", "--", "cat"]);
+    assert!(!out.status.success());
+}
