@@ -45,8 +45,9 @@ enum Command {
         #[command(subcommand)]
         action: Option<PeersAction>,
     },
-    /// Serve a local MCP server to peers: a stdio command spawned once per session
-    /// (`serve NAME -- CMD…`), or a long-running server on a Unix socket (`--socket PATH`).
+    /// Serve an MCP server to peers: a stdio command spawned once per session
+    /// (`serve NAME -- CMD…`), a long-running server on a Unix socket (`--socket PATH`), or a
+    /// Streamable HTTP server (`--url URL`).
     Serve {
         /// The service's name, as peers will mount it (`<this node>/<NAME>`).
         name: String,
@@ -58,10 +59,18 @@ enum Command {
         max_sessions: Option<u32>,
         /// A Unix socket a running MCP server listens on; one connection per session, the
         /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
-        #[arg(long, value_name = "PATH", conflicts_with = "cmd")]
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["cmd", "url"])]
         socket: Option<PathBuf>,
+        /// A Streamable HTTP MCP server (http:// or https://); one upstream session per mesh
+        /// session, the caller's identity in each request's `_meta` as for `--socket`.
+        #[arg(long, value_name = "URL", conflicts_with = "cmd")]
+        url: Option<String>,
+        /// A header sent to `--url`, as NAME=VALUE; `${VAR}` in VALUE is read from the node's
+        /// environment when a session starts (for tokens). Repeatable.
+        #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
+        headers: Vec<String>,
         /// The server command and its arguments.
-        #[arg(last = true, required_unless_present = "socket", value_name = "CMD")]
+        #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
         cmd: Vec<String>,
     },
     /// Stop serving a service (its live sessions end).
@@ -475,16 +484,27 @@ fn run(cli: Cli) -> Result<(), Failure> {
             allow,
             max_sessions,
             socket,
+            url,
+            headers,
             cmd,
         } => {
             let mut params = json!({ "name": name, "allow": allow, "max_sessions": max_sessions });
-            match socket {
-                Some(path) => {
-                    let path = std::path::absolute(&path)
-                        .with_context(|| format!("socket path {}", path.display()))?;
-                    params["socket"] = json!(path);
+            if let Some(path) = socket {
+                let path = std::path::absolute(&path)
+                    .with_context(|| format!("socket path {}", path.display()))?;
+                params["socket"] = json!(path);
+            } else if let Some(url) = url {
+                let mut map = serde_json::Map::new();
+                for h in &headers {
+                    let (k, v) = h
+                        .split_once('=')
+                        .with_context(|| format!("--header {h:?}: expected NAME=VALUE"))?;
+                    map.insert(k.trim().to_owned(), json!(v));
                 }
-                None => params["run"] = json!(cmd),
+                params["url"] = json!(url);
+                params["headers"] = Value::Object(map);
+            } else {
+                params["run"] = json!(cmd);
             }
             let mut client = ControlClient::connect_or_start(&profile, &exe)?;
             let v = client.call(methods::SERVICES_SERVE, params)?;

@@ -97,6 +97,16 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
                         format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
                     ),
                 },
+                BackendSpec::Url { url, headers } => {
+                    match mcpmesh::backends::url::expand_headers(headers) {
+                        Ok(_) => check(&what, "ok", format!("a Streamable HTTP server at {url}")),
+                        Err(e) => check(
+                            &what,
+                            "error",
+                            format!("services.{}.headers: {e}", svc.name),
+                        ),
+                    }
+                }
                 BackendSpec::Socket(path) => match std::os::unix::net::UnixStream::connect(path) {
                     Ok(_) => check(
                         &what,

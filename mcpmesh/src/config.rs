@@ -155,6 +155,11 @@ pub struct ServiceConfig {
     pub run: OneOrMany,
     /// Or: the Unix socket of a long-running MCP server, one connection per session.
     pub socket: Option<PathBuf>,
+    /// Or: a Streamable HTTP MCP server, one upstream session per mesh session.
+    pub url: Option<String>,
+    /// Headers sent to `url`; `${VAR}` in a value is the node's environment variable VAR.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
     /// Principals admitted: peer nicknames, `eid:<hex>`, user ids or groups. Empty: nobody.
     #[serde(default)]
     pub allow: Vec<String>,
@@ -198,6 +203,11 @@ pub enum BackendSpec {
     Run(Vec<String>),
     /// `socket`: a Unix socket, connected once per session.
     Socket(PathBuf),
+    /// `url`: a Streamable HTTP server, with header templates (values may hold secrets).
+    Url {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
 }
 
 impl BackendSpec {
@@ -206,6 +216,8 @@ impl BackendSpec {
         match self {
             BackendSpec::Run(cmd) => ("run", serde_json::json!(cmd)),
             BackendSpec::Socket(path) => ("socket", serde_json::json!(path)),
+            // Never the headers: they may carry tokens.
+            BackendSpec::Url { url, .. } => ("url", serde_json::json!(url)),
         }
     }
 }
@@ -345,32 +357,46 @@ fn validate_service(
         OneOrMany::Many(v) => Some(v.clone()),
         OneOrMany::None => None,
     };
-    let backend = match (cmd, &svc.socket) {
-        (Some(_), Some(_)) => {
+    let given = [cmd.is_some(), svc.socket.is_some(), svc.url.is_some()];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err(format!(
+            "services.{name}: give one of run, socket or url, not several"
+        ));
+    }
+    if !svc.headers.is_empty() && svc.url.is_none() {
+        return Err(format!(
+            "services.{name}.headers: only a url service sends headers"
+        ));
+    }
+    let backend = if let Some(cmd) = cmd {
+        if cmd.first().is_none_or(|c| c.is_empty()) {
+            return Err(format!("services.{name}.run: must name a command"));
+        }
+        BackendSpec::Run(cmd)
+    } else if let Some(path) = &svc.socket {
+        if !path.is_absolute() {
             return Err(format!(
-                "services.{name}: give either run or socket, not both"
+                "services.{name}.socket: must be an absolute path, not {}",
+                path.display()
             ));
         }
-        (None, None) => {
-            return Err(format!(
-                "services.{name}.run: must name a command (or give socket = \"/path/to/server.sock\")"
-            ));
+        BackendSpec::Socket(path.clone())
+    } else if let Some(url) = &svc.url {
+        validate_url(url).map_err(|e| format!("services.{name}.url: {e}"))?;
+        for (header, template) in &svc.headers {
+            reqwest::header::HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| format!("services.{name}.headers: {header:?} is not a header name"))?;
+            crate::backends::url::expand(template, |_| Some(String::new()))
+                .map_err(|e| format!("services.{name}.headers.{header}: {e}"))?;
         }
-        (Some(cmd), None) => {
-            if cmd.first().is_none_or(|c| c.is_empty()) {
-                return Err(format!("services.{name}.run: must name a command"));
-            }
-            BackendSpec::Run(cmd)
+        BackendSpec::Url {
+            url: url.clone(),
+            headers: svc.headers.clone(),
         }
-        (None, Some(path)) => {
-            if !path.is_absolute() {
-                return Err(format!(
-                    "services.{name}.socket: must be an absolute path, not {}",
-                    path.display()
-                ));
-            }
-            BackendSpec::Socket(path.clone())
-        }
+    } else {
+        return Err(format!(
+            "services.{name}.run: must name a command (or give socket = \"/path/to/server.sock\" or url = \"http://…\")"
+        ));
     };
     if let Some(key) = svc.env.keys().find(|k| k.starts_with(RESERVED_ENV_PREFIX)) {
         return Err(format!(
@@ -410,6 +436,15 @@ fn validate_service(
         max_sessions,
         rate_limit_per_min: rate,
     })
+}
+
+/// An `http://` or `https://` URL with a host.
+pub fn validate_url(url: &str) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return Err(format!("{url:?} is not an http:// or https:// URL"));
+    }
+    Ok(parsed)
 }
 
 fn validate_peer(name: &str, peer: &PeerConfig) -> Result<PeerSpec, String> {
@@ -564,6 +599,8 @@ pub fn set_service(
     match backend {
         BackendSpec::Run(cmd) => {
             entry.remove("socket");
+            entry.remove("url");
+            entry.remove("headers");
             entry.insert(
                 "run",
                 toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
@@ -571,7 +608,23 @@ pub fn set_service(
         }
         BackendSpec::Socket(path) => {
             entry.remove("run");
+            entry.remove("url");
+            entry.remove("headers");
             entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
+        }
+        BackendSpec::Url { url, headers } => {
+            entry.remove("run");
+            entry.remove("socket");
+            entry.insert("url", toml_edit::value(url.as_str()));
+            if headers.is_empty() {
+                entry.remove("headers");
+            } else {
+                let mut table = toml_edit::InlineTable::new();
+                for (k, v) in headers {
+                    table.insert(k, v.as_str().into());
+                }
+                entry.insert("headers", toml_edit::value(table));
+            }
         }
     }
     if let Some(n) = max_sessions {
@@ -770,7 +823,15 @@ addrs = ["127.0.0.1:4433"]
         );
         assert!(error_of("[services.x]\nrun = \"a\"\nalow = []\n").contains("alow"));
         assert!(error_of("[services.\"a/b\"]\nrun = \"a\"\n").contains("services.a/b"));
-        assert!(error_of("[services.x]\nrun = \"a\"\nsocket = \"/s\"\n").contains("not both"));
+        assert!(error_of("[services.x]\nrun = \"a\"\nsocket = \"/s\"\n").contains("not several"));
+        assert!(error_of("[services.x]\nurl = \"ftp://h/\"\n").contains("services.x.url"));
+        assert!(
+            error_of("[services.x]\nurl = \"http://h/\"\nheaders = { A = \"${B\" }\n")
+                .contains("services.x.headers.A")
+        );
+        assert!(
+            error_of("[services.x]\nrun = \"a\"\nheaders = { A = \"b\" }\n").contains("only a url")
+        );
         assert!(error_of("[services.x]\nsocket = \"rel.sock\"\n").contains("absolute"));
         assert!(error_of("[services.x]\nallow = []\n").contains("services.x.run"));
     }

@@ -13,7 +13,8 @@ use tokio_util::task::TaskTracker;
 use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::session::SessionOptions;
 use crate::backends::socket::SocketBackend;
-use crate::backends::spawn::{SpawnBackend, SpawnOptions};
+use crate::backends::spawn::{BackendError, SpawnBackend, SpawnOptions};
+use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
 
@@ -258,6 +259,23 @@ impl SessionHandler for ServiceHost {
                     };
                     backend.run_session(peer.clone(), transport, &session).await
                 }
+                BackendSpec::Url { url, headers } => match crate::config::validate_url(url) {
+                    Ok(url) => {
+                        let backend = UrlBackend {
+                            url,
+                            headers: headers.clone(),
+                            concurrency,
+                            service: service.clone(),
+                            audit,
+                            limiter,
+                        };
+                        backend.run_session(peer.clone(), transport, &session).await
+                    }
+                    Err(message) => Err(BackendError::Upstream {
+                        url: url.clone(),
+                        message,
+                    }),
+                },
             }
         };
         if let Err(e) = self.sessions.track_future(run).await {

@@ -36,6 +36,8 @@ pub enum BackendError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot reach {url}: {message}")]
+    Upstream { url: String, message: String },
 }
 
 /// Runs `cmd` once per session. The fields are the seam the daemon (and tests) fill in.

@@ -174,17 +174,25 @@ impl Node {
             #[serde(default)]
             socket: Option<std::path::PathBuf>,
             #[serde(default)]
+            url: Option<String>,
+            #[serde(default)]
+            headers: std::collections::BTreeMap<String, String>,
+            #[serde(default)]
             allow: Vec<String>,
             max_sessions: Option<u32>,
         }
         let serve: Serve = params_of(params)?;
-        let backend = match (serve.run, serve.socket) {
-            (Some(cmd), None) => config::BackendSpec::Run(cmd),
-            (None, Some(path)) => config::BackendSpec::Socket(path),
+        let backend = match (serve.run, serve.socket, serve.url) {
+            (Some(cmd), None, None) => config::BackendSpec::Run(cmd),
+            (None, Some(path), None) => config::BackendSpec::Socket(path),
+            (None, None, Some(url)) => config::BackendSpec::Url {
+                url,
+                headers: serve.headers,
+            },
             _ => {
                 return Err(ControlError::new(
                     codes::INVALID_PARAMS,
-                    "serve takes either run (a command) or socket (a path)",
+                    "serve takes one of run (a command), socket (a path) or url",
                 ));
             }
         };

@@ -1,0 +1,606 @@
+//! The `url` backend: a Streamable HTTP MCP server (local or remote), one upstream HTTP
+//! session per mesh session, the node its HTTP client.
+//!
+//! Inside the node the upstream looks like any other server: the session core writes the
+//! caller's lines (identity already written into `_meta`, as for `socket`) into one end of an
+//! in-memory pipe and reads the server's lines from it. The bridge on the other end POSTs each
+//! line, turns JSON and SSE responses back into lines, keeps `Mcp-Session-Id` and
+//! `MCP-Protocol-Version`, listens on the GET stream when the server offers one, and DELETEs
+//! the upstream session when the mesh session ends. Upstream failures become errors of the
+//! mesh's band for the request that met them. Bodies are bounded by the frame cap.
+//!
+//! 2026-07-28 requests (protocol version in `_meta`) also carry `Mcp-Method` and `Mcp-Name`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use mcpmesh_net::PeerIdentity;
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::jsonrpc::{self, Kind};
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
+use tokio::sync::{Mutex, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::AuditSink;
+use crate::backends::session::{Host, SessionOptions, Who};
+use crate::backends::spawn::BackendError;
+use crate::backends::sse::SseParser;
+use crate::backends::stamp::PeerStamp;
+use crate::limits::RateLimiter;
+
+const SESSION_ID: &str = "mcp-session-id";
+const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+const LAST_EVENT_ID: &str = "last-event-id";
+/// How long connecting to the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the DELETE that ends an upstream session may take.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Consecutive GET-stream reconnects without an event before the node stops listening.
+const MAX_GET_RETRIES: u32 = 3;
+/// The in-memory pipe between the session core and the bridge.
+const PIPE: usize = 256 * 1024;
+
+/// A service whose sessions are upstream Streamable HTTP sessions.
+#[derive(Debug, Clone)]
+pub struct UrlBackend {
+    pub url: reqwest::Url,
+    /// Header templates: `${VAR}` is replaced by the node's environment variable VAR when a
+    /// session starts. Values are secrets (tokens): never logged.
+    pub headers: BTreeMap<String, String>,
+    pub concurrency: Arc<Semaphore>,
+    pub service: String,
+    pub audit: AuditSink,
+    pub limiter: Arc<RateLimiter>,
+}
+
+impl UrlBackend {
+    pub async fn run_session<R, W>(
+        &self,
+        identity: PeerIdentity,
+        mut transport: NdjsonTransport<R, W>,
+        options: &SessionOptions,
+    ) -> Result<(), BackendError>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let host = Host {
+            service: &self.service,
+            audit: &self.audit,
+            limiter: &self.limiter,
+            concurrency: &self.concurrency,
+        };
+        let who = Who::of(Some(&identity));
+        let Some(_permit) = host.admit(&who, None, &mut transport).await else {
+            return Ok(());
+        };
+        let prepared = client().and_then(|c| Ok((c, expand_headers(&self.headers)?)));
+        let (client, headers) = match prepared {
+            Ok(ready) => ready,
+            Err(message) => {
+                let e = BackendError::Upstream {
+                    url: self.url.to_string(),
+                    message,
+                };
+                tracing::error!(service = %self.service, "{e}");
+                let _ = transport.writer_mut().shutdown().await;
+                return Err(e);
+            }
+        };
+        let (core, bridge) = tokio::io::duplex(PIPE);
+        let (core_r, core_w) = tokio::io::split(core);
+        let (bridge_r, bridge_w) = tokio::io::split(bridge);
+        let upstream = Arc::new(Upstream {
+            client,
+            url: self.url.clone(),
+            headers,
+            session: StdMutex::new(None),
+            protocol: StdMutex::new(None),
+            out: Mutex::new(bridge_w),
+            closing: CancellationToken::new(),
+            service: self.service.clone(),
+        });
+        let bridge = tokio::spawn(upstream.clone().run(bridge_r));
+        let teardown = |_patience| async move {
+            upstream.closing.cancel();
+            bridge.abort();
+            upstream.delete().await;
+        };
+        host.pump(
+            who,
+            None,
+            transport,
+            core_r,
+            core_w,
+            options,
+            Some(PeerStamp::new(&identity)),
+            teardown,
+        )
+        .await;
+        Ok(())
+    }
+}
+
+/// One process-wide HTTP client: connections to an upstream are pooled across sessions.
+fn client() -> Result<reqwest::Client, String> {
+    static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            // iroh already brings rustls with ring; the HTTP client uses the same provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .user_agent(concat!("mcpmesh/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .map_err(|e| format!("cannot build the HTTP client: {e}"))
+        })
+        .clone()
+}
+
+/// The configured headers with `${VAR}` references filled in from the environment.
+pub fn expand_headers(templates: &BTreeMap<String, String>) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::new();
+    for (name, template) in templates {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("{name:?} is not a header name"))?;
+        let value = expand(template, |var| std::env::var(var).ok())
+            .map_err(|e| format!("header {name}: {e}"))?;
+        let mut value = HeaderValue::from_str(&value)
+            .map_err(|_| format!("header {name}: the value is not a valid header value"))?;
+        value.set_sensitive(true);
+        map.insert(header, value);
+    }
+    Ok(map)
+}
+
+/// Replaces each `${VAR}` in `template` with `lookup(VAR)`; `$$` is a literal `$`.
+pub fn expand(template: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let end = body
+                .find('}')
+                .ok_or_else(|| "an unclosed ${…}".to_owned())?;
+            let var = &body[..end];
+            if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("${{{var}}} is not a variable name"));
+            }
+            let value = lookup(var).ok_or_else(|| format!("the variable {var} is not set"))?;
+            out.push_str(&value);
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// What the bridge needs to know about a line before POSTing it.
+struct Frame {
+    line: Bytes,
+    kind: Option<Kind>,
+    id: Option<Box<RawValue>>,
+    method: Option<String>,
+    name: Option<String>,
+    /// The protocol version a 2026-07-28 request names in its `_meta`.
+    modern: Option<String>,
+}
+
+impl Frame {
+    fn of(line: Bytes) -> Frame {
+        #[derive(Deserialize)]
+        struct Meta {
+            #[serde(rename = "_meta", default)]
+            meta: Option<MetaFields>,
+        }
+        #[derive(Deserialize)]
+        struct MetaFields {
+            #[serde(rename = "io.modelcontextprotocol/protocolVersion", default)]
+            protocol: Option<String>,
+        }
+        let (kind, id, method, name, modern) = match jsonrpc::peek(&line) {
+            Some(p) => (
+                Some(p.kind()),
+                p.id.map(ToOwned::to_owned),
+                p.method.as_deref().map(str::to_owned),
+                p.params.and_then(jsonrpc::subject_name),
+                p.params
+                    .and_then(|params| serde_json::from_str::<Meta>(params.get()).ok())
+                    .and_then(|m| m.meta?.protocol),
+            ),
+            None => (None, None, None, None, None),
+        };
+        Frame {
+            line,
+            kind,
+            id,
+            method,
+            name,
+            modern,
+        }
+    }
+
+    fn is_request(&self) -> bool {
+        self.kind == Some(Kind::Request)
+    }
+}
+
+/// One upstream session: the state its POSTs, its GET stream and its DELETE share.
+struct Upstream {
+    client: reqwest::Client,
+    url: reqwest::Url,
+    headers: HeaderMap,
+    session: StdMutex<Option<HeaderValue>>,
+    protocol: StdMutex<Option<HeaderValue>>,
+    /// Lines toward the session core (the MCP client), whole lines under the lock.
+    out: Mutex<WriteHalf<DuplexStream>>,
+    closing: CancellationToken,
+    service: String,
+}
+
+impl Upstream {
+    /// Reads the client's lines and POSTs each; an `initialize` is completed before anything
+    /// after it is sent, since its answer carries the session id the rest need.
+    async fn run(self: Arc<Self>, reader: tokio::io::ReadHalf<DuplexStream>) {
+        let mut reader = FrameReader::new(reader, MAX_FRAME);
+        let posts = TaskTracker::new();
+        while let Ok(Some(line)) = reader.next_line().await {
+            let frame = Frame::of(line);
+            if frame.method.as_deref() == Some("initialize") {
+                self.clone().post(frame).await;
+                tokio::spawn(self.clone().listen());
+            } else {
+                posts.spawn(self.clone().post(frame));
+            }
+        }
+        posts.close();
+        posts.wait().await;
+        // The client is done: its side of the pipe ends once every answer is written.
+        let _ = self.out.lock().await.shutdown().await;
+    }
+
+    fn get(slot: &StdMutex<Option<HeaderValue>>) -> Option<HeaderValue> {
+        slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(slot: &StdMutex<Option<HeaderValue>>, value: HeaderValue) {
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
+    }
+
+    /// The headers every request to this upstream session carries.
+    fn session_headers(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let mut builder = builder.headers(self.headers.clone());
+        if let Some(id) = Self::get(&self.session) {
+            builder = builder.header(SESSION_ID, id);
+        }
+        if let Some(v) = Self::get(&self.protocol) {
+            builder = builder.header(PROTOCOL_VERSION, v);
+        }
+        builder
+    }
+
+    async fn post(self: Arc<Self>, frame: Frame) {
+        let mut req = self
+            .session_headers(self.client.post(self.url.clone()))
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json, text/event-stream");
+        if let Some(version) = &frame.modern {
+            // 2026-07-28: the version is per request, and the method (and the tool, prompt
+            // or resource it is about) ride in headers too, for routing without parsing.
+            if let Ok(v) = HeaderValue::from_str(version) {
+                req = req.header(PROTOCOL_VERSION, v);
+            }
+            if let Some(Ok(m)) = frame.method.as_deref().map(HeaderValue::from_str) {
+                req = req.header("mcp-method", m);
+            }
+            if let Some(Ok(n)) = frame.name.as_deref().map(HeaderValue::from_str) {
+                req = req.header("mcp-name", n);
+            }
+        }
+        let response = match req.body(frame.line.clone()).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let why = if e.is_connect() || e.is_timeout() {
+                    "the upstream server is unreachable"
+                } else {
+                    "the upstream connection failed"
+                };
+                tracing::debug!(service = %self.service, "POST failed: {e}");
+                return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
+            }
+        };
+        if frame.method.as_deref() == Some("initialize")
+            && let Some(id) = response.headers().get(SESSION_ID)
+            && id.to_str().is_ok_and(|s| !s.is_empty())
+        {
+            Self::set(&self.session, id.clone());
+        }
+        let status = response.status();
+        if !status.is_success() {
+            return self.http_error(&frame, response).await;
+        }
+        let answered = match content_type(&response).as_str() {
+            "text/event-stream" => self.relay_events(response, frame.id.as_deref(), None).await,
+            _ => self.relay_json(response, &frame).await,
+        };
+        if frame.is_request() && !answered {
+            self.fail(
+                &frame,
+                ErrorCode::Unreachable,
+                "the upstream server ended its response without an answer",
+                None,
+            )
+            .await;
+        }
+    }
+
+    /// A JSON body: one message, passed on as one line. Returns whether it answered `frame`.
+    async fn relay_json(&self, mut response: reqwest::Response, frame: &Frame) -> bool {
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_FRAME => {
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(Some(_)) => {
+                    self.fail(
+                        frame,
+                        ErrorCode::FrameTooLarge,
+                        "the upstream answer is larger than the frame cap",
+                        None,
+                    )
+                    .await;
+                    return true;
+                }
+                Ok(None) => break,
+                Err(_) => return false,
+            }
+        }
+        if body.iter().all(u8::is_ascii_whitespace) {
+            // 202 Accepted (or an empty 200): nothing to relay.
+            return false;
+        }
+        self.emit(&body, frame.id.as_deref()).await
+    }
+
+    /// An SSE body: each event's data is one message. Returns whether one of them answered
+    /// `id`. `last_id`, for the GET stream, records the last event id seen.
+    async fn relay_events(
+        &self,
+        mut response: reqwest::Response,
+        id: Option<&RawValue>,
+        mut last_id: Option<&mut Option<String>>,
+    ) -> bool {
+        let mut parser = SseParser::new(MAX_FRAME);
+        let mut answered = false;
+        loop {
+            let chunk = tokio::select! {
+                c = response.chunk() => c,
+                _ = self.closing.cancelled() => return answered,
+            };
+            let Ok(Some(chunk)) = chunk else {
+                return answered;
+            };
+            let events = match parser.feed(&chunk) {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::warn!(service = %self.service, "upstream event stream: {e}");
+                    return answered;
+                }
+            };
+            for event in events {
+                if let Some(slot) = last_id.as_deref_mut() {
+                    *slot = event.id.clone();
+                }
+                if !event.data.iter().all(u8::is_ascii_whitespace) {
+                    answered |= self.emit(&event.data, id).await;
+                }
+            }
+        }
+    }
+
+    /// Writes one message toward the client, as one line: the bytes as the server sent them,
+    /// less the line breaks a pretty-printing server may put between tokens (JSON strings
+    /// cannot hold raw line breaks, so this changes no value). Returns whether it answers `id`.
+    async fn emit(&self, message: &[u8], id: Option<&RawValue>) -> bool {
+        let mut line: Vec<u8> = message
+            .iter()
+            .copied()
+            .filter(|b| *b != b'\n' && *b != b'\r')
+            .collect();
+        let answers = answers(&line, id);
+        if answers {
+            // An initialize answer's negotiated version rides on every later request.
+            self.note_protocol(&line);
+        }
+        line.push(b'\n');
+        let _ = self.out.lock().await.write_all(&line).await;
+        answers
+    }
+
+    /// Keeps the protocol version an `initialize` answer negotiated.
+    fn note_protocol(&self, line: &[u8]) {
+        #[derive(Deserialize)]
+        struct Answer {
+            result: Option<Negotiated>,
+        }
+        #[derive(Deserialize)]
+        struct Negotiated {
+            #[serde(rename = "protocolVersion")]
+            protocol_version: Option<String>,
+        }
+        if let Ok(Answer {
+            result: Some(Negotiated {
+                protocol_version: Some(v),
+            }),
+        }) = serde_json::from_slice(line)
+            && let Ok(v) = HeaderValue::from_str(&v)
+        {
+            Self::set(&self.protocol, v);
+        }
+    }
+
+    /// A non-2xx answer: a JSON-RPC error body for this request passes as the server wrote
+    /// it; anything else becomes an error of the band.
+    async fn http_error(&self, frame: &Frame, response: reqwest::Response) {
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(|secs| secs * 1000);
+        let body = read_capped(response, 64 * 1024).await;
+        if frame.is_request() && answers(&body, frame.id.as_deref()) {
+            self.emit(&body, frame.id.as_deref()).await;
+            return;
+        }
+        let (code, why) = match status.as_u16() {
+            401 | 403 => (
+                ErrorCode::UnknownService,
+                "the upstream server refused the request",
+            ),
+            404 if Self::get(&self.session).is_some() => (
+                ErrorCode::Unreachable,
+                "the upstream server no longer knows this session",
+            ),
+            404 => (ErrorCode::UnknownService, "the upstream URL does not exist"),
+            413 => (
+                ErrorCode::FrameTooLarge,
+                "the upstream server refused the size",
+            ),
+            429 | 503 => (ErrorCode::Busy, "the upstream server is busy"),
+            _ => (ErrorCode::Unreachable, "the upstream server failed"),
+        };
+        tracing::debug!(service = %self.service, %status, "upstream refused a frame");
+        let why = format!("{why} (HTTP {})", status.as_u16());
+        let retry = (code == ErrorCode::Busy).then(|| retry_after.unwrap_or(1000));
+        self.fail(frame, code, &why, retry).await;
+    }
+
+    /// Answers `frame` (when it is a request) with a mesh error; other frames are dropped.
+    async fn fail(&self, frame: &Frame, code: ErrorCode, why: &str, retry_ms: Option<u64>) {
+        if !frame.is_request() {
+            tracing::debug!(service = %self.service, "an upstream frame was lost: {why}");
+            return;
+        }
+        let mut error = ErrorFrame::new(code).id(frame.id.as_deref()).message(why);
+        if let Some(ms) = retry_ms {
+            error = error.retry_after_ms(ms);
+        }
+        let _ = self.out.lock().await.write_all(&error.to_line()).await;
+    }
+
+    /// The GET stream for server-initiated messages, when the server offers one (405 when
+    /// not). Reconnects with `Last-Event-ID` when the server ends it, until the session ends.
+    async fn listen(self: Arc<Self>) {
+        let mut last_id: Option<String> = None;
+        let mut failures = 0;
+        let mut delay = Duration::from_millis(500);
+        while failures < MAX_GET_RETRIES && !self.closing.is_cancelled() {
+            let mut req = self
+                .session_headers(self.client.get(self.url.clone()))
+                .header(ACCEPT, "text/event-stream");
+            if let Some(id) = last_id
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok())
+            {
+                req = req.header(LAST_EVENT_ID, id);
+            }
+            let response = tokio::select! {
+                r = req.send() => r,
+                _ = self.closing.cancelled() => return,
+            };
+            match response {
+                Ok(r) if r.status().is_success() && content_type(&r) == "text/event-stream" => {
+                    let before = last_id.clone();
+                    self.relay_events(r, None, Some(&mut last_id)).await;
+                    failures = if last_id != before { 0 } else { failures + 1 };
+                }
+                // 405: no GET stream offered. Anything else: not ours to retry.
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(service = %self.service, "GET stream: {e}");
+                    failures += 1;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.closing.cancelled() => return,
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Ends the upstream session (when the server gave it an id).
+    async fn delete(&self) {
+        if Self::get(&self.session).is_none() {
+            return;
+        }
+        let req = self.session_headers(self.client.delete(self.url.clone()));
+        match tokio::time::timeout(DELETE_TIMEOUT, req.send()).await {
+            Ok(Ok(r)) => {
+                tracing::debug!(service = %self.service, status = %r.status(), "upstream session deleted")
+            }
+            Ok(Err(e)) => tracing::debug!(service = %self.service, "DELETE failed: {e}"),
+            Err(_) => tracing::debug!(service = %self.service, "DELETE timed out"),
+        }
+    }
+}
+
+/// Whether `message` is the answer to the request `id`.
+fn answers(message: &[u8], id: Option<&RawValue>) -> bool {
+    jsonrpc::peek_response(message)
+        .and_then(|p| Some(jsonrpc::id_key(p.answers()?) == jsonrpc::id_key(id?)))
+        .unwrap_or(false)
+}
+
+fn content_type(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        if body.len() + chunk.len() > cap {
+            return Vec::new();
+        }
+        body.extend_from_slice(&chunk);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_templates_take_variables_and_refuse_unset_ones() {
+        let env = |v: &str| (v == "TOKEN").then(|| "s3cret".to_owned());
+        assert_eq!(expand("Bearer ${TOKEN}", env).unwrap(), "Bearer s3cret");
+        assert_eq!(expand("a$$b $x", env).unwrap(), "a$b $x");
+        assert!(expand("${MISSING}", env).unwrap_err().contains("MISSING"));
+        assert!(expand("${TOKEN", env).is_err());
+        assert!(expand("${A-B}", env).is_err());
+    }
+}
