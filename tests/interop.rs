@@ -15,26 +15,6 @@ use common::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// Where `scripts/interop-deps` put the third-party software.
-fn deps() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/interop");
-    assert!(
-        dir.join("installed").exists(),
-        "the interop suite needs the pinned MCP SDK and server-everything: run scripts/interop-deps \
-         (scripts/test does)"
-    );
-    dir
-}
-
-/// Two nodes: alice trusts bob, bob trusts alice.
-fn two_nodes() -> (TestNode, TestNode) {
-    let alice = TestNode::start("alice");
-    let bob = TestNode::start("bob");
-    alice.trust(&bob);
-    bob.trust(&alice);
-    (alice, bob)
-}
-
 /// The long-running stub server on a Unix socket, recording every line it receives.
 struct SocketServer {
     _child: tokio::process::Child,
@@ -426,43 +406,6 @@ async fn server_everything_sees_and_says_the_same_bytes_directly_and_through_two
         !progress_tokens.contains(&json!("5")),
         "{progress_tokens:?}"
     );
-}
-
-fn python() -> PathBuf {
-    deps().join("venv/bin/python")
-}
-
-fn interop_script(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/interop")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-/// Runs a Python driver to completion (bounded), echoing its report; returns its stdout.
-async fn run_driver(args: &[String]) -> String {
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(240),
-        tokio::process::Command::new(python())
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the driver finishes in time")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    println!("$ python {}\n{stdout}", args.join(" "));
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{stdout}\n{}",
-        args[0],
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// A relay transcript's lines in one direction (`>` client→server, `<` server→client).

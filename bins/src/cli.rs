@@ -118,6 +118,33 @@ enum Command {
         /// PEER/SERVICE
         target: String,
     },
+    /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
+    /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
+    Gateway {
+        /// Where to listen: loopback unless --allow-remote.
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
+        listen: std::net::SocketAddr,
+        /// Allow a non-loopback address; every request must then carry the bearer token.
+        #[arg(long)]
+        allow_remote: bool,
+        /// The bearer token clients must send (`Authorization: Bearer …`); read from
+        /// MCPMESH_GATEWAY_TOKEN when not given, to keep it out of process listings.
+        #[arg(
+            long,
+            value_name = "TOKEN",
+            env = "MCPMESH_GATEWAY_TOKEN",
+            hide_env_values = true
+        )]
+        token: Option<String>,
+        /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
+        /// Repeatable.
+        #[arg(long = "allow-origin", value_name = "ORIGIN")]
+        allowed_origins: Vec<String>,
+        /// A Host name accepted besides loopback names (for a loopback bind reached through a
+        /// local proxy). Repeatable.
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allowed_hosts: Vec<String>,
+    },
     /// Read the audit log: recent records, totals, or a check of its integrity.
     Audit {
         #[command(subcommand)]
@@ -254,6 +281,24 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Connect { target } => connect(&profile, &exe, &target),
+        Command::Gateway {
+            listen,
+            allow_remote,
+            token,
+            allowed_origins,
+            allowed_hosts,
+        } => gateway(
+            mcpmesh::gateway::GatewayConfig {
+                listen,
+                token,
+                allowed_origins,
+                allowed_hosts,
+                profile,
+                exe,
+            },
+            allow_remote,
+            &out,
+        ),
         Command::Audit { action } => audit(&profile, action, &out),
         Command::Up => {
             ControlClient::connect_or_start(&profile, &exe)?;
@@ -698,6 +743,44 @@ impl Output {
             writeln!(stdout, "{}", human())
         };
     }
+}
+
+fn gateway(
+    config: mcpmesh::gateway::GatewayConfig,
+    allow_remote: bool,
+    out: &Output,
+) -> Result<(), Failure> {
+    use mcpmesh::gateway;
+    let failed = |e: gateway::GatewayError| Failure {
+        code: Some(codes::INVALID_PARAMS),
+        message: e.to_string(),
+    };
+    gateway::check_bind(config.listen, allow_remote, config.token.as_deref()).map_err(failed)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = gateway::bind(&config).await.map_err(failed)?;
+        let addr = listener.local_addr().context("the gateway's address")?;
+        let base = format!("http://{addr}/mcp");
+        out.print(json!({ "listening": addr.to_string(), "url": base }), || {
+            format!("gateway listening: mount PEER/SERVICE at {base}/PEER/SERVICE (Ctrl-C stops it)")
+        });
+        let _ = std::io::stdout().flush();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            stop.cancel();
+        });
+        gateway::serve(listener, config, shutdown).await.map_err(failed)
+    })
 }
 
 fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {

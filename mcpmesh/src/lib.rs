@@ -3,7 +3,7 @@
 //! What it is: the node's policy and process — profile paths and config, the device key, the
 //! peer table and trust gate, pairing and the embedded store, services and their backends,
 //! limits, audit, the daemon (the composition root) with its local control API, and the
-//! connect proxy that AI clients launch.
+//! connect proxy that AI clients launch, and the HTTP gateway for clients that speak HTTP.
 //!
 //! What it is not: the transport. QUIC, framing, gating mechanics and the error band live in
 //! `mcpmesh-net`; this crate decides *who* and *what*, that one moves the bytes.
@@ -14,6 +14,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod demo;
+pub mod gateway;
 pub mod keys;
 pub mod limits;
 pub mod pairing;

@@ -450,3 +450,62 @@ pub async fn exchange(
         .ok()??;
     serde_json::from_slice(&line).ok()
 }
+
+// ---- third-party MCP software (tests/interop, installed by scripts/interop-deps) ----
+
+/// Where `scripts/interop-deps` put the third-party software.
+pub fn deps() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/interop");
+    assert!(
+        dir.join("installed").exists(),
+        "the interop suite needs the pinned MCP SDK and server-everything: run scripts/interop-deps \
+         (scripts/test does)"
+    );
+    dir
+}
+
+/// Two nodes: alice trusts bob, bob trusts alice.
+pub fn two_nodes() -> (TestNode, TestNode) {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+pub fn python() -> PathBuf {
+    deps().join("venv/bin/python")
+}
+
+pub fn interop_script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/interop")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Runs a Python driver to completion (bounded), echoing its report; returns its stdout.
+pub async fn run_driver(args: &[String]) -> String {
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(240),
+        tokio::process::Command::new(python())
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the driver finishes in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("$ python {}\n{stdout}", args.join(" "));
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{}",
+        args[0],
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

@@ -2,6 +2,7 @@
 """Interop driver: the official MCP Python SDK (2.x) against `server-everything`.
 
 Usage: everything_client.py [--only NAME,...] -- CMD [ARGS...]
+       everything_client.py [--only NAME,...] --url URL [--header NAME=VALUE]...
 
 CMD is started as a stdio MCP server (handshake era, protocol 2025-11-25) and
 every feature `@modelcontextprotocol/server-everything` offers is exercised
@@ -9,11 +10,24 @@ over that one connection. The driver speaks nothing but stdio MCP to CMD, so
 the same run works against the server directly and against
 `mcpmesh connect peer/service`, which must forward the bytes unchanged.
 
+With --url instead of a command, the same checks run over Streamable HTTP
+(the SDK's `streamable_http_client`) against the MCP endpoint URL, e.g. server-everything's
+`streamableHttp` mode at http://127.0.0.1:PORT/mcp; each --header is sent on every HTTP
+request. Server->client requests and notifications ride the POST response streams and the
+GET stream. Two things differ from stdio, both forced by HTTP:
+  * the `notifications/initialized` POST is held until the GET stream's response headers
+    have arrived (bounded by GET_STREAM_WAIT), because a server may drop what it sends
+    without a related request while no GET stream is open, and server-everything sends
+    tools/list_changed and its first roots/list right after `initialized`;
+  * big-utf8 echoes 3 MiB instead of 4 MiB (see HTTP_BIG_UTF8_BYTES), so its detail line
+    names a different byte count.
+
 Each check prints one line, `ok   <check> <detail>` or `FAIL <check>: <reason>`;
 the last line is the JSON object `{"passed":N,"failed":M}` and the exit status
 is 0 only if nothing failed. Details are deterministic ASCII (no ids, timestamps
 or counts that vary between runs), so two runs' outputs can be compared line by
-line. If CMD cannot be started at all, the one line is `FAIL session: ...`.
+line. If CMD cannot be started at all (or URL cannot be reached), the one line is
+`FAIL session: ...`.
 
 Checks (names for --only): initialize, tools (also tool:<name> for one tool),
 resources, prompts, ping, logging, progress, list-changed, server-requests,
@@ -44,7 +58,8 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -52,10 +67,13 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx2
 import mcp_types as types
 from mcp.client.extension import NotificationBinding
 from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.dispatcher import OnNotify, OnNotifyIntercept, OnRequest
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError, UrlElicitationRequiredError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -70,6 +88,13 @@ CHECK_TIMEOUT = 30.0  # seconds; bounds every check (and the handshake) as a who
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 TERMINAL_TASK_STATES = {"completed", "failed", "cancelled"}
 LOG_LEVELS = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+# Streamable HTTP only. The TypeScript SDK's server transport refuses a request body over
+# DEFAULT_MAX_REQUEST_BODY_SIZE = 4 * 1024 * 1024 bytes (413, server/requestBody.js), and
+# server-everything does not raise it; 4 MiB of escape-heavy text is about 5 MB of JSON, while
+# 3 MiB is about 3.8 MB. (The answer comes back as one SSE event of that size, hence
+# max_sse_event_size=None below: the SDK client's default cap is 1 MiB.)
+HTTP_BIG_UTF8_BYTES = 3 * 1024 * 1024
+GET_STREAM_WAIT = 10.0  # seconds the `initialized` POST waits for the GET stream to open
 
 # What the client-side callbacks answer; the checks look for these in tool results.
 SAMPLING_MODEL = "mcpmesh-interop-model"
@@ -383,6 +408,8 @@ class Harness:
     transport_errors: Log = field(default_factory=Log)  # exceptions the transport surfaced to message_handler
     roots: list[tuple[str, str]] = field(default_factory=lambda: list(INITIAL_ROOTS))
     init: types.InitializeResult | None = None
+    http: bool = False  # Streamable HTTP rather than stdio
+    big_bytes: int | None = None  # --big-bytes
     session: ClientSession = field(init=False)
     dispatcher: TaskAwareDispatcher = field(init=False)
 
@@ -1144,7 +1171,7 @@ def awkward_text(target_bytes: int) -> str:
 
 
 async def check_big_utf8(h: Harness) -> str:
-    payload = awkward_text(4 * 1024 * 1024)
+    payload = awkward_text(h.big_bytes or (HTTP_BIG_UTF8_BYTES if h.http else 4 * 1024 * 1024))
     text = await call_text(h, "echo", {"message": payload})
     expected = f"Echo: {payload}"
     if text != expected:
@@ -1241,15 +1268,87 @@ async def run_tools(h: Harness, report: Reporter, only_tools: set[str] | None) -
         report.line(f"tool:{name}", *results[name])
 
 
-async def run(command: list[str], only: set[str] | None) -> Reporter:
+class StandaloneStreamFirst(httpx2.AsyncBaseTransport):
+    """httpx2 transport that holds the `notifications/initialized` POST until the GET stream opens.
+
+    Streamable HTTP gives a server's unrelated messages (those answering no POST) only the
+    client's GET stream, and a server may drop them while no GET stream is open. The TypeScript
+    SDK's transport does ("Stream is disconnected - event is stored for replay, nothing more to
+    do", webStandardStreamableHttp.js `send`; the replay needs a Last-Event-ID the client never
+    saw). The SDK client opens its GET stream when it sends `notifications/initialized`
+    (`post_writer`: `start_get_stream()`, then the POST), so the two race; server-everything
+    answers `initialized` with tools/list_changed at once and roots/list 350 ms later. Letting
+    the GET response headers arrive first makes delivery deterministic. The GET finishing in
+    any way (an error status, a refused connection) releases the POST too. Without a session
+    id the SDK opens no GET stream (`handle_get_stream` returns at once), so nothing is held.
+    """
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+        self._session_id_seen = False
+        self.get_opened = anyio.Event()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "POST" and self._session_id_seen and _is_initialized_body(request.content):
+            with anyio.move_on_after(GET_STREAM_WAIT):
+                await self.get_opened.wait()
+        try:
+            response = await self._inner.handle_async_request(request)
+        finally:
+            if request.method == "GET":
+                self.get_opened.set()
+        if response.headers.get("mcp-session-id"):
+            self._session_id_seen = True
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _is_initialized_body(body: bytes) -> bool:
+    if b"notifications/initialized" not in body:
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "notifications/initialized"
+
+
+@dataclass
+class Target:
+    """Where the server is: a command to spawn (stdio) or a Streamable HTTP endpoint."""
+
+    command: list[str] | None = None
+    url: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@asynccontextmanager
+async def connect(target: Target) -> AsyncIterator[tuple[Any, Any]]:
+    if target.url is None:
+        assert target.command
+        server = StdioServerParameters(command=target.command[0], args=target.command[1:], env=dict(os.environ))
+        async with stdio_client(server) as streams:
+            yield streams
+        return
+    client = httpx2.AsyncClient(
+        headers=target.headers,
+        timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),  # the SDK's defaults
+        transport=StandaloneStreamFirst(httpx2.AsyncHTTPTransport()),
+    )
+    async with client, streamable_http_client(target.url, http_client=client, max_sse_event_size=None) as streams:
+        yield streams
+
+
+async def run(target: Target, only: set[str] | None, big_bytes: int | None = None) -> Reporter:
     report = Reporter()
-    server = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     wanted = [name for name, _ in CHECKS if only is None or name in only
               or (name == "tools" and any(o.startswith("tool:") for o in only))]
     only_tools = None if only is None or "tools" in only else {o[len("tool:"):] for o in only if o.startswith("tool:")}
-    h = Harness()
+    h = Harness(http=target.url is not None, big_bytes=big_bytes)
     try:
-        async with stdio_client(server) as (read_stream, write_stream):
+        async with connect(target) as (read_stream, write_stream):
             h.dispatcher = TaskAwareDispatcher(TapReceive(read_stream, h.wire_in), TapSend(write_stream, h.wire_out))
             h.session = ClientSession(
                 dispatcher=h.dispatcher,
@@ -1280,7 +1379,7 @@ async def run(command: list[str], only: set[str] | None) -> Reporter:
                         await run_tools(h, report, only_tools)
                     else:
                         report.line(name, *await attempt(h, fn))
-    except Exception as exc:  # the server could not be started, or the transport died
+    except Exception as exc:  # the server could not be started or reached, or the transport died
         report.line("session", False, reason_of(exc))
     return report
 
@@ -1288,23 +1387,42 @@ async def run(command: list[str], only: set[str] | None) -> Reporter:
 def main() -> int:
     sys.stdout.reconfigure(errors="backslashreplace")  # a FAIL reason may quote any text
     argv = sys.argv[1:]
-    if "--" not in argv:
+    if "--" not in argv and not any(a == "--url" or a.startswith("--url=") for a in argv):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    split = argv.index("--")
+    split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="everything_client.py")
     parser.add_argument("--only", help="comma-separated check names (or tool:<name>)")
+    parser.add_argument("--url", help="Streamable HTTP endpoint to connect to instead of spawning a command")
+    parser.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                        help="HTTP header for every request (--url only; repeatable)")
+    parser.add_argument("--big-bytes", type=int, default=None, metavar="N",
+                        help="size of the big-utf8 payload (default 4 MiB; 3 MiB with --url)")
     options = parser.parse_args(argv[:split])
     command = argv[split + 1:]
-    if not command:
-        parser.error("no server command after --")
+    if options.url is not None:
+        if command:
+            parser.error("give either --url or a server command after --, not both")
+        headers: dict[str, str] = {}
+        for header in options.header:
+            name, sep, value = header.partition("=")
+            if not sep or not name.strip():
+                parser.error(f"--header wants NAME=VALUE, got {header!r}")
+            headers[name.strip()] = value
+        target = Target(url=options.url, headers=headers)
+    else:
+        if options.header:
+            parser.error("--header needs --url")
+        if not command:
+            parser.error("no server command after --")
+        target = Target(command=command)
     only = {n.strip() for n in options.only.split(",") if n.strip()} if options.only else None
     known = {name for name, _ in CHECKS}
     unknown = sorted(n for n in only or ()
                      if n not in known and not (n.startswith("tool:") and n[len("tool:"):] in TOOL_EXERCISERS))
     if unknown:
         parser.error(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    report = anyio.run(run, command, only)
+    report = anyio.run(run, target, only, options.big_bytes)
     print(json.dumps({"passed": report.passed, "failed": report.failed}, separators=(",", ":")), flush=True)
     return 0 if report.failed == 0 and report.passed > 0 else 1
 

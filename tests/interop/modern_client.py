@@ -1,13 +1,30 @@
 """Interop MCP client for the mcpmesh tests (official Python SDK, `mcp` 2.3.0).
 
 Usage:
-    python modern_client.py [--era modern|legacy] [--transcript FILE] -- CMD [ARGS...]
+    python modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]
+    python modern_client.py [--era modern|legacy] [--big BYTES] --url URL
 
 Spawns CMD with the SDK's stdio client (`mcp.Client(StdioServerParameters(...))`) and runs a
 fixed set of checks against the tools/resource/prompt of tests/interop/modern_server.py:
 
     connect, first-frame, tools/list, echo, add, whoami, confirm (multi-round-trip),
-    resources/read, prompts/get, ping (legacy era only: `ping` does not exist at 2026-07-28).
+    resources/read, prompts/get, ping (legacy era only: `ping` does not exist at 2026-07-28),
+    big (only with --big).
+
+--url URL: instead of spawning a command, connect to the Streamable HTTP endpoint URL (e.g.
+tests/interop/http_server.py's http://127.0.0.1:PORT/mcp) with the SDK's
+`mcp.client.streamable_http.streamable_http_client`, same checks, both eras. The SDK client's
+SSE event cap (1 MiB by default) is lifted (`max_sse_event_size=None`) so a big answer streamed
+as one SSE event is accepted. Cannot be combined with --transcript (that relay is stdio-only).
+Over HTTP a modern (2026-07-28) request is one POST carrying MCP-Protocol-Version, Mcp-Method and
+(tools/call, prompts/get, resources/read) Mcp-Name headers, no session; a legacy session is
+`initialize` -> Mcp-Session-Id, a GET stream after `notifications/initialized`, DELETE at the end.
+
+--big BYTES: one more check at the end: echo a payload of exactly BYTES UTF-8 bytes of awkward
+text (2/3/4-byte characters, combining marks, U+2028/U+2029, quotes, backslashes, control
+characters including NUL) through the `echo` tool and require it back unchanged; reported as
+`ok   big <BYTES> bytes echoed intact`. That check gets its own, longer time budget
+(BIG_TIMEOUT), added to the overall one.
 
 Prints one line per check, `ok   <name> <detail>` or `FAIL <name>: <reason>`, then a final
 JSON line {"passed": N, "failed": M}. Exit status 0 only if every check passed. Every wait is
@@ -74,6 +91,7 @@ from typing import Any
 
 TOTAL_TIMEOUT = 60.0
 STEP_TIMEOUT = 15.0
+BIG_TIMEOUT = 120.0  # the --big check only (a 4 MiB payload is ~5 MB of escaped JSON each way)
 
 MODERN_VERSION = "2026-07-28"
 LEGACY_VERSION = "2025-11-25"
@@ -85,6 +103,15 @@ RESOURCE_URI = "mcpmesh://interop/hello"
 RESOURCE_TEXT = "hello from mcpmesh interop"
 PROMPT_NAME = "greet"
 EXPECTED_TOOLS = {"echo", "add", "whoami", "confirm"}
+# One cycle of the --big payload: 1-, 2-, 3- and 4-byte UTF-8, combining marks (e + U+0301,
+# a + U+0308, a ZWJ emoji sequence, a flag pair), U+2028/U+2029 (legal in JSON, line terminators
+# in JavaScript), U+0085/U+FEFF/U+FFFD, quotes, backslashes and escape look-alikes, and control
+# characters (NUL, \x01, \x1f, DEL, \t, \n, \r).
+BIG_UNIT = (
+    "\u00e9\u4e2d\U0001f600e\u0301a\u0308\u00f1\u2028\u2029\"\\/\u0001\t\n\r\u0000\u001f\u007f"
+    "\u0085\ufeff\ufffd\U0001d11e \\u0041 \\\" '<>&{}[]:, \U0001f1fa\U0001f1f3 "
+    "\U0001f469\u200d\U0001f4bb \u03a9\u2248\u00e7\u221a\u222b \u01c4\u01c5 \ufb01 \U0010fffd end\\"
+)
 
 
 # --------------------------------------------------------------------------- relay (--transcript)
@@ -127,6 +154,16 @@ def relay_main(transcript: str, cmd: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------- client
+
+
+def big_payload(size: int) -> str:
+    """Exactly `size` UTF-8 bytes of BIG_UNIT repeated (cut at a character boundary, "." padded)."""
+    unit = BIG_UNIT.encode("utf-8")
+    raw = (unit * (size // len(unit) + 1))[:size]
+    text = raw.decode("utf-8", errors="ignore")  # drops only a character cut in half at the end
+    text += "." * (size - len(text.encode("utf-8")))
+    assert len(text.encode("utf-8")) == size
+    return text
 
 
 class Tap:
@@ -247,15 +284,30 @@ def text_of(result: Any) -> str:
     return "".join(c.text for c in result.content if isinstance(c, TextContent))
 
 
-async def run_checks(era: str, cmd: list[str], transcript: str | None, report: Report) -> None:
+async def run_checks(
+    era: str,
+    cmd: list[str],
+    transcript: str | None,
+    report: Report,
+    url: str | None = None,
+    big: int | None = None,
+) -> None:
     import anyio
     import mcp_types as types
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    if transcript is not None:
-        cmd = [sys.executable, os.path.abspath(__file__), "--relay", transcript, "--", *cmd]
-    params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(os.environ))
+    if url is not None:
+        from mcp.client.streamable_http import streamable_http_client
+
+        # No http_client: the SDK makes its default one (create_mcp_http_client: 30 s timeouts,
+        # 300 s read) and closes it; terminate_on_close (default) sends the DELETE of a session.
+        inner = streamable_http_client(url, max_sse_event_size=None)
+    else:
+        if transcript is not None:
+            cmd = [sys.executable, os.path.abspath(__file__), "--relay", transcript, "--", *cmd]
+        params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(os.environ))
+        inner = stdio_client(params)
     tap = Tap()
     elicitations: list[types.ElicitRequestParams] = []
 
@@ -264,7 +316,7 @@ async def run_checks(era: str, cmd: list[str], transcript: str | None, report: R
         return types.ElicitResult(action="accept", content={"answer": CONFIRM_ANSWER})
 
     client = Client(
-        tap.transport(stdio_client(params)),
+        tap.transport(inner),
         mode="auto" if era == "modern" else "legacy",
         elicitation_callback=on_elicit,
         read_timeout_seconds=STEP_TIMEOUT,
@@ -291,6 +343,8 @@ async def run_checks(era: str, cmd: list[str], transcript: str | None, report: R
         async with client:
             connected = True
             await session_checks(era, client, tap, elicitations, step)
+            if big is not None:
+                await big_check(client, big, step)
     except Exception as e:  # noqa: BLE001 - connect or teardown failure
         report.fail("connect" if not connected else "teardown", describe(e))
 
@@ -429,43 +483,74 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
         await step("ping", ping)
 
 
-def parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
-    usage = "usage: modern_client.py [--era modern|legacy] [--transcript FILE] -- CMD [ARGS...]"
-    if "--" not in argv:
-        sys.exit(usage)
-    split = argv.index("--")
-    opts, cmd = argv[:split], argv[split + 1 :]
-    era, transcript = "modern", None
+async def big_check(client: Any, size: int, step: Any) -> None:
+    payload = big_payload(size)
+
+    async def big() -> str:
+        r = await client.call_tool("echo", {"text": payload}, read_timeout_seconds=BIG_TIMEOUT)
+        assert not r.is_error, f"isError: {text_of(r)[:200]}"
+        got = text_of(r)
+        if got != payload:
+            at = next((i for i, (a, b) in enumerate(zip(got, payload)) if a != b), min(len(got), len(payload)))
+            raise AssertionError(
+                f"echo differs at char {at}: got {len(got.encode('utf-8', 'surrogatepass'))} bytes "
+                f"({len(got)} chars), sent {size} bytes ({len(payload)} chars); "
+                f"got {got[at:at + 12]!r}, sent {payload[at:at + 12]!r}"
+            )
+        return f"{size} bytes echoed intact"
+
+    await step("big", big, BIG_TIMEOUT)
+
+
+def parse_args(argv: list[str]) -> tuple[str, str | None, list[str], str | None, int | None]:
+    usage = (
+        "usage: modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]\n"
+        "       modern_client.py [--era modern|legacy] [--big BYTES] --url URL"
+    )
+    if "--" in argv:
+        split = argv.index("--")
+        opts, cmd = argv[:split], argv[split + 1 :]
+    else:
+        opts, cmd = argv, []
+    era, transcript, url, big = "modern", None, None, None
     i = 0
     while i < len(opts):
         if opts[i] == "--era" and i + 1 < len(opts) and opts[i + 1] in ("modern", "legacy"):
             era = opts[i + 1]
         elif opts[i] == "--transcript" and i + 1 < len(opts):
             transcript = opts[i + 1]
+        elif opts[i] == "--url" and i + 1 < len(opts):
+            url = opts[i + 1]
+        elif opts[i] == "--big" and i + 1 < len(opts) and opts[i + 1].isdigit() and int(opts[i + 1]) > 0:
+            big = int(opts[i + 1])
         else:
             sys.exit(usage)
         i += 2
-    if not cmd:
+    if url is not None:
+        if "--" in argv or transcript is not None:
+            sys.exit(usage)  # --url replaces the command, and the transcript relay is stdio-only
+    elif "--" not in argv or not cmd:
         sys.exit(usage)
-    return era, transcript, cmd
+    return era, transcript, cmd, url, big
 
 
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["--relay"] and len(argv) >= 4 and argv[2] == "--":
         return relay_main(argv[1], argv[3:])
-    era, transcript, cmd = parse_args(argv)
+    era, transcript, cmd, url, big = parse_args(argv)
 
     import anyio
 
     report = Report()
+    total = TOTAL_TIMEOUT if big is None else TOTAL_TIMEOUT + BIG_TIMEOUT
 
     async def run() -> None:
         try:
-            with anyio.fail_after(TOTAL_TIMEOUT):
-                await run_checks(era, cmd, transcript, report)
+            with anyio.fail_after(total):
+                await run_checks(era, cmd, transcript, report, url, big)
         except TimeoutError:
-            report.fail("session", f"overall timeout {TOTAL_TIMEOUT}s")
+            report.fail("session", f"overall timeout {total}s")
 
     anyio.run(run)
     print(json.dumps({"passed": report.passed, "failed": report.failed}), flush=True)

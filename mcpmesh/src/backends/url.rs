@@ -305,10 +305,10 @@ impl Upstream {
             if let Ok(v) = HeaderValue::from_str(version) {
                 req = req.header(PROTOCOL_VERSION, v);
             }
-            if let Some(Ok(m)) = frame.method.as_deref().map(HeaderValue::from_str) {
+            if let Some(Ok(m)) = frame.method.as_deref().map(header_text) {
                 req = req.header("mcp-method", m);
             }
-            if let Some(Ok(n)) = frame.name.as_deref().map(HeaderValue::from_str) {
+            if let Some(Ok(n)) = frame.name.as_deref().map(header_text) {
                 req = req.header("mcp-name", n);
             }
         }
@@ -562,6 +562,20 @@ impl Upstream {
     }
 }
 
+/// A value for a 2026-07-28 routing header: plain printable ASCII as it is, anything else
+/// (non-ASCII, control characters, edge whitespace, or what looks like the wrapper itself)
+/// as `=?base64?<UTF-8 in base64>?=`, so the server recovers the exact name.
+fn header_text(value: &str) -> Result<HeaderValue, reqwest::header::InvalidHeaderValue> {
+    let plain = value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        && value == value.trim()
+        && !(value.starts_with("=?base64?") && value.ends_with("?="));
+    if plain {
+        return HeaderValue::from_str(value);
+    }
+    let encoded = data_encoding::BASE64.encode(value.as_bytes());
+    HeaderValue::from_str(&format!("=?base64?{encoded}?="))
+}
+
 /// Whether `message` is the answer to the request `id`.
 fn answers(message: &[u8], id: Option<&RawValue>) -> bool {
     jsonrpc::peek_response(message)
@@ -593,6 +607,15 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn routing_headers_wrap_what_http_cannot_carry() {
+        let text = |v: &str| header_text(v).unwrap().to_str().unwrap().to_owned();
+        assert_eq!(text("get-sum"), "get-sum");
+        assert_eq!(text("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(text(" x"), "=?base64?IHg=?=");
+        assert_eq!(text("=?base64?eA==?="), "=?base64?PT9iYXNlNjQ/ZUE9PT89?=");
+    }
 
     #[test]
     fn header_templates_take_variables_and_refuse_unset_ones() {

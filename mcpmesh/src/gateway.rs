@@ -1,0 +1,819 @@
+//! `mcpmesh gateway`: every mountable `peer/service` as a Streamable HTTP MCP endpoint at
+//! `/mcp/<peer>/<service>`, for clients that speak HTTP instead of spawning a command.
+//!
+//! One HTTP MCP session is one mesh session, opened through the local node like `connect`
+//! does: the session id is issued on `initialize`; each POSTed request is answered on its own
+//! SSE stream (with the progress notifications that carry its token), other server-initiated
+//! messages go to the GET stream (or, while none is open, to an open request's stream); DELETE
+//! ends the mesh session and with it the remote server; an unknown session id is 404. A
+//! 2026-07-28 request without a session gets a mesh session of its own for that one request.
+//!
+//! The gateway listens on loopback unless told otherwise, and checks `Host` and `Origin`
+//! against DNS rebinding; bound beyond loopback it demands a bearer token on every request.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream};
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::jsonrpc::{self, Kind};
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::control::Attach;
+use crate::control::client::ControlClient;
+use crate::paths::Profile;
+
+const SESSION_ID: &str = "mcp-session-id";
+/// Messages queued toward one HTTP stream before the mesh session waits for its reader.
+const STREAM_QUEUE: usize = 64;
+/// Server-initiated messages held while no stream is open to carry them.
+const BACKLOG: usize = 1024;
+/// A session with no request and no open stream for this long is ended.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// How the gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    /// Required (non-empty) when `listen` is not loopback.
+    pub token: Option<String>,
+    /// Origins allowed besides loopback ones (`http://host:port`).
+    pub allowed_origins: Vec<String>,
+    /// Host names allowed besides loopback ones (only checked on a loopback bind).
+    pub allowed_hosts: Vec<String>,
+    pub profile: Profile,
+    /// The `mcpmesh` executable, to start the node when it is not running.
+    pub exe: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error(
+        "{0} is not a loopback address: a gateway reachable from other machines needs --allow-remote and a bearer token"
+    )]
+    NotLoopback(SocketAddr),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the gateway stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Checks the bind policy: loopback, or a token for anything wider.
+pub fn check_bind(
+    listen: SocketAddr,
+    allow_remote: bool,
+    token: Option<&str>,
+) -> Result<(), GatewayError> {
+    if listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if allow_remote && token.is_some_and(|t| !t.is_empty()) {
+        return Ok(());
+    }
+    Err(GatewayError::NotLoopback(listen))
+}
+
+/// Binds the listener; `serve` then runs until `shutdown` fires.
+pub async fn bind(config: &GatewayConfig) -> Result<tokio::net::TcpListener, GatewayError> {
+    tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: config.listen,
+            source,
+        })
+}
+
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: GatewayConfig,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    let gateway = Arc::new(Gateway {
+        config,
+        sessions: StdMutex::new(HashMap::new()),
+    });
+    let janitor = tokio::spawn(gateway.clone().expire_idle(shutdown.clone()));
+    let app = Router::new()
+        .route(
+            "/mcp/{peer}/{service}",
+            axum::routing::post(post).get(get).delete(delete),
+        )
+        // Bodies up to the frame cap (axum's default is 2 MB); past it, -32051 from `post`.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FRAME + 1))
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), guard))
+        .with_state(gateway.clone());
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    janitor.abort();
+    for session in gateway.take_all() {
+        session.close().await;
+    }
+    served.map_err(GatewayError::Serve)
+}
+
+struct Gateway {
+    config: GatewayConfig,
+    sessions: StdMutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Gateway {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_all(&self) -> Vec<Arc<Session>> {
+        self.sessions().drain().map(|(_, s)| s).collect()
+    }
+
+    /// The session `headers` name, when it exists and belongs to `peer/service`.
+    fn session(&self, headers: &HeaderMap, peer: &str, service: &str) -> Lookup {
+        let Some(id) = headers.get(SESSION_ID).and_then(|v| v.to_str().ok()) else {
+            return Lookup::NoHeader;
+        };
+        match self.sessions().get(id) {
+            Some(s) if s.peer == peer && s.service == service && !s.closed.is_cancelled() => {
+                Lookup::Found(s.clone())
+            }
+            _ => Lookup::Unknown,
+        }
+    }
+
+    async fn expire_idle(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let stale: Vec<Arc<Session>> = {
+                let mut map = self.sessions();
+                let ids: Vec<String> = map
+                    .iter()
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > IDLE)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                ids.iter().filter_map(|id| map.remove(id)).collect()
+            };
+            for s in stale {
+                s.close().await;
+            }
+        }
+    }
+
+    /// Opens a mesh session to `peer/service` through the local node.
+    async fn open(&self, peer: &str, service: &str) -> Result<UnixStream, (i64, String)> {
+        let (profile, exe) = (self.config.profile.clone(), self.config.exe.clone());
+        let (peer, service) = (peer.to_owned(), service.to_owned());
+        let opened = tokio::task::spawn_blocking(move || {
+            ControlClient::connect_or_start(&profile, &exe)
+                .and_then(|c| c.open_session(&peer, &service, Attach::Stream))
+        })
+        .await
+        .map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
+        let (stream, leftover) = opened.map_err(|e| (e.code, e.message))?;
+        if !leftover.is_empty() {
+            // The node never writes before the client's first frame; nothing to keep.
+            tracing::debug!("{} unexpected bytes after session.open", leftover.len());
+        }
+        stream
+            .set_nonblocking(true)
+            .and_then(|()| UnixStream::from_std(stream))
+            .map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))
+    }
+}
+
+enum Lookup {
+    NoHeader,
+    Unknown,
+    Found(Arc<Session>),
+}
+
+/// Where the server's messages go.
+#[derive(Default)]
+struct Routes {
+    /// Request id (as an id key) → the stream answering that POST.
+    waiting: HashMap<String, mpsc::Sender<Bytes>>,
+    /// Progress token (as a key) → request id key.
+    tokens: HashMap<String, String>,
+    /// Request ids in the order their POSTs arrived (for unrelated messages with no GET).
+    order: VecDeque<String>,
+    get: Option<mpsc::Sender<Bytes>>,
+    backlog: VecDeque<Bytes>,
+}
+
+struct Session {
+    peer: String,
+    service: String,
+    writer: Mutex<OwnedWriteHalf>,
+    routes: StdMutex<Routes>,
+    closed: CancellationToken,
+    last_active: StdMutex<Instant>,
+}
+
+impl Session {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn touch(&self) {
+        *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        let routes = self.routes();
+        if routes.get.is_some() || !routes.waiting.is_empty() {
+            return Duration::ZERO;
+        }
+        self.last_active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    async fn send(&self, line: &[u8]) -> std::io::Result<()> {
+        self.touch();
+        let mut w = self.writer.lock().await;
+        w.write_all(line).await?;
+        w.write_all(b"\n").await?;
+        w.flush().await
+    }
+
+    /// Ends the mesh session: the node closes the stream and the remote server goes.
+    async fn close(&self) {
+        self.closed.cancel();
+        let _ = self.writer.lock().await.shutdown().await;
+        let mut routes = self.routes();
+        routes.waiting.clear();
+        routes.get = None;
+    }
+
+    /// Registers the stream that answers request `id` (and carries its progress).
+    fn expect(&self, id: &RawValue, token: Option<&RawValue>) -> mpsc::Receiver<Bytes> {
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let key = jsonrpc::id_key(id);
+        let mut routes = self.routes();
+        if let Some(t) = token {
+            routes.tokens.insert(jsonrpc::id_key(t), key.clone());
+        }
+        routes.order.push_back(key.clone());
+        routes.waiting.insert(key, tx);
+        rx
+    }
+
+    /// Reads the server's lines from the mesh and routes each to its stream.
+    async fn route(self: Arc<Self>, reader: tokio::net::unix::OwnedReadHalf) {
+        let mut reader = FrameReader::new(reader, MAX_FRAME);
+        loop {
+            let line = tokio::select! {
+                l = reader.next_line() => l,
+                _ = self.closed.cancelled() => break,
+            };
+            let Ok(Some(line)) = line else { break };
+            if let Some((tx, done)) = self.target_of(&line)
+                && tx.send(line.clone()).await.is_err()
+                && !done
+            {
+                // The stream's reader went away; hold the message for the next one.
+                self.hold(line);
+            }
+        }
+        // The mesh session ended (the node answered whatever was outstanding first).
+        self.closed.cancel();
+        let mut routes = self.routes();
+        routes.waiting.clear();
+        routes.get = None;
+    }
+
+    /// Picks the stream for one server line: `(sender, is_final)`, or `None` when it was
+    /// held in the backlog.
+    fn target_of(&self, line: &Bytes) -> Option<(mpsc::Sender<Bytes>, bool)> {
+        let mut routes = self.routes();
+        let peek = jsonrpc::peek(line);
+        let kind = peek.as_ref().map(jsonrpc::Peek::kind);
+        if kind == Some(Kind::Response) {
+            if let Some(key) = peek.as_ref().and_then(|p| p.id).map(jsonrpc::id_key)
+                && let Some(tx) = routes.waiting.remove(&key)
+            {
+                routes.order.retain(|k| k != &key);
+                routes.tokens.retain(|_, v| v != &key);
+                return Some((tx, true));
+            }
+        } else if let Some(token) = peek.as_ref().and_then(progress_token)
+            && let Some(key) = routes.tokens.get(&token)
+            && let Some(tx) = routes.waiting.get(key)
+        {
+            return Some((tx.clone(), false));
+        }
+        if let Some(get) = routes.get.as_ref().filter(|g| !g.is_closed()) {
+            return Some((get.clone(), false));
+        }
+        let newest = routes
+            .order
+            .iter()
+            .rev()
+            .find_map(|k| routes.waiting.get(k));
+        if let Some(tx) = newest {
+            return Some((tx.clone(), false));
+        }
+        drop(routes);
+        self.hold(line.clone());
+        None
+    }
+
+    fn hold(&self, line: Bytes) {
+        let mut routes = self.routes();
+        if routes.backlog.len() >= BACKLOG {
+            routes.backlog.pop_front();
+            tracing::warn!("gateway: a server message was dropped (no stream open to carry it)");
+        }
+        routes.backlog.push_back(line);
+    }
+}
+
+/// A notification's `params.progressToken`, as a key.
+fn progress_token(peek: &jsonrpc::Peek<'_>) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Progress<'a> {
+        #[serde(borrow, rename = "progressToken")]
+        token: &'a RawValue,
+    }
+    if peek.method.as_deref() != Some("notifications/progress") {
+        return None;
+    }
+    let p: Progress<'_> = serde_json::from_str(peek.params?.get()).ok()?;
+    Some(jsonrpc::id_key(p.token))
+}
+
+/// A request's `params._meta.progressToken`, if it asks for progress.
+fn requested_token(params: Option<&RawValue>) -> Option<Box<RawValue>> {
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "_meta")]
+        meta: Option<Meta>,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(rename = "progressToken")]
+        token: Option<Box<RawValue>>,
+    }
+    let p: Params = serde_json::from_str(params?.get()).ok()?;
+    p.meta?.token
+}
+
+/// Whether a request carries the 2026-07-28 protocol fields in its `_meta`.
+fn is_stateless(params: Option<&RawValue>) -> bool {
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "_meta")]
+        meta: Option<Meta>,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(rename = "io.modelcontextprotocol/protocolVersion")]
+        version: Option<String>,
+    }
+    params
+        .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+        .and_then(|p| p.meta?.version)
+        .is_some()
+}
+
+/// Host, Origin and bearer checks, before any handler.
+async fn guard(
+    State(gateway): State<Arc<Gateway>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let config = &gateway.config;
+    let headers = request.headers();
+    if let Some(token) = config.token.as_deref().filter(|t| !t.is_empty()) {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            let mut r = plain(StatusCode::UNAUTHORIZED, "a bearer token is required");
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    if config.listen.ip().is_loopback() {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let name = host_name(host);
+        if !is_loopback_name(name) && !config.allowed_hosts.iter().any(|h| h == name) {
+            return plain(
+                StatusCode::FORBIDDEN,
+                "this Host is not allowed (DNS rebinding protection)",
+            );
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        let allowed = origin_host(origin).is_some_and(is_loopback_name)
+            || config.allowed_origins.iter().any(|o| o == origin);
+        if !allowed {
+            return plain(StatusCode::FORBIDDEN, "this Origin is not allowed");
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `host` of a `Host` header value (`host`, `host:port`, `[v6]:port`).
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default();
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// The host of an `Origin` value (`scheme://host[:port]`).
+fn origin_host(origin: &str) -> Option<&str> {
+    let (_, rest) = origin.split_once("://")?;
+    Some(host_name(rest))
+}
+
+fn is_loopback_name(name: &str) -> bool {
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn plain(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain")],
+        message.to_owned(),
+    )
+        .into_response()
+}
+
+/// A JSON-RPC error as an HTTP response (`id` null unless given).
+fn rpc_error(
+    status: StatusCode,
+    code: ErrorCode,
+    id: Option<&RawValue>,
+    message: &str,
+) -> Response {
+    let line = ErrorFrame::new(code).id(id).message(message).to_line();
+    (status, [(header::CONTENT_TYPE, "application/json")], line).into_response()
+}
+
+/// The message streams back to the client: SSE when it accepts it, else the final answer as
+/// JSON.
+fn respond(rx: mpsc::Receiver<Bytes>, headers: &HeaderMap, session: Option<&str>) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let mut response = if accept.contains("text/event-stream") || accept.is_empty() {
+        sse(rx).into_response()
+    } else {
+        json_answer(rx)
+    };
+    if let Some(id) = session.and_then(|s| HeaderValue::from_str(s).ok()) {
+        response.headers_mut().insert(SESSION_ID, id);
+    }
+    response
+}
+
+fn sse(rx: mpsc::Receiver<Bytes>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let events = stream::unfold(rx, |mut rx| async move {
+        let line = rx.recv().await?;
+        let data = String::from_utf8_lossy(&line).into_owned();
+        Some((Ok(Event::default().event("message").data(data)), rx))
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+/// For a client that accepts only JSON: the last message (the answer) as the body.
+fn json_answer(rx: mpsc::Receiver<Bytes>) -> Response {
+    let body = stream::once(async move {
+        let mut rx = rx;
+        let mut last = Bytes::new();
+        while let Some(line) = rx.recv().await {
+            last = line;
+        }
+        Ok::<_, Infallible>(last)
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn post(
+    State(gateway): State<Arc<Gateway>>,
+    Path((peer, service)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if body.len() > MAX_FRAME {
+        return rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::FrameTooLarge,
+            None,
+            "the message is larger than the frame cap",
+        );
+    }
+    // One message, one line: the line breaks a client may put between tokens go (JSON
+    // strings cannot hold raw ones); every other byte passes as sent.
+    let line: Bytes = body
+        .iter()
+        .copied()
+        .filter(|b| *b != b'\n' && *b != b'\r')
+        .collect::<Vec<u8>>()
+        .into();
+    let Some(peek) = jsonrpc::peek(&line) else {
+        let (code, why) = if jsonrpc::is_json(&line) {
+            (
+                ErrorCode::InvalidRequest,
+                "one JSON-RPC message per POST (no batches)",
+            )
+        } else {
+            (ErrorCode::Parse, "the body is not JSON")
+        };
+        return rpc_error(StatusCode::BAD_REQUEST, code, None, why);
+    };
+    let kind = peek.kind();
+    let id = peek.id.map(ToOwned::to_owned);
+    let token = requested_token(peek.params);
+    let initialize = peek.method.as_deref() == Some("initialize");
+    let stateless = kind == Kind::Request && !initialize && is_stateless(peek.params);
+
+    let session = match gateway.session(&headers, &peer, &service) {
+        Lookup::Found(s) => s,
+        Lookup::Unknown => {
+            return rpc_error(
+                StatusCode::NOT_FOUND,
+                ErrorCode::NotReady,
+                id.as_deref(),
+                "unknown or ended session: initialize a new one",
+            );
+        }
+        Lookup::NoHeader if initialize => match open_session(&gateway, &peer, &service).await {
+            Ok((sid, session)) => {
+                let Some(id) = id.as_deref() else {
+                    return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
+                };
+                let rx = session.expect(id, token.as_deref());
+                if session.send(&line).await.is_err() {
+                    session.close().await;
+                    return rpc_error(
+                        StatusCode::OK,
+                        ErrorCode::Unreachable,
+                        Some(id),
+                        "the mesh session failed",
+                    );
+                }
+                return respond(rx, &headers, Some(&sid));
+            }
+            Err((code, message)) => {
+                let code = if code == ErrorCode::UnknownService.code() {
+                    ErrorCode::UnknownService
+                } else {
+                    ErrorCode::Unreachable
+                };
+                return rpc_error(StatusCode::OK, code, id.as_deref(), &message);
+            }
+        },
+        Lookup::NoHeader if stateless => {
+            return one_shot(&gateway, &peer, &service, line, id, &headers).await;
+        }
+        Lookup::NoHeader => {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::NotReady,
+                id.as_deref(),
+                "an Mcp-Session-Id header is required (initialize first)",
+            );
+        }
+    };
+
+    match (kind, id.as_deref()) {
+        (Kind::Request, Some(id)) => {
+            let rx = session.expect(id, token.as_deref());
+            if session.send(&line).await.is_err() {
+                session.close().await;
+                return rpc_error(
+                    StatusCode::NOT_FOUND,
+                    ErrorCode::Unreachable,
+                    Some(id),
+                    "the mesh session ended",
+                );
+            }
+            respond(rx, &headers, None)
+        }
+        _ => match session.send(&line).await {
+            Ok(()) => StatusCode::ACCEPTED.into_response(),
+            Err(_) => plain(StatusCode::NOT_FOUND, "the mesh session ended"),
+        },
+    }
+}
+
+/// Opens a mesh session for a new HTTP session and starts routing its messages.
+async fn open_session(
+    gateway: &Arc<Gateway>,
+    peer: &str,
+    service: &str,
+) -> Result<(String, Arc<Session>), (i64, String)> {
+    let stream = gateway.open(peer, service).await?;
+    let (reader, writer) = stream.into_split();
+    let session = Arc::new(Session {
+        peer: peer.to_owned(),
+        service: service.to_owned(),
+        writer: Mutex::new(writer),
+        routes: StdMutex::new(Routes::default()),
+        closed: CancellationToken::new(),
+        last_active: StdMutex::new(Instant::now()),
+    });
+    let mut raw = [0u8; 16];
+    getrandom::fill(&mut raw).map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
+    let sid = data_encoding::HEXLOWER.encode(&raw);
+    gateway.sessions().insert(sid.clone(), session.clone());
+    tokio::spawn(session.clone().route(reader));
+    Ok((sid, session))
+}
+
+/// A 2026-07-28 request with no session: a mesh session of its own, ended after the answer.
+async fn one_shot(
+    gateway: &Arc<Gateway>,
+    peer: &str,
+    service: &str,
+    line: Bytes,
+    id: Option<Box<RawValue>>,
+    headers: &HeaderMap,
+) -> Response {
+    let stream = match gateway.open(peer, service).await {
+        Ok(s) => s,
+        Err((code, message)) => {
+            let code = if code == ErrorCode::UnknownService.code() {
+                ErrorCode::UnknownService
+            } else {
+                ErrorCode::Unreachable
+            };
+            return rpc_error(StatusCode::OK, code, id.as_deref(), &message);
+        }
+    };
+    let (reader, mut writer) = stream.into_split();
+    if writer
+        .write_all(&[&line[..], b"\n"].concat())
+        .await
+        .is_err()
+    {
+        return rpc_error(
+            StatusCode::OK,
+            ErrorCode::Unreachable,
+            id.as_deref(),
+            "the mesh session failed",
+        );
+    }
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let key = id.as_deref().map(jsonrpc::id_key);
+    tokio::spawn(async move {
+        let mut reader = FrameReader::new(reader, MAX_FRAME);
+        while let Ok(Some(line)) = reader.next_line().await {
+            let done = jsonrpc::peek_response(&line)
+                .and_then(|p| p.answers().map(jsonrpc::id_key))
+                .is_some_and(|k| Some(k) == key);
+            if tx.send(line).await.is_err() || done {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    respond(rx, headers, None)
+}
+
+async fn get(
+    State(gateway): State<Arc<Gateway>>,
+    Path((peer, service)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let session = match gateway.session(&headers, &peer, &service) {
+        Lookup::Found(s) => s,
+        Lookup::Unknown => return plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::NoHeader => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "an Mcp-Session-Id header is required",
+            );
+        }
+    };
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    {
+        let mut routes = session.routes();
+        if routes.get.as_ref().is_some_and(|g| !g.is_closed()) {
+            return plain(
+                StatusCode::CONFLICT,
+                "this session already has a GET stream",
+            );
+        }
+        // What arrived while no stream was open goes out first.
+        while let Some(line) = routes.backlog.pop_front() {
+            if tx.try_send(line.clone()).is_err() {
+                routes.backlog.push_front(line);
+                break;
+            }
+        }
+        routes.get = Some(tx);
+    }
+    session.touch();
+    sse(rx).into_response()
+}
+
+async fn delete(
+    State(gateway): State<Arc<Gateway>>,
+    Path((peer, service)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    match gateway.session(&headers, &peer, &service) {
+        Lookup::Found(session) => {
+            if let Some(id) = headers.get(SESSION_ID).and_then(|v| v.to_str().ok()) {
+                gateway.sessions().remove(id);
+            }
+            session.close().await;
+            StatusCode::OK.into_response()
+        }
+        Lookup::Unknown => plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::NoHeader => plain(
+            StatusCode::BAD_REQUEST,
+            "an Mcp-Session-Id header is required",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_and_origins_are_recognized() {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:1",
+            "[::1]:9",
+            "LOCALHOST",
+            "127.0.0.2",
+        ] {
+            assert!(is_loopback_name(host_name(host)), "{host}");
+        }
+        for host in [
+            "evil.example.com",
+            "evil.example.com:80",
+            "10.0.0.1:80",
+            "[2001:db8::1]:1",
+        ] {
+            assert!(!is_loopback_name(host_name(host)), "{host}");
+        }
+        assert_eq!(origin_host("http://localhost:3000"), Some("localhost"));
+        assert_eq!(
+            origin_host("https://evil.example.com"),
+            Some("evil.example.com")
+        );
+        assert_eq!(origin_host("null"), None);
+    }
+
+    #[test]
+    fn binding_beyond_loopback_needs_allow_remote_and_a_token() {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        assert!(check_bind(lo, false, None).is_ok());
+        assert!(check_bind(any, false, Some("t")).is_err());
+        assert!(check_bind(any, true, None).is_err());
+        assert!(check_bind(any, true, Some("")).is_err());
+        assert!(check_bind(any, true, Some("t")).is_ok());
+        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
+    }
+}

@@ -1,0 +1,413 @@
+//! HTTP on both ends: a Streamable HTTP server shared with the `url` backend, and mounted
+//! services served to HTTP clients by `mcpmesh gateway`. Third-party software (server-everything,
+//! the official Python SDK, the official conformance suite) comes from `scripts/interop-deps`.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, Command};
+
+/// server-everything in its Streamable HTTP mode on a loopback port. Its output (it logs on
+/// both stdout and stderr) is read all the time (a full pipe would stall it) and kept, to
+/// watch for what it logs.
+struct EverythingHttp {
+    _child: Child,
+    log: tokio::sync::mpsc::UnboundedReceiver<String>,
+    url: String,
+}
+
+impl EverythingHttp {
+    async fn start() -> Self {
+        let port = free_port();
+        let dir = deps().join("node_modules/@modelcontextprotocol/server-everything/dist");
+        let mut child = Command::new("node")
+            .arg("--require")
+            .arg(interop_script("loopback.cjs"))
+            .arg(dir.join("index.js"))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (tx, mut log) = tokio::sync::mpsc::unbounded_channel();
+        drain_lines(child.stdout.take().unwrap(), tx.clone());
+        drain_lines(child.stderr.take().unwrap(), tx);
+        wait_for(&mut log, "listening on port").await;
+        EverythingHttp {
+            _child: child,
+            log,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+/// Reads `stream`'s lines as they come, into `tx`.
+fn drain_lines(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// Takes lines from `log` until one contains `needle` (bounded); returns it.
+async fn wait_for(log: &mut tokio::sync::mpsc::UnboundedReceiver<String>, needle: &str) -> String {
+    tokio::time::timeout(ANSWER_TIMEOUT, async {
+        loop {
+            match log.recv().await {
+                Some(line) if line.contains(needle) => return line,
+                Some(_) => {}
+                None => panic!("the output ended before {needle:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no line with {needle:?} in time"))
+}
+
+/// A port nothing listens on right now (the kernel's pick, released at once).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Reads `lines` until one contains `needle` (bounded); returns it.
+async fn wait_for_line<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut Lines<R>,
+    needle: &str,
+) -> String {
+    tokio::time::timeout(ANSWER_TIMEOUT, async {
+        loop {
+            match lines.next_line().await.unwrap() {
+                Some(line) if line.contains(needle) => return line,
+                Some(_) => {}
+                None => panic!("the output ended before {needle:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no line with {needle:?} in time"))
+}
+
+/// `mcpmesh gateway` for `node`, on a kernel-picked loopback port.
+struct Gateway {
+    child: Child,
+    base: String,
+}
+
+impl Gateway {
+    async fn start(node: &TestNode, extra: &[&str]) -> Self {
+        let mut child = Command::new(MCPMESH)
+            .arg("--home")
+            .arg(node.home())
+            .args(["--json", "gateway", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env_remove("MCPMESH_GATEWAY_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready: Value =
+            serde_json::from_str(&wait_for_line(&mut out, "listening").await).unwrap();
+        Gateway {
+            child,
+            base: ready["url"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    fn url(&self, target: &str) -> String {
+        format!("{}/{target}", self.base)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// An HTTP client for the tests (rustls needs its crypto provider named first).
+fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+fn everything_client() -> String {
+    interop_script("everything_client.py")
+}
+
+fn everything_stdio() -> Vec<String> {
+    let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    vec!["node".into(), index.display().to_string(), "stdio".into()]
+}
+
+fn connect_args(node: &TestNode, target: &str) -> Vec<String> {
+    vec![
+        MCPMESH.into(),
+        "--home".into(),
+        node.home().display().to_string(),
+        "connect".into(),
+        target.into(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streamable_http_server_is_shared_with_url_and_used_through_connect() {
+    let mut server = EverythingHttp::start().await;
+    let (alice, bob) = two_nodes();
+    alice.serve("web", &["bob"], &["--url", &server.url]);
+
+    // The official SDK's client, over HTTP straight to the server, and over stdio through
+    // `connect` → bob's node → alice's node → HTTP: the same checks, the same report. (The
+    // big payload is 3 MiB both ways: server-everything refuses HTTP bodies over 4 MiB.)
+    let big = "3145728".to_owned();
+    let mut mesh = vec![
+        everything_client(),
+        "--big-bytes".into(),
+        big.clone(),
+        "--".into(),
+    ];
+    mesh.extend(connect_args(&bob, "alice/web"));
+    let mesh = run_driver(&mesh).await;
+    assert!(mesh.contains(r#"{"passed":32,"failed":0}"#), "{mesh}");
+    // When the mesh session ended, alice's node ended the upstream session (DELETE).
+    wait_for(&mut server.log, "Received session termination request").await;
+
+    let direct = [
+        everything_client(),
+        "--big-bytes".into(),
+        big,
+        "--url".into(),
+        server.url.clone(),
+    ];
+    let direct = run_driver(&direct).await;
+    assert_eq!(direct, mesh);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() {
+    let (alice, bob) = two_nodes();
+    let mut backend = vec!["--".to_owned()];
+    backend.extend(everything_stdio());
+    let refs: Vec<&str> = backend.iter().map(String::as_str).collect();
+    alice.serve("everything", &["bob"], &refs);
+    let gateway = Gateway::start(&bob, &[]).await;
+
+    // The SDK's Streamable HTTP client through the gateway, and its stdio client straight to
+    // the server: the same 32 checks, the same report (a 4 MiB payload both ways).
+    let via_gateway = [
+        everything_client(),
+        "--big-bytes".into(),
+        "4194304".into(),
+        "--url".into(),
+        gateway.url("alice/everything"),
+    ];
+    let mut direct = vec![everything_client(), "--".into()];
+    direct.extend(everything_stdio());
+    let (via_gateway, direct) = tokio::join!(run_driver(&via_gateway), run_driver(&direct));
+    assert!(
+        via_gateway.contains(r#"{"passed":32,"failed":0}"#),
+        "{via_gateway}"
+    );
+    assert_eq!(direct, via_gateway);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_conformance_suite_passes_through_the_gateway_where_it_passes_directly() {
+    let (alice, bob) = two_nodes();
+    let mut backend = vec!["--".to_owned()];
+    backend.extend(everything_stdio());
+    // The suite opens a session per scenario and never ends one (no DELETE), so the service
+    // gets room for all of them.
+    let mut refs = vec!["--max-sessions", "64"];
+    refs.extend(backend.iter().map(String::as_str));
+    alice.serve("everything", &["bob"], &refs);
+    let gateway = Gateway::start(&bob, &[]).await;
+
+    let baseline = std::fs::read_to_string(interop_script("conformance-baseline.txt")).unwrap();
+    let scenarios: Vec<&str> = baseline.split_whitespace().collect();
+    assert!(scenarios.len() >= 10, "{baseline}");
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(400),
+        Command::new(interop_script("conformance.sh"))
+            .arg(gateway.url("alice/everything"))
+            .arg(out_dir.path())
+            .env("CONFORMANCE_SCENARIOS", scenarios.join(" "))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the conformance run finishes in time")
+    .unwrap();
+    let verdicts = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{verdicts}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for scenario in scenarios {
+        assert!(
+            verdicts.lines().any(|l| l == format!("pass {scenario}")),
+            "{scenario} passes against server-everything directly but not through the gateway:\n{verdicts}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_refuses_foreign_origins_and_hosts_and_a_delete_ends_the_remote_child() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-delete");
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+    let http = http_client();
+    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "1" } } });
+    let post = |body: &Value| {
+        http.post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    };
+
+    // DNS rebinding: a page on a foreign origin, or a foreign Host, is refused before anything
+    // reaches the mesh.
+    let r = post(&initialize)
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = post(&initialize)
+        .header("host", "evil.example:80")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(
+        procs_with(&m).is_empty(),
+        "nothing was spawned for a refused request"
+    );
+
+    // A session: initialize issues its id; requests without it, or with a made-up one, fail.
+    let r = post(&initialize)
+        .header("origin", "http://localhost:3000")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    let body = r.text().await.unwrap();
+    assert!(body.contains(r#""serverInfo""#), "{body}");
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let r = post(&note)
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let list = json!({ "jsonrpc": "2.0", "id": "two", "method": "tools/list" });
+    assert_eq!(post(&list).send().await.unwrap().status(), 400);
+    let r = post(&list)
+        .header("mcp-session-id", "no-such-session")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = post(&list)
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains(r#""id":"two""#) && body.contains("whoami"),
+        "{body}"
+    );
+
+    // DELETE ends the mesh session, and with it the server alice's node spawned for it.
+    let children = procs_with(&m);
+    assert_eq!(children.len(), 1, "{children:?}");
+    let r = http
+        .delete(&url)
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_child_ends(children[0].0, &m).await;
+    let r = post(&list)
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[test]
+fn a_gateway_beyond_loopback_needs_allow_remote_and_a_token() {
+    let node = TestNode::start("solo");
+    for args in [
+        vec!["gateway", "--listen", "0.0.0.0:0"],
+        vec!["gateway", "--listen", "0.0.0.0:0", "--allow-remote"],
+        vec!["gateway", "--listen", "0.0.0.0:0", "--token", "t"],
+    ] {
+        let out = node
+            .command(&args)
+            .env_remove("MCPMESH_GATEWAY_TOKEN")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a loopback address"), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_token_every_request_must_carry_it() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-token");
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let gateway = Gateway::start(&bob, &["--token", "s3cret-t0ken"]).await;
+    let http = http_client();
+    let ping = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "1" } } });
+    let send = |token: Option<&str>| {
+        let mut r = http
+            .post(gateway.url("alice/svc"))
+            .header("accept", "application/json, text/event-stream")
+            .body(ping.to_string());
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    assert_eq!(send(None).await.unwrap().status(), 401);
+    assert_eq!(send(Some("wrong")).await.unwrap().status(), 401);
+    assert_eq!(send(Some("s3cret-t0ken")).await.unwrap().status(), 200);
+}
