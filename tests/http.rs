@@ -411,3 +411,121 @@ async fn with_a_token_every_request_must_carry_it() {
     assert_eq!(send(Some("wrong")).await.unwrap().status(), 401);
     assert_eq!(send(Some("s3cret-t0ken")).await.unwrap().status(), 200);
 }
+
+/// The official Python SDK's Streamable HTTP server (`http_server.py`: both MCP eras, bodies
+/// up to 16 MiB), with its `request:` log lines kept.
+struct SdkHttp {
+    _child: Child,
+    log: tokio::sync::mpsc::UnboundedReceiver<String>,
+    url: String,
+}
+
+impl SdkHttp {
+    async fn start() -> Self {
+        let mut child = Command::new(python())
+            .arg(interop_script("http_server.py"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (tx, mut log) = tokio::sync::mpsc::unbounded_channel();
+        drain_lines(child.stderr.take().unwrap(), tx);
+        let ready = wait_for(&mut log, "listening on").await;
+        let url = ready.rsplit(' ').next().unwrap().to_owned();
+        SdkHttp {
+            _child: child,
+            log,
+            url,
+        }
+    }
+}
+
+fn modern_client(era: &str, big: bool) -> Vec<String> {
+    let mut args = vec![
+        interop_script("modern_client.py"),
+        "--era".into(),
+        era.into(),
+    ];
+    if big {
+        args.extend(["--big".into(), "4194304".into()]);
+    }
+    args
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn both_mcp_eras_reach_an_sdk_http_server_through_url_with_the_callers_identity() {
+    let mut server = SdkHttp::start().await;
+    let (alice, bob) = two_nodes();
+    alice.serve("sdk", &["bob"], &["--url", &server.url]);
+    let peer =
+        json!({ "eid": format!("eid:{}", bob.id), "groups": [], "name": "bob", "user_id": null });
+    for era in ["modern", "legacy"] {
+        let mut args = modern_client(era, true);
+        args.push("--".into());
+        args.extend(connect_args(&bob, "alice/sdk"));
+        // This server escapes every non-ASCII character of its answers and returns the text
+        // twice: 4 MiB of awkward UTF-8 would come back as ~46 MB, past the 16 MiB frame cap.
+        let report = run_driver_with(&args, &[("INTEROP_BIG_MOSTLY_ASCII", "1")]).await;
+        assert!(
+            report.contains("ok   big 4194304 bytes echoed intact"),
+            "{report}"
+        );
+        let whoami: Value = serde_json::from_str(
+            report
+                .lines()
+                .find_map(|l| l.strip_prefix("ok   whoami "))
+                .expect("a whoami line"),
+        )
+        .unwrap();
+        assert_eq!(whoami["meta_peer"], peer, "{era}");
+    }
+    // The 2026-07-28 requests carried their routing headers (the SDK's server insists: it
+    // answers 400 without them), taken from each frame.
+    let mut seen = Vec::new();
+    while let Ok(line) = server.log.try_recv() {
+        seen.push(line);
+    }
+    let seen = seen.join("\n");
+    for expected in [
+        "mcp-method=server/discover mcp-name=- mcp-protocol-version=2026-07-28",
+        "mcp-method=tools/call mcp-name=confirm mcp-protocol-version=2026-07-28",
+        "mcp-method=resources/read mcp-name=mcpmesh://interop/hello mcp-protocol-version=2026-07-28",
+    ] {
+        assert!(seen.contains(expected), "{expected} not in:\n{seen}");
+    }
+    // And the handshake-era session was ended with a DELETE.
+    assert!(seen.contains("request: DELETE"), "{seen}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn both_mcp_eras_pass_through_the_gateway() {
+    let (alice, bob) = two_nodes();
+    let py = python().display().to_string();
+    let server = interop_script("modern_server.py");
+    alice.serve("modern", &["bob"], &["--", &py, &server]);
+    let gateway = Gateway::start(&bob, &[]).await;
+    for era in ["modern", "legacy"] {
+        let mut args = modern_client(era, true);
+        args.extend(["--url".into(), gateway.url("alice/modern")]);
+        let report = run_driver(&args).await;
+        assert!(
+            report.contains("ok   big 4194304 bytes echoed intact"),
+            "{report}"
+        );
+        // A 2026-07-28 request needs no session: the first frame is server/discover, and
+        // the input_required round trip works across two one-request mesh sessions.
+        if era == "modern" {
+            assert!(
+                report.contains("ok   first-frame server/discover"),
+                "{report}"
+            );
+            assert!(
+                report.contains("input_required -> elicitation -> retry"),
+                "{report}"
+            );
+        }
+        assert!(report.contains(r#""MCPMESH_PEER_NAME":"bob""#), "{report}");
+    }
+}

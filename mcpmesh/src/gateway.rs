@@ -5,8 +5,9 @@
 //! does: the session id is issued on `initialize`; each POSTed request is answered on its own
 //! SSE stream (with the progress notifications that carry its token), other server-initiated
 //! messages go to the GET stream (or, while none is open, to an open request's stream); DELETE
-//! ends the mesh session and with it the remote server; an unknown session id is 404. A
-//! 2026-07-28 request without a session gets a mesh session of its own for that one request.
+//! ends the mesh session and with it the remote server; an unknown session id is 404.
+//! 2026-07-28 requests without a session share one mesh session per service (one server
+//! instance, so a multi-round-trip retry meets the state it was given), ended when idle.
 //!
 //! The gateway listens on loopback unless told otherwise, and checks `Host` and `Origin`
 //! against DNS rebinding; bound beyond loopback it demands a bearer token on every request.
@@ -47,6 +48,9 @@ const STREAM_QUEUE: usize = 64;
 const BACKLOG: usize = 1024;
 /// A session with no request and no open stream for this long is ended.
 const IDLE: Duration = Duration::from_secs(3600);
+/// The shared mesh session of a service's sessionless (2026-07-28) requests is ended after
+/// this long without one.
+const STATELESS_IDLE: Duration = Duration::from_secs(300);
 
 /// How the gateway runs.
 #[derive(Debug, Clone)]
@@ -111,6 +115,7 @@ pub async fn serve(
     let gateway = Arc::new(Gateway {
         config,
         sessions: StdMutex::new(HashMap::new()),
+        stateless: StdMutex::new(HashMap::new()),
     });
     let janitor = tokio::spawn(gateway.clone().expire_idle(shutdown.clone()));
     let app = Router::new()
@@ -135,6 +140,10 @@ pub async fn serve(
 struct Gateway {
     config: GatewayConfig,
     sessions: StdMutex<HashMap<String, Arc<Session>>>,
+    /// Per `(peer, service)`: one mesh session carrying the requests that come without an
+    /// HTTP session (2026-07-28). One server instance answers them all, so a multi-round-trip
+    /// result's `requestState` is honoured on the retry.
+    stateless: StdMutex<HashMap<(String, String), Arc<Session>>>,
 }
 
 impl Gateway {
@@ -143,7 +152,33 @@ impl Gateway {
     }
 
     fn take_all(&self) -> Vec<Arc<Session>> {
-        self.sessions().drain().map(|(_, s)| s).collect()
+        let mut all: Vec<Arc<Session>> = self.sessions().drain().map(|(_, s)| s).collect();
+        all.extend(self.stateless_map().drain().map(|(_, s)| s));
+        all
+    }
+
+    fn stateless_map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Session>>> {
+        self.stateless.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The shared mesh session for sessionless requests to `peer/service`, opened on demand.
+    async fn stateless_session(
+        self: &Arc<Self>,
+        peer: &str,
+        service: &str,
+    ) -> Result<Arc<Session>, (i64, String)> {
+        let key = (peer.to_owned(), service.to_owned());
+        if let Some(s) = self
+            .stateless_map()
+            .get(&key)
+            .filter(|s| !s.closed.is_cancelled())
+        {
+            return Ok(s.clone());
+        }
+        let session = new_session(self, peer, service).await?;
+        // Two first requests may race here; the loser's session serves its one request.
+        self.stateless_map().insert(key, session.clone());
+        Ok(session)
     }
 
     /// The session `headers` name, when it exists and belongs to `peer/service`.
@@ -166,7 +201,7 @@ impl Gateway {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
-            let stale: Vec<Arc<Session>> = {
+            let mut stale: Vec<Arc<Session>> = {
                 let mut map = self.sessions();
                 let ids: Vec<String> = map
                     .iter()
@@ -175,6 +210,15 @@ impl Gateway {
                     .collect();
                 ids.iter().filter_map(|id| map.remove(id)).collect()
             };
+            {
+                let mut map = self.stateless_map();
+                let keys: Vec<(String, String)> = map
+                    .iter()
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > STATELESS_IDLE)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                stale.extend(keys.iter().filter_map(|k| map.remove(k)));
+            }
             for s in stale {
                 s.close().await;
             }
@@ -266,6 +310,10 @@ impl Session {
         let mut routes = self.routes();
         routes.waiting.clear();
         routes.get = None;
+    }
+
+    fn is_waiting(&self, id: &RawValue) -> bool {
+        self.routes().waiting.contains_key(&jsonrpc::id_key(id))
     }
 
     /// Registers the stream that answers request `id` (and carries its progress).
@@ -599,17 +647,32 @@ async fn post(
                 }
                 return respond(rx, &headers, Some(&sid));
             }
-            Err((code, message)) => {
-                let code = if code == ErrorCode::UnknownService.code() {
-                    ErrorCode::UnknownService
-                } else {
-                    ErrorCode::Unreachable
-                };
-                return rpc_error(StatusCode::OK, code, id.as_deref(), &message);
-            }
+            Err((code, message)) => return open_failed(code, id.as_deref(), &message),
         },
         Lookup::NoHeader if stateless => {
-            return one_shot(&gateway, &peer, &service, line, id, &headers).await;
+            let Some(rid) = id.as_deref() else {
+                return plain(StatusCode::BAD_REQUEST, "a request needs an id");
+            };
+            let shared = match gateway.stateless_session(&peer, &service).await {
+                Ok(s) => s,
+                Err((code, message)) => return open_failed(code, id.as_deref(), &message),
+            };
+            if shared.is_waiting(rid) {
+                // Another client's request with the same id is in flight there: this one
+                // gets a mesh session of its own rather than a rewritten id.
+                return one_shot(&gateway, &peer, &service, line, id, &headers).await;
+            }
+            let rx = shared.expect(rid, token.as_deref());
+            if shared.send(&line).await.is_err() {
+                shared.close().await;
+                return rpc_error(
+                    StatusCode::OK,
+                    ErrorCode::Unreachable,
+                    Some(rid),
+                    "the mesh session failed",
+                );
+            }
+            return respond(rx, &headers, None);
         }
         Lookup::NoHeader => {
             return rpc_error(
@@ -648,6 +711,20 @@ async fn open_session(
     peer: &str,
     service: &str,
 ) -> Result<(String, Arc<Session>), (i64, String)> {
+    let session = new_session(gateway, peer, service).await?;
+    let mut raw = [0u8; 16];
+    getrandom::fill(&mut raw).map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
+    let sid = data_encoding::HEXLOWER.encode(&raw);
+    gateway.sessions().insert(sid.clone(), session.clone());
+    Ok((sid, session))
+}
+
+/// Opens a mesh session to `peer/service` and starts routing the server's messages.
+async fn new_session(
+    gateway: &Arc<Gateway>,
+    peer: &str,
+    service: &str,
+) -> Result<Arc<Session>, (i64, String)> {
     let stream = gateway.open(peer, service).await?;
     let (reader, writer) = stream.into_split();
     let session = Arc::new(Session {
@@ -658,12 +735,18 @@ async fn open_session(
         closed: CancellationToken::new(),
         last_active: StdMutex::new(Instant::now()),
     });
-    let mut raw = [0u8; 16];
-    getrandom::fill(&mut raw).map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
-    let sid = data_encoding::HEXLOWER.encode(&raw);
-    gateway.sessions().insert(sid.clone(), session.clone());
     tokio::spawn(session.clone().route(reader));
-    Ok((sid, session))
+    Ok(session)
+}
+
+/// The answer to a request whose mesh session could not be opened.
+fn open_failed(code: i64, id: Option<&RawValue>, message: &str) -> Response {
+    let code = if code == ErrorCode::UnknownService.code() {
+        ErrorCode::UnknownService
+    } else {
+        ErrorCode::Unreachable
+    };
+    rpc_error(StatusCode::OK, code, id, message)
 }
 
 /// A 2026-07-28 request with no session: a mesh session of its own, ended after the answer.
@@ -677,14 +760,7 @@ async fn one_shot(
 ) -> Response {
     let stream = match gateway.open(peer, service).await {
         Ok(s) => s,
-        Err((code, message)) => {
-            let code = if code == ErrorCode::UnknownService.code() {
-                ErrorCode::UnknownService
-            } else {
-                ErrorCode::Unreachable
-            };
-            return rpc_error(StatusCode::OK, code, id.as_deref(), &message);
-        }
+        Err((code, message)) => return open_failed(code, id.as_deref(), &message),
     };
     let (reader, mut writer) = stream.into_split();
     if writer

@@ -487,10 +487,16 @@ pub fn interop_script(name: &str) -> String {
 
 /// Runs a Python driver to completion (bounded), echoing its report; returns its stdout.
 pub async fn run_driver(args: &[String]) -> String {
+    run_driver_with(args, &[]).await
+}
+
+/// [`run_driver`] with extra environment variables.
+pub async fn run_driver_with(args: &[String], envs: &[(&str, &str)]) -> String {
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(240),
         tokio::process::Command::new(python())
             .args(args)
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),

@@ -157,8 +157,15 @@ def relay_main(transcript: str, cmd: list[str]) -> int:
 
 
 def big_payload(size: int) -> str:
-    """Exactly `size` UTF-8 bytes of BIG_UNIT repeated (cut at a character boundary, "." padded)."""
+    """Exactly `size` UTF-8 bytes of BIG_UNIT repeated (cut at a character boundary, "." padded).
+
+    With INTEROP_BIG_MOSTLY_ASCII set, each BIG_UNIT is followed by 16 KiB of ASCII: for servers
+    whose answers escape every non-ASCII character (the SDK's Streamable HTTP server writes
+    `\\uXXXX` and returns the text twice), so the answer stays under the mesh's 16 MiB frame cap.
+    """
     unit = BIG_UNIT.encode("utf-8")
+    if os.environ.get("INTEROP_BIG_MOSTLY_ASCII"):
+        unit += b"abcdefghijklmnop" * 1024
     raw = (unit * (size // len(unit) + 1))[:size]
     text = raw.decode("utf-8", errors="ignore")  # drops only a character cut in half at the end
     text += "." * (size - len(text.encode("utf-8")))
