@@ -709,6 +709,13 @@ fn use_lines(
     let granted = known["mounts"]
         .as_array()
         .is_some_and(|m| m.iter().any(|s| s == service));
+    let http_url = format!("http://127.0.0.1:8484/mcp/{target}");
+    let mut gateway_line = vec![command.clone()];
+    if let Some(home) = &profile.home {
+        gateway_line.extend(["--home".to_owned(), home.display().to_string()]);
+    }
+    gateway_line.push("gateway".to_owned());
+    let gateway_line = gateway_line.join(" ");
     let value = json!({
         "target": target,
         "name": name,
@@ -717,10 +724,11 @@ fn use_lines(
         "claude_code": claude,
         "mcpServers": { name.clone(): entry.clone() },
         "known_grant": granted,
+        "http_url": http_url,
     });
     out.print(value, || {
         let mut s = format!(
-            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}"
+            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}\n\nA client that speaks Streamable HTTP: keep `{gateway_line}` running (it listens on 127.0.0.1:8484), then use\n  {http_url}"
         );
         if !granted && known["source"] == "paired" {
             s.push_str(&format!("\n\nnote: {peer} did not list {service} when you paired; it may refuse."));
