@@ -529,3 +529,86 @@ async fn both_mcp_eras_pass_through_the_gateway() {
         assert!(report.contains(r#""MCPMESH_PEER_NAME":"bob""#), "{report}");
     }
 }
+
+/// An upstream that answers every POST `429 Too Many Requests` with `Retry-After: 2` and
+/// prints the `Authorization` header it was sent.
+const BUSY_UPSTREAM: &str = r#"
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        print("auth:", self.headers.get("authorization"), flush=True)
+        self.send_response(429)
+        self.send_header("Retry-After", "2")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print("listening", s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_failures_become_errors_of_the_band_and_header_secrets_stay_out_of_logs() {
+    let mut upstream = Command::new("python3")
+        .args(["-c", BUSY_UPSTREAM])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(upstream.stdout.take().unwrap()).lines();
+    let port = wait_for_line(&mut out, "listening")
+        .await
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .to_owned();
+
+    // The token lives in the serving node's environment; config names it.
+    let alice = TestNode::start_with("alice", "", &[("UPSTREAM_TOKEN", "s3cret-t0ken")]);
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    let busy = format!("http://127.0.0.1:{port}/mcp");
+    alice.serve(
+        "busy",
+        &["bob"],
+        &[
+            "--url",
+            &busy,
+            "--header",
+            "Authorization=Bearer ${UPSTREAM_TOKEN}",
+        ],
+    );
+    let gone = format!("http://127.0.0.1:{}/mcp", free_port());
+    alice.serve("gone", &["bob"], &["--url", &gone]);
+
+    let init = json!({ "protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": { "name": "t", "version": "1" } });
+    let mut s = bob.connect("alice/busy");
+    let answer = s.request("initialize", init.clone()).await;
+    assert_eq!(answer["error"]["code"], -32053, "{answer}");
+    assert_eq!(answer["error"]["data"]["retry_after_ms"], 2000, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+    assert_eq!(
+        wait_for_line(&mut out, "auth:").await,
+        "auth: Bearer s3cret-t0ken"
+    );
+
+    let mut s = bob.connect("alice/gone");
+    let answer = s.request("initialize", init).await;
+    assert_eq!(answer["error"]["code"], -32055, "{answer}");
+
+    assert!(
+        !alice.log().contains("s3cret-t0ken"),
+        "the header value reached the log"
+    );
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert!(
+        config.contains("${UPSTREAM_TOKEN}") && !config.contains("s3cret"),
+        "{config}"
+    );
+}
