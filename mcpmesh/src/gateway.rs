@@ -46,6 +46,8 @@ const SESSION_ID: &str = "mcp-session-id";
 const STREAM_QUEUE: usize = 64;
 /// Server-initiated messages held while no stream is open to carry them.
 const BACKLOG: usize = 1024;
+/// HTTP sessions the gateway holds at once; past it, `initialize` is answered 503.
+const MAX_SESSIONS: usize = 1024;
 /// A session with no request and no open stream for this long is ended.
 const IDLE: Duration = Duration::from_secs(3600);
 /// The shared mesh session of a service's sessionless (2026-07-28) requests is ended after
@@ -629,6 +631,21 @@ async fn post(
                 id.as_deref(),
                 "unknown or ended session: initialize a new one",
             );
+        }
+        Lookup::NoHeader if initialize && gateway.sessions().len() >= MAX_SESSIONS => {
+            let frame = ErrorFrame::new(ErrorCode::Busy)
+                .id(id.as_deref())
+                .message("the gateway holds as many sessions as it may; end one (DELETE) first")
+                .retry_after_ms(1000);
+            let mut r = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::CONTENT_TYPE, "application/json")],
+                frame.to_line(),
+            )
+                .into_response();
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
         }
         Lookup::NoHeader if initialize => match open_session(&gateway, &peer, &service).await {
             Ok((sid, session)) => {

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 const PIPELINE: usize = 16;
 const BIG: usize = 8 << 20;
+const MIB: usize = 1 << 20;
 
 struct Args {
     rounds: usize,
@@ -76,18 +77,24 @@ fn main() -> anyhow::Result<()> {
         "call p90 µs",
         "call p99 µs",
         "pipelined x16 calls/s",
+        "1 MiB result MB/s",
         "8 MiB result MB/s",
         "8 MiB request MB/s",
     ];
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    let mut cpu_per_call = Vec::new();
     for round in 1..=args.rounds {
         eprintln!("round {round}/{}", args.rounds);
-        for (cmd, into) in [(&direct_cmd, &mut direct), (&mesh_cmd, &mut meshed)] {
-            let r = measure(cmd, args.calls)?;
+        for (cmd, into, watch) in [
+            (&direct_cmd, &mut direct, None),
+            (&mesh_cmd, &mut meshed, Some(&mesh)),
+        ] {
+            let (r, cpu) = measure(cmd, args.calls, watch)?;
             for (slot, v) in into.iter_mut().zip(r) {
                 slot.push(v);
             }
+            cpu_per_call.extend(cpu);
         }
     }
     println!(
@@ -102,6 +109,19 @@ fn main() -> anyhow::Result<()> {
         let (d, m) = (median(&direct[i]), median(&meshed[i]));
         println!("{name:<24} {d:>12.1} {m:>12.1} {:>9.2}x", m / d);
     }
+    println!(
+        "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
+        median(&cpu_per_call)
+    );
+    let peak = mesh.peak_rss_kib();
+    println!(
+        "peak RSS of the mesh processes (both nodes, servers excluded): {:.1} MB ({})",
+        peak.iter().map(|(_, k)| *k as f64).sum::<f64>() / 1024.0,
+        peak.iter()
+            .map(|(who, k)| format!("{who} {:.1} MB", *k as f64 / 1024.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     drop(mesh);
     Ok(())
 }
@@ -117,8 +137,13 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-/// One pass over every figure against the server `cmd` starts.
-fn measure(cmd: &[String], calls: usize) -> anyhow::Result<Vec<f64>> {
+/// One pass over every figure against the server `cmd` starts; with `watch`, also the CPU time
+/// the mesh's processes spent per sequential call (µs).
+fn measure(
+    cmd: &[String],
+    calls: usize,
+    watch: Option<&Mesh>,
+) -> anyhow::Result<(Vec<f64>, Option<f64>)> {
     let mut opens = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
@@ -134,13 +159,22 @@ fn measure(cmd: &[String], calls: usize) -> anyhow::Result<Vec<f64>> {
         c.call_echo(&text)?;
     }
     let mut rtts = Vec::with_capacity(calls);
+    let cpu_before = watch.map(Mesh::cpu_ticks);
     for _ in 0..calls {
         let t = Instant::now();
         c.call_echo(&text)?;
         rtts.push(t.elapsed());
     }
+    let cpu = watch.zip(cpu_before).map(|(m, before)| {
+        let ticks = m.cpu_ticks().saturating_sub(before) as f64;
+        ticks / clock_ticks_per_sec() * 1e6 / calls as f64
+    });
     rtts.sort();
     let pipelined = c.pipelined(&text, calls)?;
+    let result_1m = c.throughput(
+        json!({ "name": "blob", "arguments": { "bytes": MIB } }),
+        MIB,
+    )?;
     let result = c.throughput(
         json!({ "name": "blob", "arguments": { "bytes": BIG } }),
         BIG,
@@ -150,15 +184,50 @@ fn measure(cmd: &[String], calls: usize) -> anyhow::Result<Vec<f64>> {
         BIG,
     )?;
     c.close();
-    Ok(vec![
-        median(&opens),
-        percentile(&rtts, 0.50),
-        percentile(&rtts, 0.90),
-        percentile(&rtts, 0.99),
-        pipelined,
-        result,
-        request,
-    ])
+    Ok((
+        vec![
+            median(&opens),
+            percentile(&rtts, 0.50),
+            percentile(&rtts, 0.90),
+            percentile(&rtts, 0.99),
+            pipelined,
+            result_1m,
+            result,
+            request,
+        ],
+        cpu,
+    ))
+}
+
+/// The unit of utime/stime in /proc/PID/stat: USER_HZ, which Linux fixes at 100.
+fn clock_ticks_per_sec() -> f64 {
+    100.0
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks_of(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state(0) … utime(11) stime(12).
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+/// A process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 struct Client {
@@ -368,6 +437,31 @@ impl Mesh {
             ],
         )?;
         Ok(mesh)
+    }
+
+    fn daemon_pid(home: &Path) -> Option<u32> {
+        std::fs::read_to_string(home.join("daemon.lock"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// CPU ticks both daemons have used so far.
+    fn cpu_ticks(&self) -> u64 {
+        [&self.alice, &self.bob]
+            .iter()
+            .filter_map(|h| Self::daemon_pid(h))
+            .map(cpu_ticks_of)
+            .sum()
+    }
+
+    /// Each daemon's peak RSS so far.
+    fn peak_rss_kib(&self) -> Vec<(&'static str, u64)> {
+        [("alice", &self.alice), ("bob", &self.bob)]
+            .into_iter()
+            .map(|(who, h)| (who, Self::daemon_pid(h).map_or(0, peak_rss_kib_of)))
+            .collect()
     }
 
     fn cli(&self, home: &Path, args: &[&str]) -> anyhow::Result<Value> {
