@@ -9,15 +9,12 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-/// server-everything in its Streamable HTTP mode on a loopback port. Its output (it logs on
-/// both stdout and stderr) is read all the time (a full pipe would stall it) and kept, to
-/// watch for what it logs.
+/// server-everything in its Streamable HTTP mode on a loopback port (it logs on stdout and
+/// stderr; both are kept, to watch for what it logs).
 struct EverythingHttp {
-    _child: Child,
-    log: tokio::sync::mpsc::UnboundedReceiver<String>,
+    process: Started,
     url: String,
 }
 
@@ -25,58 +22,18 @@ impl EverythingHttp {
     async fn start() -> Self {
         let port = free_port();
         let dir = deps().join("node_modules/@modelcontextprotocol/server-everything/dist");
-        let mut child = Command::new("node")
-            .arg("--require")
+        let mut cmd = Command::new("node");
+        cmd.arg("--require")
             .arg(interop_script("loopback.cjs"))
             .arg(dir.join("index.js"))
             .arg("streamableHttp")
-            .env("PORT", port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let (tx, mut log) = tokio::sync::mpsc::unbounded_channel();
-        drain_lines(child.stdout.take().unwrap(), tx.clone());
-        drain_lines(child.stderr.take().unwrap(), tx);
-        wait_for(&mut log, "listening on port").await;
+            .env("PORT", port.to_string());
+        let (process, _) = Started::until(&mut cmd, "listening on port").await;
         EverythingHttp {
-            _child: child,
-            log,
+            process,
             url: format!("http://127.0.0.1:{port}/mcp"),
         }
     }
-}
-
-/// Reads `stream`'s lines as they come, into `tx`.
-fn drain_lines(
-    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
-    tx: tokio::sync::mpsc::UnboundedSender<String>,
-) {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-/// Takes lines from `log` until one contains `needle` (bounded); returns it.
-async fn wait_for(log: &mut tokio::sync::mpsc::UnboundedReceiver<String>, needle: &str) -> String {
-    tokio::time::timeout(ANSWER_TIMEOUT, async {
-        loop {
-            match log.recv().await {
-                Some(line) if line.contains(needle) => return line,
-                Some(_) => {}
-                None => panic!("the output ended before {needle:?}"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no line with {needle:?} in time"))
 }
 
 /// A port nothing listens on right now (the kernel's pick, released at once).
@@ -88,61 +45,30 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Reads `lines` until one contains `needle` (bounded); returns it.
-async fn wait_for_line<R: tokio::io::AsyncBufRead + Unpin>(
-    lines: &mut Lines<R>,
-    needle: &str,
-) -> String {
-    tokio::time::timeout(ANSWER_TIMEOUT, async {
-        loop {
-            match lines.next_line().await.unwrap() {
-                Some(line) if line.contains(needle) => return line,
-                Some(_) => {}
-                None => panic!("the output ended before {needle:?}"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no line with {needle:?} in time"))
-}
-
 /// `mcpmesh gateway` for `node`, on a kernel-picked loopback port.
 struct Gateway {
-    child: Child,
+    _process: Started,
     base: String,
 }
 
 impl Gateway {
     async fn start(node: &TestNode, extra: &[&str]) -> Self {
-        let mut child = Command::new(MCPMESH)
-            .arg("--home")
+        let mut cmd = Command::new(MCPMESH);
+        cmd.arg("--home")
             .arg(node.home())
             .args(["--json", "gateway", "--listen", "127.0.0.1:0"])
             .args(extra)
-            .env_remove("MCPMESH_GATEWAY_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready: Value =
-            serde_json::from_str(&wait_for_line(&mut out, "listening").await).unwrap();
+            .env_remove("MCPMESH_GATEWAY_TOKEN");
+        let (process, ready) = Started::until(&mut cmd, "listening").await;
+        let ready: Value = serde_json::from_str(&ready).unwrap();
         Gateway {
-            child,
+            _process: process,
             base: ready["url"].as_str().unwrap().to_owned(),
         }
     }
 
     fn url(&self, target: &str) -> String {
         format!("{}/{target}", self.base)
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
     }
 }
 
@@ -191,7 +117,10 @@ async fn a_streamable_http_server_is_shared_with_url_and_used_through_connect() 
     let mesh = run_driver(&mesh).await;
     assert!(mesh.contains(r#"{"passed":32,"failed":0}"#), "{mesh}");
     // When the mesh session ended, alice's node ended the upstream session (DELETE).
-    wait_for(&mut server.log, "Received session termination request").await;
+    server
+        .process
+        .wait_for("Received session termination request")
+        .await;
 
     let direct = [
         everything_client(),
@@ -415,30 +344,17 @@ async fn with_a_token_every_request_must_carry_it() {
 /// The official Python SDK's Streamable HTTP server (`http_server.py`: both MCP eras, bodies
 /// up to 16 MiB), with its `request:` log lines kept.
 struct SdkHttp {
-    _child: Child,
-    log: tokio::sync::mpsc::UnboundedReceiver<String>,
+    process: Started,
     url: String,
 }
 
 impl SdkHttp {
     async fn start() -> Self {
-        let mut child = Command::new(python())
-            .arg(interop_script("http_server.py"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let (tx, mut log) = tokio::sync::mpsc::unbounded_channel();
-        drain_lines(child.stderr.take().unwrap(), tx);
-        let ready = wait_for(&mut log, "listening on").await;
+        let mut cmd = Command::new(python());
+        cmd.arg(interop_script("http_server.py"));
+        let (process, ready) = Started::until(&mut cmd, "listening on").await;
         let url = ready.rsplit(' ').next().unwrap().to_owned();
-        SdkHttp {
-            _child: child,
-            log,
-            url,
-        }
+        SdkHttp { process, url }
     }
 }
 
@@ -483,11 +399,7 @@ async fn both_mcp_eras_reach_an_sdk_http_server_through_url_with_the_callers_ide
     }
     // The 2026-07-28 requests carried their routing headers (the SDK's server insists: it
     // answers 400 without them), taken from each frame.
-    let mut seen = Vec::new();
-    while let Ok(line) = server.log.try_recv() {
-        seen.push(line);
-    }
-    let seen = seen.join("\n");
+    let seen = server.process.drain().join("\n");
     for expected in [
         "mcp-method=server/discover mcp-name=- mcp-protocol-version=2026-07-28",
         "mcp-method=tools/call mcp-name=confirm mcp-protocol-version=2026-07-28",
@@ -551,21 +463,10 @@ s.serve_forever()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_failures_become_errors_of_the_band_and_header_secrets_stay_out_of_logs() {
-    let mut upstream = Command::new("python3")
-        .args(["-c", BUSY_UPSTREAM])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(upstream.stdout.take().unwrap()).lines();
-    let port = wait_for_line(&mut out, "listening")
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .to_owned();
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", BUSY_UPSTREAM]);
+    let (mut upstream, ready) = Started::until(&mut cmd, "listening").await;
+    let port = ready.split(' ').nth(1).unwrap().to_owned();
 
     // The token lives in the serving node's environment; config names it.
     let alice = TestNode::start_with("alice", "", &[("UPSTREAM_TOKEN", "s3cret-t0ken")]);
@@ -594,7 +495,7 @@ async fn upstream_failures_become_errors_of_the_band_and_header_secrets_stay_out
     assert_eq!(answer["error"]["data"]["retry_after_ms"], 2000, "{answer}");
     assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
     assert_eq!(
-        wait_for_line(&mut out, "auth:").await,
+        upstream.wait_for("auth:").await,
         "auth: Bearer s3cret-t0ken"
     );
 

@@ -13,37 +13,27 @@ use std::process::Stdio;
 
 use common::*;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The long-running stub server on a Unix socket, recording every line it receives.
 struct SocketServer {
-    _child: tokio::process::Child,
+    _process: Started,
     dir: tempfile::TempDir,
 }
 
 impl SocketServer {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = tokio::process::Command::new(STUB)
-            .arg("--socket")
+        let mut cmd = tokio::process::Command::new(STUB);
+        cmd.arg("--socket")
             .arg(dir.path().join("server.sock"))
             .arg("--record")
-            .arg(dir.path().join("received"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+            .arg(dir.path().join("received"));
         // It says so on stderr once it listens.
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let ready = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
-            .await
-            .expect("the socket server starts in time")
-            .unwrap()
-            .unwrap_or_default();
-        assert!(ready.contains("listening"), "{ready}");
-        SocketServer { _child: child, dir }
+        let (process, _) = Started::until(&mut cmd, "listening").await;
+        SocketServer {
+            _process: process,
+            dir,
+        }
     }
 
     fn path(&self) -> PathBuf {
@@ -613,22 +603,9 @@ async fn the_official_python_sdk_uses_every_feature_of_server_everything_through
 async fn an_sdk_server_on_a_socket_serves_both_eras_and_its_tools_see_the_caller() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("sdk.sock");
-    let mut server = tokio::process::Command::new(python())
-        .arg(interop_script("socket_server.py"))
-        .arg(&sock)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-    let ready = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
-        .await
-        .expect("the SDK server starts in time")
-        .unwrap()
-        .unwrap_or_default();
-    assert!(ready.starts_with("listening on"), "{ready}");
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(interop_script("socket_server.py")).arg(&sock);
+    let (_server, _) = Started::until(&mut cmd, "listening on").await;
 
     let (alice, bob) = two_nodes();
     alice.serve("sdk", &["bob"], &["--socket", sock.to_str().unwrap()]);

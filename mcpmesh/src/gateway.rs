@@ -652,17 +652,13 @@ async fn post(
                 let Some(id) = id.as_deref() else {
                     return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
                 };
-                let rx = session.expect(id, token.as_deref());
-                if session.send(&line).await.is_err() {
-                    session.close().await;
-                    return rpc_error(
-                        StatusCode::OK,
-                        ErrorCode::Unreachable,
-                        Some(id),
-                        "the mesh session failed",
-                    );
-                }
-                return respond(rx, &headers, Some(&sid));
+                let sent = Sent {
+                    line: &line,
+                    id,
+                    token: token.as_deref(),
+                    headers: &headers,
+                };
+                return sent.over(&session, Some(&sid), StatusCode::OK).await;
             }
             Err((code, message)) => return open_failed(code, id.as_deref(), &message),
         },
@@ -679,17 +675,13 @@ async fn post(
                 // gets a mesh session of its own rather than a rewritten id.
                 return one_shot(&gateway, &peer, &service, line, id, &headers).await;
             }
-            let rx = shared.expect(rid, token.as_deref());
-            if shared.send(&line).await.is_err() {
-                shared.close().await;
-                return rpc_error(
-                    StatusCode::OK,
-                    ErrorCode::Unreachable,
-                    Some(rid),
-                    "the mesh session failed",
-                );
-            }
-            return respond(rx, &headers, None);
+            let sent = Sent {
+                line: &line,
+                id: rid,
+                token: token.as_deref(),
+                headers: &headers,
+            };
+            return sent.over(&shared, None, StatusCode::OK).await;
         }
         Lookup::NoHeader => {
             return rpc_error(
@@ -703,22 +695,44 @@ async fn post(
 
     match (kind, id.as_deref()) {
         (Kind::Request, Some(id)) => {
-            let rx = session.expect(id, token.as_deref());
-            if session.send(&line).await.is_err() {
-                session.close().await;
-                return rpc_error(
-                    StatusCode::NOT_FOUND,
-                    ErrorCode::Unreachable,
-                    Some(id),
-                    "the mesh session ended",
-                );
-            }
-            respond(rx, &headers, None)
+            let sent = Sent {
+                line: &line,
+                id,
+                token: token.as_deref(),
+                headers: &headers,
+            };
+            sent.over(&session, None, StatusCode::NOT_FOUND).await
         }
         _ => match session.send(&line).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
             Err(_) => plain(StatusCode::NOT_FOUND, "the mesh session ended"),
         },
+    }
+}
+
+/// A request on its way into a mesh session.
+struct Sent<'a> {
+    line: &'a [u8],
+    id: &'a RawValue,
+    token: Option<&'a RawValue>,
+    headers: &'a HeaderMap,
+}
+
+impl Sent<'_> {
+    /// Sends the request into `session` and answers with the stream that will carry its
+    /// answer; if the mesh session is gone, `-32055` with HTTP status `lost`.
+    async fn over(self, session: &Session, sid: Option<&str>, lost: StatusCode) -> Response {
+        let rx = session.expect(self.id, self.token);
+        if session.send(self.line).await.is_err() {
+            session.close().await;
+            return rpc_error(
+                lost,
+                ErrorCode::Unreachable,
+                Some(self.id),
+                "the mesh session ended",
+            );
+        }
+        respond(rx, self.headers, sid)
     }
 }
 

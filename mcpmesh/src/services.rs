@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::backends::session::SessionOptions;
+use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::socket::SocketBackend;
 use crate::backends::spawn::{BackendError, SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
@@ -225,20 +225,21 @@ impl SessionHandler for ServiceHost {
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
         };
-        let (concurrency, audit, limiter) = (
-            entry.sessions.clone(),
-            self.audit.clone(),
-            entry.limiter.clone(),
-        );
+        let ctx = ServiceCtx {
+            service: service.clone(),
+            concurrency: entry.sessions.clone(),
+            audit: self.audit.clone(),
+            limiter: entry.limiter.clone(),
+        };
         let run = async {
             match &entry.spec.backend {
                 BackendSpec::Run(cmd) => {
                     let backend = SpawnBackend {
                         cmd: cmd.clone(),
-                        concurrency,
-                        service: service.clone(),
-                        audit,
-                        limiter,
+                        concurrency: ctx.concurrency,
+                        service: ctx.service,
+                        audit: ctx.audit,
+                        limiter: ctx.limiter,
                     };
                     let options = SpawnOptions {
                         env: entry.spec.env.clone(),
@@ -252,10 +253,7 @@ impl SessionHandler for ServiceHost {
                 BackendSpec::Socket(path) => {
                     let backend = SocketBackend {
                         path: path.clone(),
-                        concurrency,
-                        service: service.clone(),
-                        audit,
-                        limiter,
+                        ctx,
                     };
                     backend.run_session(peer.clone(), transport, &session).await
                 }
@@ -264,10 +262,7 @@ impl SessionHandler for ServiceHost {
                         let backend = UrlBackend {
                             url,
                             headers: headers.clone(),
-                            concurrency,
-                            service: service.clone(),
-                            audit,
-                            limiter,
+                            ctx,
                         };
                         backend.run_session(peer.clone(), transport, &session).await
                     }

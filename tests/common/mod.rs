@@ -515,3 +515,76 @@ pub async fn run_driver_with(args: &[String], envs: &[(&str, &str)]) -> String {
     );
     stdout
 }
+
+/// A helper process this test started (a server), its output read line by line all the time
+/// (a full pipe would stall it) into a channel, and killed when dropped.
+pub struct Started {
+    pub child: Child,
+    pub output: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Started {
+    /// Spawns `cmd` with stdout and stderr captured and waits (bounded) for a line containing
+    /// `ready`; returns the process and that line.
+    pub async fn until(cmd: &mut tokio::process::Command, ready: &str) -> (Started, String) {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (tx, output) = tokio::sync::mpsc::unbounded_channel();
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stream).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut started = Started { child, output };
+        let line = started.wait_for(ready).await;
+        (started, line)
+    }
+
+    /// Takes output lines until one contains `needle` (bounded); returns it.
+    pub async fn wait_for(&mut self, needle: &str) -> String {
+        tokio::time::timeout(ANSWER_TIMEOUT, async {
+            loop {
+                match self.output.recv().await {
+                    Some(line) if line.contains(needle) => return line,
+                    Some(_) => {}
+                    None => panic!("the output ended before {needle:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no line with {needle:?} in time"))
+    }
+
+    /// Every output line read so far, without waiting.
+    pub fn drain(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        while let Ok(line) = self.output.try_recv() {
+            lines.push(line);
+        }
+        lines
+    }
+}

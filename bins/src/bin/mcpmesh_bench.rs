@@ -214,7 +214,12 @@ fn cpu_ticks_of(pid: u32) -> u64 {
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the command: state(0) … utime(11) stime(12).
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     field(11) + field(12)
 }
 

@@ -52,6 +52,29 @@ impl Default for SessionOptions {
     }
 }
 
+/// What a backend knows of its service beyond what it attaches to: the name, the session cap,
+/// the per-caller rate limiter, and where records go.
+#[derive(Debug, Clone)]
+pub struct ServiceCtx {
+    pub service: String,
+    /// The service's session cap; a session that finds no permit is refused before anything
+    /// is started or connected.
+    pub concurrency: Arc<Semaphore>,
+    pub audit: AuditSink,
+    pub limiter: Arc<RateLimiter>,
+}
+
+impl ServiceCtx {
+    pub(crate) fn host(&self) -> Host<'_> {
+        Host {
+            service: &self.service,
+            audit: &self.audit,
+            limiter: &self.limiter,
+            concurrency: &self.concurrency,
+        }
+    }
+}
+
 /// The service a session belongs to, as the session machinery needs it.
 pub(crate) struct Host<'a> {
     pub service: &'a str,

@@ -7,20 +7,15 @@
 //! edit; every other byte passes as it was sent.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backends::session::{ServiceCtx, SessionOptions, Who};
+use crate::backends::spawn::BackendError;
+use crate::backends::stamp::PeerStamp;
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::NdjsonTransport;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::Semaphore;
-
-use crate::audit::AuditSink;
-use crate::backends::session::{Host, SessionOptions, Who};
-use crate::backends::spawn::BackendError;
-use crate::backends::stamp::PeerStamp;
-use crate::limits::RateLimiter;
 
 /// How long connecting to the server's socket may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,12 +24,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct SocketBackend {
     pub path: PathBuf,
-    /// The service's session cap; a session that finds no permit is refused before
-    /// connecting.
-    pub concurrency: Arc<Semaphore>,
-    pub service: String,
-    pub audit: AuditSink,
-    pub limiter: Arc<RateLimiter>,
+    pub ctx: ServiceCtx,
 }
 
 impl SocketBackend {
@@ -50,12 +40,7 @@ impl SocketBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let host = Host {
-            service: &self.service,
-            audit: &self.audit,
-            limiter: &self.limiter,
-            concurrency: &self.concurrency,
-        };
+        let host = self.ctx.host();
         let who = Who::of(Some(&identity));
         let Some(_permit) = host.admit(&who, None, &mut transport).await else {
             return Ok(());
@@ -70,7 +55,7 @@ impl SocketBackend {
                     path: self.path.display().to_string(),
                     source,
                 };
-                tracing::error!(service = %self.service, "{e}");
+                tracing::error!(service = %self.ctx.service, "{e}");
                 // Ending the stream makes the dialing side answer -32055 for what is pending.
                 let _ = transport.writer_mut().shutdown().await;
                 return Err(e);

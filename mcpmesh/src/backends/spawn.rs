@@ -18,7 +18,7 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::Semaphore;
 
 use crate::audit::AuditSink;
-use crate::backends::session::{GRACE, Host, SessionOptions, Who};
+use crate::backends::session::{GRACE, ServiceCtx, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
 
@@ -95,12 +95,13 @@ impl SpawnBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let host = Host {
-            service: &self.service,
-            audit: &self.audit,
-            limiter: &self.limiter,
-            concurrency: &self.concurrency,
+        let ctx = ServiceCtx {
+            service: self.service.clone(),
+            concurrency: self.concurrency.clone(),
+            audit: self.audit.clone(),
+            limiter: self.limiter.clone(),
         };
+        let host = ctx.host();
         let who = Who::of(identity.as_ref());
         let Some(_permit) = host.admit(&who, first_frame.as_ref(), &mut transport).await else {
             return Ok(());

@@ -24,16 +24,14 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::AuditSink;
-use crate::backends::session::{Host, SessionOptions, Who};
+use crate::backends::session::{ServiceCtx, SessionOptions, Who};
 use crate::backends::spawn::BackendError;
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
-use crate::limits::RateLimiter;
 
 const SESSION_ID: &str = "mcp-session-id";
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -54,10 +52,7 @@ pub struct UrlBackend {
     /// Header templates: `${VAR}` is replaced by the node's environment variable VAR when a
     /// session starts. Values are secrets (tokens): never logged.
     pub headers: BTreeMap<String, String>,
-    pub concurrency: Arc<Semaphore>,
-    pub service: String,
-    pub audit: AuditSink,
-    pub limiter: Arc<RateLimiter>,
+    pub ctx: ServiceCtx,
 }
 
 impl UrlBackend {
@@ -71,12 +66,7 @@ impl UrlBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let host = Host {
-            service: &self.service,
-            audit: &self.audit,
-            limiter: &self.limiter,
-            concurrency: &self.concurrency,
-        };
+        let host = self.ctx.host();
         let who = Who::of(Some(&identity));
         let Some(_permit) = host.admit(&who, None, &mut transport).await else {
             return Ok(());
@@ -89,7 +79,7 @@ impl UrlBackend {
                     url: self.url.to_string(),
                     message,
                 };
-                tracing::error!(service = %self.service, "{e}");
+                tracing::error!(service = %self.ctx.service, "{e}");
                 let _ = transport.writer_mut().shutdown().await;
                 return Err(e);
             }
@@ -105,7 +95,7 @@ impl UrlBackend {
             protocol: StdMutex::new(None),
             out: Mutex::new(bridge_w),
             closing: CancellationToken::new(),
-            service: self.service.clone(),
+            service: self.ctx.service.clone(),
         });
         let bridge = tokio::spawn(upstream.clone().run(bridge_r));
         let teardown = |_patience| async move {
