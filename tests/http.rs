@@ -427,7 +427,7 @@ async fn both_mcp_eras_pass_through_the_gateway() {
             "{report}"
         );
         // A 2026-07-28 request needs no session: the first frame is server/discover, and
-        // the input_required round trip works across two one-request mesh sessions.
+        // the input_required round trip works (the retry meets the same server instance).
         if era == "modern" {
             assert!(
                 report.contains("ok   first-frame server/discover"),

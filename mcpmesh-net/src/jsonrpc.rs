@@ -117,6 +117,39 @@ pub fn peek_response(line: &[u8]) -> Option<ResponsePeek<'_>> {
     serde_json::from_slice(line).ok()
 }
 
+/// What a request's `params._meta` says about transport matters.
+#[derive(Debug, Default)]
+pub struct MetaPeek {
+    /// `progressToken`: the request asks for progress under this token.
+    pub progress_token: Option<Box<RawValue>>,
+    /// `io.modelcontextprotocol/protocolVersion`: a 2026-07-28 (stateless) request.
+    pub protocol_version: Option<String>,
+}
+
+/// Peeks at `params._meta`; an absent or malformed one says nothing.
+pub fn meta(params: Option<&RawValue>) -> MetaPeek {
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(rename = "_meta", default)]
+        meta: Option<Meta>,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(rename = "progressToken", default)]
+        progress_token: Option<Box<RawValue>>,
+        #[serde(rename = "io.modelcontextprotocol/protocolVersion", default)]
+        protocol_version: Option<String>,
+    }
+    params
+        .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+        .and_then(|p| p.meta)
+        .map(|m| MetaPeek {
+            progress_token: m.progress_token,
+            protocol_version: m.protocol_version,
+        })
+        .unwrap_or_default()
+}
+
 /// The name a request is about: `params.name` (tools, prompts) or `params.uri` (resources).
 pub fn subject_name(params: &RawValue) -> Option<String> {
     #[derive(Deserialize)]
@@ -187,6 +220,17 @@ mod tests {
             "invalid UTF-8 is not JSON"
         );
         assert!(peek(b"not json").is_none());
+    }
+
+    #[test]
+    fn meta_tells_progress_tokens_and_stateless_requests() {
+        let p = peek(br#"{"id":1,"method":"m","params":{"_meta":{"progressToken":"t","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#).unwrap();
+        let m = meta(p.params);
+        assert_eq!(m.progress_token.unwrap().get(), r#""t""#);
+        assert_eq!(m.protocol_version.as_deref(), Some("2026-07-28"));
+        let p = peek(br#"{"id":1,"method":"m","params":{"_meta":7}}"#).unwrap();
+        let m = meta(p.params);
+        assert!(m.progress_token.is_none() && m.protocol_version.is_none());
     }
 
     #[test]

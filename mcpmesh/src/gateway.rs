@@ -415,40 +415,6 @@ fn progress_token(peek: &jsonrpc::Peek<'_>) -> Option<String> {
     Some(jsonrpc::id_key(p.token))
 }
 
-/// A request's `params._meta.progressToken`, if it asks for progress.
-fn requested_token(params: Option<&RawValue>) -> Option<Box<RawValue>> {
-    #[derive(Deserialize)]
-    struct Params {
-        #[serde(rename = "_meta")]
-        meta: Option<Meta>,
-    }
-    #[derive(Deserialize)]
-    struct Meta {
-        #[serde(rename = "progressToken")]
-        token: Option<Box<RawValue>>,
-    }
-    let p: Params = serde_json::from_str(params?.get()).ok()?;
-    p.meta?.token
-}
-
-/// Whether a request carries the 2026-07-28 protocol fields in its `_meta`.
-fn is_stateless(params: Option<&RawValue>) -> bool {
-    #[derive(Deserialize)]
-    struct Params {
-        #[serde(rename = "_meta")]
-        meta: Option<Meta>,
-    }
-    #[derive(Deserialize)]
-    struct Meta {
-        #[serde(rename = "io.modelcontextprotocol/protocolVersion")]
-        version: Option<String>,
-    }
-    params
-        .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
-        .and_then(|p| p.meta?.version)
-        .is_some()
-}
-
 /// Host, Origin and bearer checks, before any handler.
 async fn guard(
     State(gateway): State<Arc<Gateway>>,
@@ -618,9 +584,10 @@ async fn post(
     };
     let kind = peek.kind();
     let id = peek.id.map(ToOwned::to_owned);
-    let token = requested_token(peek.params);
+    let meta = jsonrpc::meta(peek.params);
+    let token = meta.progress_token;
     let initialize = peek.method.as_deref() == Some("initialize");
-    let stateless = kind == Kind::Request && !initialize && is_stateless(peek.params);
+    let stateless = kind == Kind::Request && !initialize && meta.protocol_version.is_some();
 
     let session = match gateway.session(&headers, &peer, &service) {
         Lookup::Found(s) => s,

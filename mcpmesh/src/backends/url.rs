@@ -193,25 +193,13 @@ struct Frame {
 
 impl Frame {
     fn of(line: Bytes) -> Frame {
-        #[derive(Deserialize)]
-        struct Meta {
-            #[serde(rename = "_meta", default)]
-            meta: Option<MetaFields>,
-        }
-        #[derive(Deserialize)]
-        struct MetaFields {
-            #[serde(rename = "io.modelcontextprotocol/protocolVersion", default)]
-            protocol: Option<String>,
-        }
         let (kind, id, method, name, modern) = match jsonrpc::peek(&line) {
             Some(p) => (
                 Some(p.kind()),
                 p.id.map(ToOwned::to_owned),
                 p.method.as_deref().map(str::to_owned),
                 p.params.and_then(jsonrpc::subject_name),
-                p.params
-                    .and_then(|params| serde_json::from_str::<Meta>(params.get()).ok())
-                    .and_then(|m| m.meta?.protocol),
+                jsonrpc::meta(p.params).protocol_version,
             ),
             None => (None, None, None, None, None),
         };
