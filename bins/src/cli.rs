@@ -301,11 +301,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
         ),
         Command::Audit { action } => audit(&profile, action, &out),
         Command::Up => {
+            let started = std::time::Instant::now();
             ControlClient::connect_or_start(&profile, &exe)?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
             let socket = profile.socket_path().display().to_string();
-            out.print(json!({ "socket": socket }), || {
-                format!("node is up (control socket {socket})")
-            });
+            out.print(
+                json!({ "socket": socket, "ms": (ms * 10.0).round() / 10.0 }),
+                || format!("node is up in {ms:.0} ms (control socket {socket})"),
+            );
             Ok(())
         }
         Command::Down => {
@@ -834,10 +837,17 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
     } else {
         Attach::Stream
     };
+    let started = std::time::Instant::now();
     let opened = ControlClient::connect_or_start(profile, exe)
         .and_then(|c| c.open_session(peer, service, attach));
     match opened {
         Ok((stream, leftover)) => {
+            // One line for the client's log: how long the mesh took to be ready (node start,
+            // dial and session included).
+            eprintln!(
+                "mcpmesh connect {target}: session open in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
             match attach {
                 Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
                 Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),
