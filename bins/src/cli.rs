@@ -245,8 +245,12 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logging(command: &Command) {
+    // iroh's own spans and events stay at warn: entering its per-poll spans was a few percent
+    // of the node's CPU per call, and its info lines are not the node's story.
     let default = match command {
-        Command::Daemon { .. } => "info",
+        Command::Daemon { .. } => {
+            "info,iroh=warn,iroh_relay=warn,noq=warn,noq_proto=warn,netwatch=warn,portmapper=warn"
+        }
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCPMESH_LOG")
