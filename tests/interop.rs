@@ -473,14 +473,7 @@ async fn a_2026_07_28_stateless_session_opens_is_gated_audited_and_passes_byte_i
     ];
     args.extend(connect.iter().cloned());
     let report = run_driver(&args).await;
-    assert!(
-        report.contains("ok   first-frame server/discover"),
-        "{report}"
-    );
-    assert!(
-        report.contains("input_required -> elicitation -> retry"),
-        "{report}"
-    );
+    assert_stateless_report(&report);
 
     let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
     let (direct, mesh, served) = (read("direct"), read("mesh"), read("served"));

@@ -588,3 +588,16 @@ impl Started {
         lines
     }
 }
+
+/// Asserts that a `modern_client.py` report shows a 2026-07-28 session: `server/discover`
+/// first, and the `input_required` round trip completed by a retry.
+pub fn assert_stateless_report(report: &str) {
+    assert!(
+        report.contains("ok   first-frame server/discover"),
+        "{report}"
+    );
+    assert!(
+        report.contains("input_required -> elicitation -> retry"),
+        "{report}"
+    );
+}

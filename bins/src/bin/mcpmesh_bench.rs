@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+#[path = "../bench_util.rs"]
+mod bench_util;
+
 const PIPELINE: usize = 16;
 const BIG: usize = 8 << 20;
 const MIB: usize = 1 << 20;
@@ -28,39 +31,16 @@ fn parse_args() -> anyhow::Result<Args> {
         rounds: 3,
         calls: 2000,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = || -> anyhow::Result<usize> {
-            it.next()
-                .context("a number after the flag")?
-                .parse()
-                .context("a number")
-        };
-        match a.as_str() {
-            "--rounds" => args.rounds = value()?.max(1),
-            "--calls" => args.calls = value()?.max(100),
-            other => bail!("unknown argument {other:?} (try --rounds N, --calls N)"),
-        }
-    }
+    bench_util::numeric_flags(&mut [
+        ("rounds", &mut args.rounds, 1),
+        ("calls", &mut args.calls, 100),
+    ])?;
     Ok(args)
 }
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let dir = std::env::current_exe()?
-        .parent()
-        .context("exe dir")?
-        .to_path_buf();
-    let mcpmesh = dir.join("mcpmesh");
-    let stub = dir.join("echo_mcp_stub");
-    for b in [&mcpmesh, &stub] {
-        if !b.exists() {
-            bail!(
-                "{} not found: run `cargo build --release` first",
-                b.display()
-            );
-        }
-    }
+    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
     let mesh = Mesh::start(&mcpmesh, &stub)?;
     let direct_cmd = vec![stub.display().to_string()];
     let mesh_cmd = vec![
@@ -225,14 +205,7 @@ fn cpu_ticks_of(pid: u32) -> u64 {
 
 /// A process's peak resident set (VmHWM), in KiB.
 fn peak_rss_kib_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
+    bench_util::status_kib(pid, "VmHWM:")
 }
 
 struct Client {

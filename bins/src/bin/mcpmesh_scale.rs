@@ -21,6 +21,9 @@ use mcpmesh_net::session::{ALPN_MCP, Preamble};
 use mcpmesh_net::transport::FrameReader;
 use serde_json::{Value, json};
 
+#[path = "../bench_util.rs"]
+mod bench_util;
+
 struct Args {
     peers: usize,
     sessions: usize,
@@ -33,39 +36,17 @@ fn parse_args() -> anyhow::Result<Args> {
         sessions: 10,
         calls: 20,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = || -> anyhow::Result<usize> {
-            it.next()
-                .context("a number after the flag")?
-                .parse()
-                .context("a number")
-        };
-        match a.as_str() {
-            "--peers" => args.peers = value()?.max(1),
-            "--sessions" => args.sessions = value()?.max(1),
-            "--calls" => args.calls = value()?.max(1),
-            other => bail!("unknown argument {other:?} (try --peers N, --sessions N, --calls N)"),
-        }
-    }
+    bench_util::numeric_flags(&mut [
+        ("peers", &mut args.peers, 1),
+        ("sessions", &mut args.sessions, 1),
+        ("calls", &mut args.calls, 1),
+    ])?;
     Ok(args)
 }
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let dir = std::env::current_exe()?
-        .parent()
-        .context("exe dir")?
-        .to_path_buf();
-    let (mcpmesh, stub) = (dir.join("mcpmesh"), dir.join("echo_mcp_stub"));
-    for b in [&mcpmesh, &stub] {
-        if !b.exists() {
-            bail!(
-                "{} not found: run `cargo build --release` first",
-                b.display()
-            );
-        }
-    }
+    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -279,23 +260,12 @@ impl Node {
     }
 }
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmRSS:")
+    bench_util::status_kib(pid, "VmRSS:")
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
-    status_kib(pid, "VmHWM:")
+    bench_util::status_kib(pid, "VmHWM:")
 }
 
 /// The node's live children (one server per session).

@@ -65,6 +65,22 @@ pub struct ServiceCtx {
 }
 
 impl ServiceCtx {
+    /// Admits a session for the gate-resolved `identity`, nothing read from it yet; `None`
+    /// when it was refused (and answered).
+    pub(crate) async fn admit<R, W>(
+        &self,
+        identity: &PeerIdentity,
+        transport: &mut NdjsonTransport<R, W>,
+    ) -> Option<(Who, OwnedSemaphorePermit)>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let who = Who::of(Some(identity));
+        let permit = self.host().admit(&who, None, transport).await?;
+        Some((who, permit))
+    }
+
     pub(crate) fn host(&self) -> Host<'_> {
         Host {
             service: &self.service,

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backends::session::{ServiceCtx, SessionOptions, Who};
+use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::spawn::BackendError;
 use crate::backends::stamp::PeerStamp;
 use mcpmesh_net::PeerIdentity;
@@ -40,11 +40,10 @@ impl SocketBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let host = self.ctx.host();
-        let who = Who::of(Some(&identity));
-        let Some(_permit) = host.admit(&who, None, &mut transport).await else {
+        let Some((who, _permit)) = self.ctx.admit(&identity, &mut transport).await else {
             return Ok(());
         };
+        let host = self.ctx.host();
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&self.path))
             .await
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))

@@ -28,7 +28,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backends::session::{ServiceCtx, SessionOptions, Who};
+use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::spawn::BackendError;
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
@@ -66,11 +66,10 @@ impl UrlBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let host = self.ctx.host();
-        let who = Who::of(Some(&identity));
-        let Some(_permit) = host.admit(&who, None, &mut transport).await else {
+        let Some((who, _permit)) = self.ctx.admit(&identity, &mut transport).await else {
             return Ok(());
         };
+        let host = self.ctx.host();
         let prepared = client().and_then(|c| Ok((c, expand_headers(&self.headers)?)));
         let (client, headers) = match prepared {
             Ok(ready) => ready,

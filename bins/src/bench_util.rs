@@ -1,0 +1,57 @@
+//! What the benchmark binaries share: their flags, the binaries they drive, and reading a
+//! process's figures from /proc.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+/// Parses `--NAME N` flags into `slots` (name, value, minimum), leaving defaults in place.
+pub fn numeric_flags(slots: &mut [(&str, &mut usize, usize)]) -> anyhow::Result<()> {
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let Some((_, slot, min)) = slots
+            .iter_mut()
+            .find(|(name, _, _)| flag.strip_prefix("--") == Some(*name))
+        else {
+            let known: Vec<String> = slots.iter().map(|(n, _, _)| format!("--{n} N")).collect();
+            bail!("unknown argument {flag:?} (try {})", known.join(", "));
+        };
+        let n: usize = it
+            .next()
+            .context("a number after the flag")?
+            .parse()
+            .context("a number")?;
+        **slot = n.max(*min);
+    }
+    Ok(())
+}
+
+/// `mcpmesh` and `echo_mcp_stub` from the same build as this binary.
+pub fn sibling_binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .to_path_buf();
+    let (mcpmesh, stub) = (dir.join("mcpmesh"), dir.join("echo_mcp_stub"));
+    for b in [&mcpmesh, &stub] {
+        if !b.exists() {
+            bail!(
+                "{} not found: run `cargo build --release` first",
+                b.display()
+            );
+        }
+    }
+    Ok((mcpmesh, stub))
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:`), 0 when unreadable.
+pub fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
