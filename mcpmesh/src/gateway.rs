@@ -614,6 +614,9 @@ async fn post(
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return r;
         }
+        Lookup::NoHeader if initialize && id.is_none() => {
+            return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
+        }
         Lookup::NoHeader if initialize => match open_session(&gateway, &peer, &service).await {
             Ok((sid, session)) => {
                 let Some(id) = id.as_deref() else {

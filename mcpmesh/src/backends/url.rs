@@ -234,7 +234,9 @@ impl Upstream {
     /// Reads the client's lines and POSTs each; an `initialize` is completed before anything
     /// after it is sent, since its answer carries the session id the rest need.
     async fn run(self: Arc<Self>, reader: tokio::io::ReadHalf<DuplexStream>) {
-        let mut reader = FrameReader::new(reader, MAX_FRAME);
+        // The session core already held each line to the frame cap; the identity it wrote in
+        // may add a little, which must not end the session here.
+        let mut reader = FrameReader::new(reader, MAX_FRAME + 64 * 1024);
         let posts = TaskTracker::new();
         while let Ok(Some(line)) = reader.next_line().await {
             let frame = Frame::of(line);
