@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
-use mcpmesh_net::jsonrpc::{self, Kind};
+use mcpmesh_net::jsonrpc;
 use mcpmesh_net::pump::{Verdict, forward, forward_checked, write_run};
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::ledger::{Caller, Ledger};
-use crate::backends::stamp::{self, PeerStamp};
+use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
 
 /// How long a server gets to finish writing after its input ends; the spawn backend also
@@ -307,36 +307,29 @@ impl Host<'_> {
     }
 }
 
-/// A line the ledger let through, with the caller's identity written in (requests) or any
-/// forged `mcpmesh/*` member taken out (notifications). Responses pass as they are. A request
-/// that cannot carry the identity is answered `-32600` here, and `refused` told so.
+/// A line the ledger let through, as the server gets it (see [`PeerStamp::apply`]). A request
+/// that cannot carry the identity is answered `-32600` here, and `refused` told so; such a
+/// notification is dropped.
 fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64)) -> Verdict {
-    let Some(peek) = jsonrpc::peek(line) else {
-        return Verdict::Forward;
-    };
-    let edited = match peek.kind() {
-        Kind::Request => stamp.request(line).map(Some),
-        Kind::Notification => stamp::strip(line),
-        Kind::Response => return Verdict::Forward,
-    };
-    match edited {
+    let error = match stamp.apply(line) {
         Ok(Some(mut line)) => {
             line.push(b'\n');
-            Verdict::Replace(line)
+            return Verdict::Replace(line);
         }
-        Ok(None) => Verdict::Forward,
-        Err(e) => match (peek.kind(), peek.id) {
-            (Kind::Request, Some(id)) => {
-                refused(id, ErrorCode::InvalidRequest.code());
-                Verdict::Answer(
-                    ErrorFrame::new(ErrorCode::InvalidRequest)
-                        .id(Some(id))
-                        .message(format!("invalid request: {e}"))
-                        .to_line(),
-                )
-            }
-            // A notification has nobody to answer; it is dropped.
-            _ => Verdict::Answer(Vec::new()),
-        },
+        Ok(None) => return Verdict::Forward,
+        Err(e) => e,
+    };
+    // The rare refusal is the only path that looks at the frame a second time.
+    match jsonrpc::peek(line).and_then(|p| p.id) {
+        Some(id) => {
+            refused(id, ErrorCode::InvalidRequest.code());
+            Verdict::Answer(
+                ErrorFrame::new(ErrorCode::InvalidRequest)
+                    .id(Some(id))
+                    .message(format!("invalid request: {error}"))
+                    .to_line(),
+            )
+        }
+        None => Verdict::Answer(Vec::new()),
     }
 }

@@ -53,17 +53,13 @@ impl PeerStamp {
         }
     }
 
-    /// `line` (one JSON object, no newline) with its identity member set.
-    pub fn request(&self, line: &[u8]) -> Result<Vec<u8>, StampError> {
-        let edit = edit_for(line, Some(&self.member))?;
-        Ok(edit.map_or_else(|| line.to_vec(), |e| e.apply(line)))
+    /// `line` (one JSON object, no newline) as the server gets it: a request with its identity
+    /// member set, a notification without caller-supplied `mcpmesh/*` members; `None` when it
+    /// passes as it is (a response, or a notification with nothing to cut). The frame is
+    /// parsed once, here: what kind it is comes from the same pass that finds `params`.
+    pub fn apply(&self, line: &[u8]) -> Result<Option<Vec<u8>>, StampError> {
+        Ok(edit_for(line, &self.member)?.map(|e| e.apply(line)))
     }
-}
-
-/// For frames that carry no identity (notifications): `line` without caller-supplied
-/// `mcpmesh/*` members, or `None` when it has none and passes as it is.
-pub fn strip(line: &[u8]) -> Result<Option<Vec<u8>>, StampError> {
-    Ok(edit_for(line, None)?.map(|e| e.apply(line)))
 }
 
 /// One splice: replace `line[start..end]` with `text`.
@@ -83,9 +79,15 @@ impl Edit {
     }
 }
 
-fn edit_for(line: &[u8], member: Option<&str>) -> Result<Option<Edit>, StampError> {
+fn edit_for(line: &[u8], identity: &str) -> Result<Option<Edit>, StampError> {
     let line = std::str::from_utf8(line).map_err(|_| StampError::Malformed)?;
     let top = Members::parse(line)?;
+    let has = |key: &str| top.0.iter().any(|(k, _)| k == key);
+    if !has("method") {
+        return Ok(None); // a response: the caller answering the server
+    }
+    // Requests carry the identity; notifications only lose forgeries.
+    let member = has("id").then_some(identity);
     let mut all_params = top.0.iter().filter(|(k, _)| k == "params");
     let params = all_params.next().map(|(_, v)| *v);
     if all_params.next().is_some() {
@@ -246,7 +248,9 @@ mod tests {
     }
 
     fn stamped(line: &str) -> Result<String, StampError> {
-        let out = stamp().request(line.as_bytes())?;
+        let out = stamp()
+            .apply(line.as_bytes())?
+            .expect("a request is edited");
         Ok(String::from_utf8(out).expect("utf-8"))
     }
 
@@ -280,8 +284,9 @@ mod tests {
             )
         );
         assert_eq!(
-            stamped(" {} ").unwrap(),
-            format!(r#" {{"params":{{"_meta":{{{ME}}}}}}} "#)
+            stamp().apply(br#"{"id":1,"result":{}}"#),
+            Ok(None),
+            "responses pass"
         );
         assert_eq!(
             stamped(r#"{"id":1,"method":"m","params":{"_meta":null}}"#).unwrap(),
@@ -319,9 +324,9 @@ mod tests {
     fn notifications_lose_forgeries_and_are_otherwise_untouched() {
         let clean =
             r#"{"method":"notifications/progress","params":{"_meta":{"a":1},"progress":1}}"#;
-        assert_eq!(strip(clean.as_bytes()), Ok(None));
+        assert_eq!(stamp().apply(clean.as_bytes()), Ok(None));
         let forged = r#"{"method":"n","params":{"_meta":{"mcpmesh/peer":{},"a":1}}}"#;
-        let out = strip(forged.as_bytes()).unwrap().unwrap();
+        let out = stamp().apply(forged.as_bytes()).unwrap().unwrap();
         assert_eq!(out, br#"{"method":"n","params":{"_meta":{"a":1}}}"#);
     }
 
