@@ -87,6 +87,16 @@ fn everything_stdio() -> Vec<String> {
     vec!["node".into(), index.display().to_string(), "stdio".into()]
 }
 
+/// `node` serves stdio server-everything as `everything` to bob, with `options` before the
+/// command.
+fn serve_everything(node: &TestNode, options: &[&str]) {
+    let command = everything_stdio();
+    let mut backend = options.to_vec();
+    backend.push("--");
+    backend.extend(command.iter().map(String::as_str));
+    node.serve("everything", &["bob"], &backend);
+}
+
 fn connect_args(node: &TestNode, target: &str) -> Vec<String> {
     vec![
         MCPMESH.into(),
@@ -136,10 +146,7 @@ async fn a_streamable_http_server_is_shared_with_url_and_used_through_connect() 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() {
     let (alice, bob) = two_nodes();
-    let mut backend = vec!["--".to_owned()];
-    backend.extend(everything_stdio());
-    let refs: Vec<&str> = backend.iter().map(String::as_str).collect();
-    alice.serve("everything", &["bob"], &refs);
+    serve_everything(&alice, &[]);
     let gateway = Gateway::start(&bob, &[]).await;
 
     // The SDK's Streamable HTTP client through the gateway, and its stdio client straight to
@@ -164,13 +171,9 @@ async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_official_conformance_suite_passes_through_the_gateway_where_it_passes_directly() {
     let (alice, bob) = two_nodes();
-    let mut backend = vec!["--".to_owned()];
-    backend.extend(everything_stdio());
     // The suite opens a session per scenario and never ends one (no DELETE), so the service
     // gets room for all of them.
-    let mut refs = vec!["--max-sessions", "64"];
-    refs.extend(backend.iter().map(String::as_str));
-    alice.serve("everything", &["bob"], &refs);
+    serve_everything(&alice, &["--max-sessions", "64"]);
     let gateway = Gateway::start(&bob, &[]).await;
 
     let baseline = std::fs::read_to_string(interop_script("conformance-baseline.txt")).unwrap();
