@@ -19,6 +19,7 @@ pub mod ping;
 pub mod pump;
 pub mod registry;
 pub mod session;
+pub mod skeleton;
 pub mod transport;
 
 pub use errors::{ErrorCode, ErrorFrame};

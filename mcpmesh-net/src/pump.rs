@@ -1,9 +1,11 @@
-//! The line pump: moves whole runs of lines from a reader to a writer, unchanged.
+//! The line pump: moves runs of lines from a reader to a writer, unchanged.
 //!
 //! One direction per call; a session runs two of them under a `select!`. Each run is written
 //! as one `write_all` of the bytes as they were read. An oversized line is dropped and answered
 //! on the client-facing writer; the third such strike ends the direction. The checked variant
-//! lets the node refuse single lines (limits) without touching the ones it passes.
+//! lets the node refuse single lines (limits) without touching the ones it passes, and so
+//! holds each line whole; the plain one passes a long line on as it arrives (cut-through), so
+//! an 8 MiB answer is never held whole by a node and every hop works on it at once.
 
 use std::io;
 
@@ -12,7 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use crate::errors::{ErrorCode, ErrorFrame};
-use crate::transport::{Batch, FrameReader};
+use crate::skeleton::Skeleton;
+use crate::transport::{Batch, FrameReader, Part, Piece};
 
 /// Oversized frames tolerated per direction before the session is closed.
 pub const MAX_STRIKES: u8 = 3;
@@ -28,16 +31,96 @@ pub enum PumpError {
     TooManyStrikes,
 }
 
+/// What a plain pump passed on, for its observer.
+#[derive(Debug, Clone, Copy)]
+pub enum Seen<'a> {
+    /// A run of whole lines.
+    Lines(&'a [u8]),
+    /// One long line, passed on in parts: its length and the [`Skeleton`] of it (`None` when
+    /// it was not one JSON object).
+    Long {
+        skeleton: Option<&'a [u8]>,
+        len: usize,
+    },
+}
+
+impl Seen<'_> {
+    /// Bytes passed on.
+    pub fn len(&self) -> usize {
+        match self {
+            Seen::Lines(run) => run.len(),
+            Seen::Long { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f` with each non-blank frame to peek at (a long line's skeleton stands for it)
+    /// and the frame's length on the wire, newline included.
+    pub fn each_frame(&self, mut f: impl FnMut(&[u8], usize)) {
+        match self {
+            Seen::Lines(run) => {
+                for line in crate::transport::lines(run) {
+                    f(line, line.len() + 1);
+                }
+            }
+            Seen::Long {
+                skeleton: Some(skeleton),
+                len,
+            } => f(skeleton, *len),
+            Seen::Long { skeleton: None, .. } => {}
+        }
+    }
+}
+
 /// Forwards every line from `reader` to `dest` until EOF (`Ok`) or a failure.
 ///
-/// `observe` sees each run before it is written (it may record, never alter). Oversized lines
-/// are answered with `-32051` on `client`, the writer facing the MCP client; for the direction
-/// that carries the client's own frames that is the reverse direction's writer.
+/// `observe` sees each run before it is written, and a long line before its last part is
+/// written (it may record, never alter). Oversized lines are answered with `-32051` on
+/// `client`, the writer facing the MCP client; for the direction that carries the client's own
+/// frames that is the reverse direction's writer. A long line that runs past the cap after
+/// its first parts went on is ended there with a newline (the reader downstream gets one
+/// unparsable line at the cap, never a line glued to the next) and answered the same way.
 pub async fn forward<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
-    mut observe: impl FnMut(&Bytes),
+    mut observe: impl FnMut(Seen<'_>),
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    let mut strikes = 0u8;
+    let too_large = || ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+    while let Some(piece) = reader.next_piece().await.map_err(PumpError::Read)? {
+        match piece {
+            Piece::Lines(run) => {
+                observe(Seen::Lines(&run));
+                write_run(dest, &run).await.map_err(PumpError::Write)?;
+            }
+            Piece::Oversize => strike(&mut strikes, client, &too_large()).await?,
+            Piece::LongStart(head) => {
+                if !pass_long_line(reader, dest, head, &mut observe).await? {
+                    strike(&mut strikes, client, &too_large()).await?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Like [`forward`], but every line goes on whole: for the direction that carries the MCP
+/// client's own frames, which the serving node must read whole anyway. An oversized request
+/// is then refused once, by the node it entered, instead of reaching the next hop cut off.
+pub async fn forward_whole<R, W, C>(
+    reader: &mut FrameReader<R>,
+    dest: &Mutex<W>,
+    client: &Mutex<C>,
+    mut observe: impl FnMut(Seen<'_>),
 ) -> Result<(), PumpError>
 where
     R: AsyncRead + Unpin,
@@ -46,10 +129,56 @@ where
 {
     let mut strikes = 0u8;
     while let Some(run) = next_run(reader, client, &mut strikes).await? {
-        observe(&run);
+        observe(Seen::Lines(&run));
         write_run(dest, &run).await.map_err(PumpError::Write)?;
     }
     Ok(())
+}
+
+/// Passes one long line on part by part, holding `dest` so that nothing is written into its
+/// middle. `false` when it ran past the cap and was cut off.
+async fn pass_long_line<R, W>(
+    reader: &mut FrameReader<R>,
+    dest: &Mutex<W>,
+    head: Bytes,
+    observe: &mut impl FnMut(Seen<'_>),
+) -> Result<bool, PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut w = dest.lock().await;
+    let mut skeleton = Skeleton::default();
+    let mut len = head.len();
+    skeleton.feed(&head);
+    w.write_all(&head).await.map_err(PumpError::Write)?;
+    loop {
+        match reader.next_part().await.map_err(PumpError::Read)? {
+            Part::More(bytes) => {
+                skeleton.feed(&bytes);
+                len += bytes.len();
+                w.write_all(&bytes).await.map_err(PumpError::Write)?;
+            }
+            Part::Last(bytes) => {
+                skeleton.feed(&bytes);
+                len += bytes.len();
+                let skeleton = skeleton.finish();
+                observe(Seen::Long {
+                    skeleton: skeleton.as_deref(),
+                    len,
+                });
+                w.write_all(&bytes).await.map_err(PumpError::Write)?;
+                w.flush().await.map_err(PumpError::Write)?;
+                return Ok(true);
+            }
+            Part::Cut => {
+                tracing::debug!(len, "a long line ran past the frame cap and was cut off");
+                w.write_all(b"\n").await.map_err(PumpError::Write)?;
+                w.flush().await.map_err(PumpError::Write)?;
+                return Ok(false);
+            }
+        }
+    }
 }
 
 /// The next run of lines; an oversized line on the way is answered on `client` and counted.
@@ -186,6 +315,8 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, duplex};
 
+    const MAX_FRAME_FOR_TESTS: usize = crate::transport::MAX_FRAME;
+
     #[tokio::test]
     async fn forwarded_bytes_are_identical_and_oversize_is_answered_to_the_client() {
         let (mut src_w, src_r) = duplex(1 << 20);
@@ -214,6 +345,95 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&notice).unwrap();
         assert_eq!(v["error"]["code"], -32051);
         assert!(v["id"].is_null());
+    }
+
+    #[tokio::test]
+    async fn a_long_answer_passes_through_while_it_arrives_and_is_observed_once() {
+        use crate::transport::PASS_AT;
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 16);
+        let text = "\u{e9}\\\"}{".repeat(4 * PASS_AT / 8);
+        let long = format!(
+            "{{\"result\":{{\"content\":[{{\"text\":\"{text}\"}}]}},\"jsonrpc\":\"2.0\",\"id\":41}}\n"
+        );
+        let pump = async move {
+            let mut reader = FrameReader::new(src_r, MAX_FRAME_FOR_TESTS);
+            let (dest, client) = (Mutex::new(dst_w), Mutex::new(tokio::io::sink()));
+            let mut seen = Vec::new();
+            let r = forward(&mut reader, &dest, &client, |s| {
+                s.each_frame(|frame, len| seen.push((frame.to_vec(), len)))
+            })
+            .await;
+            r.map(|()| seen)
+        };
+        let feed = async {
+            // The head goes out before the source has written the rest: the node never waits
+            // for the whole line.
+            src_w
+                .write_all(&long.as_bytes()[..2 * PASS_AT])
+                .await
+                .unwrap();
+            let mut head = vec![0u8; PASS_AT];
+            dst_r.read_exact(&mut head).await.unwrap();
+            assert_eq!(head, long.as_bytes()[..PASS_AT]);
+            src_w
+                .write_all(&long.as_bytes()[2 * PASS_AT..])
+                .await
+                .unwrap();
+            src_w
+                .write_all(b"{\"id\":42,\"result\":{}}\n")
+                .await
+                .unwrap();
+            drop(src_w);
+            let mut rest = Vec::new();
+            dst_r.read_to_end(&mut rest).await.unwrap();
+            [head, rest].concat()
+        };
+        let (pumped, out) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            tokio::join!(pump, feed)
+        })
+        .await
+        .unwrap();
+        let seen = pumped.unwrap();
+        assert_eq!(
+            out,
+            [long.as_bytes(), b"{\"id\":42,\"result\":{}}\n"].concat()
+        );
+        assert_eq!(seen.len(), 2);
+        let first = crate::jsonrpc::peek_response(&seen[0].0).unwrap();
+        assert_eq!(first.answers().unwrap().get(), "41");
+        assert_eq!(seen[0].1, long.len());
+    }
+
+    #[tokio::test]
+    async fn a_long_line_past_the_cap_ends_in_a_newline_and_is_answered() {
+        use crate::transport::PASS_AT;
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 20);
+        let (cli_w, mut cli_r) = duplex(1 << 16);
+        let max = 2 * PASS_AT;
+        tokio::spawn(async move {
+            src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
+            src_w.write_all(b"\n{\"id\":1}\n").await.unwrap();
+        });
+        let mut reader = FrameReader::new(src_r, max);
+        let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
+        forward(&mut reader, &dest, &client, |_| {}).await.unwrap();
+        drop((dest, client));
+        let mut out = Vec::new();
+        dst_r.read_to_end(&mut out).await.unwrap();
+        let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
+        assert_eq!(
+            lines.len(),
+            2,
+            "the cut line is ended, the next one kept whole"
+        );
+        assert!(lines[0].len() <= max + 1 && lines[0].ends_with(b"\n"));
+        assert_eq!(lines[1], b"{\"id\":1}\n");
+        let mut notice = Vec::new();
+        cli_r.read_to_end(&mut notice).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&notice).unwrap();
+        assert_eq!(v["error"]["code"], -32051);
     }
 
     #[tokio::test]

@@ -1,9 +1,11 @@
 //! NDJSON framing: one codec for every wire (mesh stream, child stdio, control socket).
 //!
 //! [`FrameReader`] finds newlines in chunks and hands out runs of whole lines as shared
-//! [`Bytes`] without parsing them; [`forward`] is the line pump built on it. Forwarded bytes
-//! are never changed: JSON is parsed only where a decision needs it and never re-serialized on
-//! the way through. A line longer than the cap is discarded and reported, not buffered.
+//! [`Bytes`] without parsing them; [`crate::pump::forward`] is the line pump built on it.
+//! Forwarded bytes are never changed: JSON is parsed only where a decision needs it and never
+//! re-serialized on the way through. A line longer than the cap is discarded and reported, not
+//! buffered. Where nothing has to decide on a line before it goes on, [`FrameReader::next_piece`]
+//! hands out a long line in parts as it arrives instead of holding it whole.
 
 use std::io;
 
@@ -17,6 +19,10 @@ pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 /// How much one read may take from the source (never more than the cap either, so within one
 /// run of lines only the first, which may have started in an earlier read, can exceed it).
 const READ_CHUNK: usize = 256 * 1024;
+
+/// A line still without its newline after this many bytes is passed on in parts by
+/// [`FrameReader::next_piece`]; shorter lines always go whole.
+pub const PASS_AT: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -37,6 +43,29 @@ pub enum Batch {
     Oversize,
 }
 
+/// What [`FrameReader::next_piece`] produced.
+#[derive(Debug)]
+pub enum Piece {
+    /// One or more complete lines, as [`Batch::Lines`].
+    Lines(Bytes),
+    /// A line over the cap was discarded, as [`Batch::Oversize`].
+    Oversize,
+    /// The first bytes of a line longer than [`PASS_AT`]; the rest comes from
+    /// [`FrameReader::next_part`].
+    LongStart(Bytes),
+}
+
+/// The next bytes of a long line (see [`Piece::LongStart`]).
+#[derive(Debug)]
+pub enum Part {
+    More(Bytes),
+    /// The line's last bytes, through its newline (or up to EOF).
+    Last(Bytes),
+    /// The line ran past the cap: what was handed out is all of it there will be, and the rest
+    /// is skipped as it arrives.
+    Cut,
+}
+
 /// Reads newline-delimited frames from a byte source, in chunks.
 #[derive(Debug)]
 pub struct FrameReader<R> {
@@ -49,6 +78,8 @@ pub struct FrameReader<R> {
     max_frame: usize,
     /// Inside an oversized line: drop bytes until its newline.
     discarding: bool,
+    /// Inside a long line being handed out in parts: how many bytes of it went out so far.
+    passing: Option<usize>,
     eof: bool,
 }
 
@@ -61,6 +92,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             scanned: 0,
             max_frame,
             discarding: false,
+            passing: None,
             eof: false,
         }
     }
@@ -74,15 +106,84 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if self.eof {
                 return Ok(None);
             }
-            let limit = self.read_limit();
-            let n = self
-                .inner
-                .read_buf(&mut (&mut self.buf).limit(limit))
-                .await?;
-            if n == 0 {
-                self.eof = true;
-            }
+            self.read().await?;
         }
+    }
+
+    /// Like [`FrameReader::next_batch`], except that a line still without its newline after
+    /// [`PASS_AT`] bytes is handed out as it arrives: [`Piece::LongStart`], then
+    /// [`FrameReader::next_part`] until [`Part::Last`] or [`Part::Cut`]. Cancel-safe.
+    pub async fn next_piece(&mut self) -> io::Result<Option<Piece>> {
+        loop {
+            match self.take_buffered() {
+                Some(Batch::Lines(run)) => return Ok(Some(Piece::Lines(run))),
+                Some(Batch::Oversize) => return Ok(Some(Piece::Oversize)),
+                None => {}
+            }
+            if self.eof {
+                return Ok(None);
+            }
+            if self.buf.len() >= PASS_AT {
+                // No newline in it yet (take_buffered looked) and within the cap.
+                self.scanned = 0;
+                self.passing = Some(self.buf.len());
+                return Ok(Some(Piece::LongStart(self.buf.split().freeze())));
+            }
+            self.read().await?;
+        }
+    }
+
+    /// The next bytes of the long line [`FrameReader::next_piece`] started handing out, as
+    /// they arrive. Outside such a line: an empty [`Part::Last`]. Cancel-safe.
+    pub async fn next_part(&mut self) -> io::Result<Part> {
+        loop {
+            let Some(sent) = self.passing else {
+                return Ok(Part::Last(Bytes::new()));
+            };
+            if !self.buf.is_empty() {
+                return Ok(match memchr::memchr(b'\n', &self.buf) {
+                    Some(i) if sent + i > self.max_frame => {
+                        self.passing = None;
+                        self.buf.advance(i + 1);
+                        Part::Cut
+                    }
+                    Some(i) => {
+                        self.passing = None;
+                        Part::Last(self.buf.split_to(i + 1).freeze())
+                    }
+                    None if sent + self.buf.len() > self.max_frame => {
+                        self.passing = None;
+                        self.buf.clear();
+                        self.discarding = true;
+                        Part::Cut
+                    }
+                    None => {
+                        self.passing = Some(sent + self.buf.len());
+                        Part::More(self.buf.split().freeze())
+                    }
+                });
+            }
+            if self.eof {
+                self.passing = None;
+                return Ok(Part::Last(Bytes::new()));
+            }
+            // Each read's bytes go on as they are: reserve a whole chunk rather than the few
+            // bytes an empty buffer would grow by.
+            self.buf.reserve(READ_CHUNK);
+            self.read().await?;
+        }
+    }
+
+    async fn read(&mut self) -> io::Result<()> {
+        let limit = self.read_limit();
+        let n = self
+            .inner
+            .read_buf(&mut (&mut self.buf).limit(limit))
+            .await?;
+        if n == 0 {
+            self.eof = true;
+        }
+        Ok(())
     }
 
     /// The next non-blank line without its line ending, `Err(TransportError::FrameTooLarge)`
@@ -326,6 +427,100 @@ mod tests {
     async fn a_trailing_line_without_newline_is_delivered_at_eof() {
         let out = batches(b"{\"a\":1}\n{\"b\":2}".to_vec(), 100).await;
         assert_eq!(joined(&out), b"{\"a\":1}\n{\"b\":2}");
+    }
+
+    /// Everything `next_piece`/`next_part` hand out, fed in `chunk`-byte writes: whole runs as
+    /// `Ok`, each long line as the list of its parts (`None` closing a cut one).
+    async fn pieces(
+        input: Vec<u8>,
+        max: usize,
+        chunk: usize,
+    ) -> Vec<Result<Vec<u8>, Vec<Option<Vec<u8>>>>> {
+        let (mut tx, rx) = duplex(1 << 16);
+        let writer = tokio::spawn(async move {
+            for c in input.chunks(chunk) {
+                tx.write_all(c).await.unwrap();
+            }
+        });
+        let mut reader = FrameReader::new(rx, max);
+        let mut out = Vec::new();
+        while let Some(p) = reader.next_piece().await.unwrap() {
+            out.push(match p {
+                Piece::Lines(l) => Ok(l.to_vec()),
+                Piece::Oversize => Err(vec![]),
+                Piece::LongStart(head) => {
+                    let mut parts = vec![Some(head.to_vec())];
+                    loop {
+                        match reader.next_part().await.unwrap() {
+                            Part::More(b) => parts.push(Some(b.to_vec())),
+                            Part::Last(b) => {
+                                parts.push(Some(b.to_vec()));
+                                break;
+                            }
+                            Part::Cut => {
+                                parts.push(None);
+                                break;
+                            }
+                        }
+                    }
+                    Err(parts)
+                }
+            });
+        }
+        writer.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn a_long_line_is_handed_out_in_parts_and_its_neighbours_whole() {
+        let long: Vec<u8> = [&vec![b'q'; 3 * PASS_AT + 17][..], b"\n"].concat();
+        let input = [&b"{\"a\":1}\n"[..], &long, b"{\"b\":2}\n"].concat();
+        let out = pieces(input, MAX_FRAME, 4096).await;
+        assert_eq!(out.first(), Some(&Ok(b"{\"a\":1}\n".to_vec())));
+        assert_eq!(out.last(), Some(&Ok(b"{\"b\":2}\n".to_vec())));
+        let parts: Vec<_> = out.iter().filter_map(|p| p.as_ref().err()).collect();
+        assert_eq!(parts.len(), 1, "one long line");
+        assert!(
+            parts[0].len() > 2,
+            "passed on in several parts, not held whole"
+        );
+        let joined: Vec<u8> = parts[0].iter().flatten().flatten().copied().collect();
+        assert_eq!(joined, long, "its bytes, unchanged and in order");
+        for part in parts[0].iter().flatten() {
+            assert!(
+                part.len() <= PASS_AT + READ_CHUNK,
+                "a part of {} bytes",
+                part.len()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_line_past_the_cap_is_cut_there_and_the_next_line_survives() {
+        let max = 2 * PASS_AT;
+        let input = [&vec![b'z'; 5 * PASS_AT][..], b"\n{\"ok\":1}\n"].concat();
+        let out = pieces(input, max, 8192).await;
+        let Some(Err(parts)) = out.first() else {
+            panic!("no long line: {out:?}")
+        };
+        assert_eq!(parts.last(), Some(&None), "cut");
+        let sent: usize = parts.iter().flatten().map(Vec::len).sum();
+        assert!(sent <= max, "{sent} bytes went out, over the cap of {max}");
+        assert_eq!(out.last(), Some(&Ok(b"{\"ok\":1}\n".to_vec())));
+    }
+
+    #[tokio::test]
+    async fn a_long_line_ended_by_eof_is_handed_out_whole() {
+        let input = vec![b'e'; 2 * PASS_AT];
+        let out = pieces(input.clone(), MAX_FRAME, 1000).await;
+        let joined: Vec<u8> = out
+            .iter()
+            .flat_map(|p| match p {
+                Ok(run) => run.clone(),
+                Err(parts) => parts.iter().flatten().flatten().copied().collect(),
+            })
+            .collect();
+        assert_eq!(joined, input);
     }
 
     #[tokio::test]

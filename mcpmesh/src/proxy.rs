@@ -17,12 +17,12 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind};
-use mcpmesh_net::pump::{PumpError, forward, write_run};
+use mcpmesh_net::pump::{PumpError, Seen, forward, forward_whole, write_run};
 use mcpmesh_net::session::{OpenedSession, close_reason_code};
-use mcpmesh_net::transport::{FrameReader, MAX_FRAME, lines};
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
@@ -46,10 +46,10 @@ struct Outstanding {
 }
 
 impl Outstanding {
-    fn client_sent(&mut self, run: &Bytes) {
-        for line in lines(run) {
+    fn client_sent(&mut self, seen: Seen<'_>) {
+        seen.each_frame(|line, _| {
             let Some(peek) = jsonrpc::peek(line) else {
-                continue;
+                return;
             };
             if let Some(cancelled) = peek.cancelled_request() {
                 self.ids.remove(&jsonrpc::id_key(cancelled));
@@ -59,21 +59,21 @@ impl Outstanding {
                     self.ids.insert(jsonrpc::id_key(id), id.to_owned());
                 }
             }
-        }
+        });
     }
 
-    fn server_sent(&mut self, run: &Bytes) {
+    fn server_sent(&mut self, seen: Seen<'_>) {
         if self.ids.is_empty() {
             return;
         }
-        for line in lines(run) {
+        seen.each_frame(|line, _| {
             let Some(peek) = jsonrpc::peek(line) else {
-                continue;
+                return;
             };
             if let (Kind::Response, Some(id)) = (peek.kind(), peek.id) {
                 self.ids.remove(&jsonrpc::id_key(id));
             }
-        }
+        });
     }
 
     /// One error line per unanswered request, and forgets them.
@@ -158,18 +158,18 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
 
     if !leftover.is_empty() {
         let run = leftover.freeze();
-        track(&|o| o.client_sent(&run));
+        track(&|o| o.client_sent(Seen::Lines(&run)));
         let _ = write_run(&mesh_w, &run).await;
     }
 
     let end = tokio::select! {
-        r = forward(&mut local_r, &mesh_w, &local_w, |run| track(&|o| o.client_sent(run))) => match r {
+        r = forward_whole(&mut local_r, &mesh_w, &local_w, |seen| track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
             Err(PumpError::Read(_)) => End::ClientGone,
             Err(PumpError::Write(_)) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             Err(PumpError::TooManyStrikes) => End::ClientGone,
         },
-        r = forward(&mut mesh_r, &local_w, &local_w, |run| track(&|o| o.server_sent(run))) => match r {
+        r = forward(&mut mesh_r, &local_w, &local_w, |seen| track(&|o| o.server_sent(seen))) => match r {
             Ok(()) => End::ServerClosed,
             Err(PumpError::Write(_)) => End::ClientGone,
             Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
@@ -188,8 +188,8 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
             let _ = mesh_w.lock().await.finish();
             let drained = tokio::time::timeout(
                 DRAIN,
-                forward(&mut mesh_r, &local_w, &local_w, |run| {
-                    track(&|o| o.server_sent(run))
+                forward(&mut mesh_r, &local_w, &local_w, |seen| {
+                    track(&|o| o.server_sent(seen))
                 }),
             )
             .await;

@@ -2,18 +2,16 @@
 //! limit, the in-flight cap, and the audit record of every request with its outcome.
 //!
 //! The pump asks [`Ledger::client_line`] about each line the caller sends and tells
-//! [`Ledger::server_run`] what the server sends back. Records go to the audit sink's queue;
+//! [`Ledger::server_sent`] what the server sends back. Records go to the audit sink's queue;
 //! nothing here waits on disk.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
-use mcpmesh_net::pump::Verdict;
-use mcpmesh_net::transport::lines;
+use mcpmesh_net::pump::{Seen, Verdict};
 use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -151,22 +149,22 @@ impl Ledger {
     }
 
     /// Notes what the server sent: answers complete their requests' records.
-    pub fn server_run(&mut self, run: &Bytes) {
+    pub fn server_sent(&mut self, seen: Seen<'_>) {
         if self.pending.is_empty() {
             return;
         }
-        for line in lines(run) {
+        seen.each_frame(|line, len| {
             let Some(peek) = jsonrpc::peek_response(line) else {
-                continue;
+                return;
             };
-            let Some(id) = peek.answers() else { continue };
+            let Some(id) = peek.answers() else { return };
             let (outcome, code) = match peek.outcome() {
                 Outcome::Ok => ("ok", None),
                 Outcome::Error(code) => ("error", Some(code)),
                 Outcome::ToolError => ("tool_error", None),
             };
-            self.finish(&jsonrpc::id_key(id), outcome, code, line.len() as u64 + 1);
-        }
+            self.finish(&jsonrpc::id_key(id), outcome, code, len as u64);
+        });
     }
 
     /// A request the node answered itself after letting it through (an error `code`).

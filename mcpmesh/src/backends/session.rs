@@ -246,9 +246,9 @@ impl Host<'_> {
                     Ok(()) => End::ClientClosed,
                     Err(e) => End::Failed(e.to_string()),
                 },
-                r = forward(&mut server_r, &mesh_w, &mesh_w, |run| {
-                    bytes_out += run.len() as u64;
-                    account().server_run(run);
+                r = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
+                    bytes_out += seen.len() as u64;
+                    account().server_sent(seen);
                 }) => match r {
                     Ok(()) => End::ServerClosed,
                     Err(e) => End::Failed(e.to_string()),
@@ -271,9 +271,9 @@ impl Host<'_> {
         if matches!(end, End::ClientClosed) {
             // The client is done sending, perhaps not reading: answers the server still
             // writes as it sees its input end reach the client, for a short while.
-            let drain = forward(&mut server_r, &mesh_w, &mesh_w, |run| {
-                bytes_out += run.len() as u64;
-                account().server_run(run);
+            let drain = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
+                bytes_out += seen.len() as u64;
+                account().server_sent(seen);
             });
             if tokio::time::timeout(GRACE, drain).await.is_err() {
                 patience = Duration::ZERO; // it had its grace while draining
