@@ -9,6 +9,15 @@ use anyhow::{Context, bail};
 pub fn numeric_flags(slots: &mut [(&str, &mut usize, usize)]) -> anyhow::Result<()> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            let known: Vec<String> = slots.iter().map(|(n, _, _)| format!("[--{n} N]")).collect();
+            println!(
+                "usage: {} {}",
+                std::env::args().next().unwrap_or_default(),
+                known.join(" ")
+            );
+            std::process::exit(0);
+        }
         let Some((_, slot, min)) = slots
             .iter_mut()
             .find(|(name, _, _)| flag.strip_prefix("--") == Some(*name))

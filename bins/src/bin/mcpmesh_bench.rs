@@ -64,17 +64,27 @@ fn main() -> anyhow::Result<()> {
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut cpu_per_call = Vec::new();
+    let idle = mesh.rss_kib("VmRSS:");
+    let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
     for round in 1..=args.rounds {
         eprintln!("round {round}/{}", args.rounds);
         for (cmd, into, watch) in [
             (&direct_cmd, &mut direct, None),
             (&mesh_cmd, &mut meshed, Some(&mesh)),
         ] {
-            let (r, cpu) = measure(cmd, args.calls, watch)?;
-            for (slot, v) in into.iter_mut().zip(r) {
+            let m = measure(cmd, args.calls, watch)?;
+            for (slot, v) in into.iter_mut().zip(m.figures) {
                 slot.push(v);
             }
-            cpu_per_call.extend(cpu);
+            cpu_per_call.extend(m.cpu_per_call);
+            for (peaks, seen) in [
+                (&mut peak_work, m.peak_work),
+                (&mut peak_requests, m.peak_requests),
+            ] {
+                for (p, (_, kib)) in peaks.iter_mut().zip(seen) {
+                    *p = (*p).max(kib);
+                }
+            }
         }
     }
     println!(
@@ -93,14 +103,27 @@ fn main() -> anyhow::Result<()> {
         "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
         median(&cpu_per_call)
     );
-    let peak = mesh.peak_rss_kib();
+    let mb = |kib: &[u64]| {
+        format!(
+            "{:.1} MB (alice {:.1} MB, bob {:.1} MB)",
+            kib.iter().sum::<u64>() as f64 / 1024.0,
+            kib[0] as f64 / 1024.0,
+            kib[1] as f64 / 1024.0
+        )
+    };
+    let idle: Vec<u64> = idle.iter().map(|(_, k)| *k).collect();
+    println!("RSS of the mesh processes (both nodes, servers excluded):");
     println!(
-        "peak RSS of the mesh processes (both nodes, servers excluded): {:.1} MB ({})",
-        peak.iter().map(|(_, k)| *k as f64).sum::<f64>() / 1024.0,
-        peak.iter()
-            .map(|(who, k)| format!("{who} {:.1} MB", *k as f64 / 1024.0))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "  idle, before the first round:                     {}",
+        mb(&idle)
+    );
+    println!(
+        "  peak over calls, pipelined, 1 MiB and 8 MiB results: {}",
+        mb(&peak_work)
+    );
+    println!(
+        "  peak over 8 MiB requests:                          {}",
+        mb(&peak_requests)
     );
     drop(mesh);
     Ok(())
@@ -117,13 +140,20 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-/// One pass over every figure against the server `cmd` starts; with `watch`, also the CPU time
-/// the mesh's processes spent per sequential call (µs).
-fn measure(
-    cmd: &[String],
-    calls: usize,
-    watch: Option<&Mesh>,
-) -> anyhow::Result<(Vec<f64>, Option<f64>)> {
+/// What one pass measured.
+struct Measured {
+    figures: Vec<f64>,
+    /// With a mesh to watch: the CPU time its processes spent per sequential call (µs).
+    cpu_per_call: Option<f64>,
+    /// With a mesh to watch: each node's peak RSS over the workload (everything but
+    /// the 8 MiB requests), and over the 8 MiB requests alone.
+    peak_work: Vec<(&'static str, u64)>,
+    peak_requests: Vec<(&'static str, u64)>,
+}
+
+/// One pass over every figure against the server `cmd` starts.
+fn measure(cmd: &[String], calls: usize, watch: Option<&Mesh>) -> anyhow::Result<Measured> {
+    watch.map(Mesh::reset_peaks);
     let mut opens = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
@@ -159,13 +189,16 @@ fn measure(
         json!({ "name": "blob", "arguments": { "bytes": BIG } }),
         BIG,
     )?;
+    let peak_work = watch.map(|m| m.rss_kib("VmHWM:")).unwrap_or_default();
+    watch.map(Mesh::reset_peaks);
     let request = c.throughput(
         json!({ "name": "size", "arguments": { "text": "y".repeat(BIG) } }),
         BIG,
     )?;
+    let peak_requests = watch.map(|m| m.rss_kib("VmHWM:")).unwrap_or_default();
     c.close();
-    Ok((
-        vec![
+    Ok(Measured {
+        figures: vec![
             median(&opens),
             percentile(&rtts, 0.50),
             percentile(&rtts, 0.90),
@@ -175,8 +208,10 @@ fn measure(
             result,
             request,
         ],
-        cpu,
-    ))
+        cpu_per_call: cpu,
+        peak_work,
+        peak_requests,
+    })
 }
 
 /// The unit of utime/stime in /proc/PID/stat: USER_HZ, which Linux fixes at 100.
@@ -201,11 +236,6 @@ fn cpu_ticks_of(pid: u32) -> u64 {
             .unwrap_or(0)
     };
     field(11) + field(12)
-}
-
-/// A process's peak resident set (VmHWM), in KiB.
-fn peak_rss_kib_of(pid: u32) -> u64 {
-    bench_util::status_kib(pid, "VmHWM:")
 }
 
 struct Client {
@@ -434,12 +464,26 @@ impl Mesh {
             .sum()
     }
 
-    /// Each daemon's peak RSS so far.
-    fn peak_rss_kib(&self) -> Vec<(&'static str, u64)> {
+    /// A `/proc/PID/status` memory figure (`VmRSS:`, `VmHWM:`) of each daemon, in KiB.
+    fn rss_kib(&self, key: &str) -> Vec<(&'static str, u64)> {
         [("alice", &self.alice), ("bob", &self.bob)]
             .into_iter()
-            .map(|(who, h)| (who, Self::daemon_pid(h).map_or(0, peak_rss_kib_of)))
+            .map(|(who, h)| {
+                (
+                    who,
+                    Self::daemon_pid(h).map_or(0, |pid| bench_util::status_kib(pid, key)),
+                )
+            })
             .collect()
+    }
+
+    /// Starts each daemon's peak RSS (VmHWM) over from its current RSS (`clear_refs` 5).
+    fn reset_peaks(&self) {
+        for h in [&self.alice, &self.bob] {
+            if let Some(pid) = Self::daemon_pid(h) {
+                let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+            }
+        }
     }
 
     fn cli(&self, home: &Path, args: &[&str]) -> anyhow::Result<Value> {
