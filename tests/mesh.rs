@@ -410,6 +410,53 @@ async fn a_line_over_16_mib_is_refused_and_the_session_survives_the_strike() {
     assert_eq!(echo["result"]["content"][0]["text"], "still here");
 }
 
+/// A process's environment, from /proc.
+fn environ(pid: u32) -> std::collections::HashMap<String, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+fn daemon_pid(node: &TestNode) -> u32 {
+    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
+    pid.trim().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_started_node_gets_the_allocator_setting_and_its_servers_keep_their_own_environment() {
+    let m = marker("malloc");
+    let (alice, bob) = pair(&m, None);
+    let node = environ(daemon_pid(&alice));
+    assert_eq!(
+        node.get("GLIBC_TUNABLES").map(String::as_str),
+        Some(mcpmesh::memory::TUNABLES),
+        "the node that `id` started returns large freed buffers at once"
+    );
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let child = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    let child = environ(child);
+    assert!(!child.contains_key("GLIBC_TUNABLES"), "{child:?}");
+    assert!(!child.contains_key("MCPMESH_MALLOC_TUNED"), "{child:?}");
+
+    // Tunables of the user's own are theirs: the node and its servers keep them unchanged.
+    let own = "glibc.malloc.arena_max=2";
+    let carol = TestNode::start_with("carol", "", &[("GLIBC_TUNABLES", own)]);
+    carol.trust(&bob);
+    bob.trust(&carol);
+    carol.serve_stub("svc", &["bob"], None, &m);
+    assert_eq!(environ(daemon_pid(&carol))["GLIBC_TUNABLES"], own);
+    let mut s = bob.connect("carol/svc");
+    s.initialize().await;
+    let child = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    assert_eq!(environ(child)["GLIBC_TUNABLES"], own);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_identity_env_reaches_the_child_and_cannot_be_overridden() {
     let m = marker("identity");

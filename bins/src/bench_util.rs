@@ -5,9 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-/// Parses `--NAME N` flags into `slots` (name, value, minimum), leaving defaults in place.
-pub fn numeric_flags(slots: &mut [(&str, &mut usize, usize)]) -> anyhow::Result<()> {
-    let mut it = std::env::args().skip(1);
+/// Parses `--NAME N` flags from `args` into `slots` (name, value, minimum), leaving defaults
+/// in place.
+pub fn numeric_flags(
+    args: impl IntoIterator<Item = String>,
+    slots: &mut [(&str, &mut usize, usize)],
+) -> anyhow::Result<()> {
+    let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             let known: Vec<String> = slots.iter().map(|(n, _, _)| format!("[--{n} N]")).collect();

@@ -17,6 +17,7 @@ pub mod demo;
 pub mod gateway;
 pub mod keys;
 pub mod limits;
+pub mod memory;
 pub mod pairing;
 pub mod paths;
 pub mod peers;

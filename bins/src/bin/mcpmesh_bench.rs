@@ -3,7 +3,10 @@
 //! each figure over the rounds and the ratio mesh / direct.
 //!
 //! Build the release binaries first; this looks for `mcpmesh` and `echo_mcp_stub` beside itself:
-//!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N]
+//!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N] [--only PHASE]
+//!
+//! `--only open|calls|pipelined|results|requests` runs one phase (for profiling the nodes, whose
+//! pids it prints, with `perf record -p`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -21,20 +24,53 @@ const PIPELINE: usize = 16;
 const BIG: usize = 8 << 20;
 const MIB: usize = 1 << 20;
 
+/// The phases of one pass, in order.
+const PHASES: [&str; 5] = ["open", "calls", "pipelined", "results", "requests"];
+
 struct Args {
     rounds: usize,
     calls: usize,
+    /// Run only this phase.
+    only: Option<String>,
+}
+
+impl Args {
+    /// Of `phases`, those this run measures.
+    fn phases(&self, phases: &[&'static str]) -> Vec<&'static str> {
+        phases
+            .iter()
+            .copied()
+            .filter(|p| self.only.as_deref().is_none_or(|only| only == *p))
+            .collect()
+    }
 }
 
 fn parse_args() -> anyhow::Result<Args> {
+    let mut rest: Vec<String> = std::env::args().skip(1).collect();
+    let only = match rest.iter().position(|a| a == "--only") {
+        Some(i) if i + 1 < rest.len() => {
+            let phase = rest.remove(i + 1);
+            rest.remove(i);
+            if !PHASES.contains(&phase.as_str()) {
+                bail!("--only takes one of {}", PHASES.join(", "));
+            }
+            Some(phase)
+        }
+        Some(_) => bail!("--only takes one of {}", PHASES.join(", ")),
+        None => None,
+    };
     let mut args = Args {
         rounds: 3,
         calls: 2000,
+        only,
     };
-    bench_util::numeric_flags(&mut [
-        ("rounds", &mut args.rounds, 1),
-        ("calls", &mut args.calls, 100),
-    ])?;
+    bench_util::numeric_flags(
+        rest,
+        &mut [
+            ("rounds", &mut args.rounds, 1),
+            ("calls", &mut args.calls, 100),
+        ],
+    )?;
     Ok(args)
 }
 
@@ -42,6 +78,9 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let (mcpmesh, stub) = bench_util::sibling_binaries()?;
     let mesh = Mesh::start(&mcpmesh, &stub)?;
+    if let [(_, Some(a)), (_, Some(b))] = mesh.pids()[..] {
+        eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
+    }
     let direct_cmd = vec![stub.display().to_string()];
     let mesh_cmd = vec![
         mcpmesh.display().to_string(),
@@ -66,22 +105,30 @@ fn main() -> anyhow::Result<()> {
     let mut cpu_per_call = Vec::new();
     let idle = mesh.rss_kib("VmRSS:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
-    for round in 1..=args.rounds {
-        eprintln!("round {round}/{}", args.rounds);
-        for (cmd, into, watch) in [
-            (&direct_cmd, &mut direct, None),
-            (&mesh_cmd, &mut meshed, Some(&mesh)),
-        ] {
-            let m = measure(cmd, args.calls, watch)?;
-            for (slot, v) in into.iter_mut().zip(m.figures) {
-                slot.push(v);
-            }
-            cpu_per_call.extend(m.cpu_per_call);
-            for (peaks, seen) in [
-                (&mut peak_work, m.peak_work),
-                (&mut peak_requests, m.peak_requests),
+    // The figures first, then the 8 MiB requests: a node keeps memory an 8 MiB request
+    // needed (see docs/performance.md), which would otherwise show in the next round's peak.
+    let passes = [
+        (args.phases(&PHASES[..4]), &mut peak_work),
+        (args.phases(&PHASES[4..]), &mut peak_requests),
+    ];
+    for (phases, peaks) in passes {
+        if phases.is_empty() {
+            continue;
+        }
+        for round in 1..=args.rounds {
+            eprintln!("{} round {round}/{}", phases.join(", "), args.rounds);
+            for (cmd, into, watch) in [
+                (&direct_cmd, &mut direct, None),
+                (&mesh_cmd, &mut meshed, Some(&mesh)),
             ] {
-                for (p, (_, kib)) in peaks.iter_mut().zip(seen) {
+                let m = measure(cmd, &phases, args.calls, watch)?;
+                for (slot, v) in into.iter_mut().zip(m.figures) {
+                    if !v.is_nan() {
+                        slot.push(v);
+                    }
+                }
+                cpu_per_call.extend(m.cpu_per_call);
+                for (p, (_, kib)) in peaks.iter_mut().zip(m.peak) {
                     *p = (*p).max(kib);
                 }
             }
@@ -97,12 +144,17 @@ fn main() -> anyhow::Result<()> {
     );
     for (i, name) in figures.iter().enumerate() {
         let (d, m) = (median(&direct[i]), median(&meshed[i]));
+        if d.is_nan() || m.is_nan() {
+            continue;
+        }
         println!("{name:<24} {d:>12.1} {m:>12.1} {:>9.2}x", m / d);
     }
-    println!(
-        "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
-        median(&cpu_per_call)
-    );
+    if !cpu_per_call.is_empty() {
+        println!(
+            "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
+            median(&cpu_per_call)
+        );
+    }
     let mb = |kib: &[u64]| {
         format!(
             "{:.1} MB (alice {:.1} MB, bob {:.1} MB)",
@@ -111,25 +163,27 @@ fn main() -> anyhow::Result<()> {
             kib[1] as f64 / 1024.0
         )
     };
-    let idle: Vec<u64> = idle.iter().map(|(_, k)| *k).collect();
+    let kib = |v: Vec<(&str, u64)>| v.into_iter().map(|(_, k)| k).collect::<Vec<u64>>();
+    let (idle, end) = (kib(idle), kib(mesh.rss_kib("VmRSS:")));
     println!("RSS of the mesh processes (both nodes, servers excluded):");
+    println!("  idle, before the first round:           {}", mb(&idle));
     println!(
-        "  idle, before the first round:                     {}",
-        mb(&idle)
-    );
-    println!(
-        "  peak over calls, pipelined, 1 MiB and 8 MiB results: {}",
+        "  peak over opens, calls, pipelined, results: {}",
         mb(&peak_work)
     );
     println!(
-        "  peak over 8 MiB requests:                          {}",
+        "  peak over 8 MiB requests (run after):   {}",
         mb(&peak_requests)
     );
+    println!("  at the end (what the nodes kept):       {}", mb(&end));
     drop(mesh);
     Ok(())
 }
 
 fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -140,27 +194,35 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-/// What one pass measured.
+/// What one pass measured (NaN for a figure of a phase it did not run).
 struct Measured {
     figures: Vec<f64>,
     /// With a mesh to watch: the CPU time its processes spent per sequential call (µs).
     cpu_per_call: Option<f64>,
-    /// With a mesh to watch: each node's peak RSS over the workload (everything but
-    /// the 8 MiB requests), and over the 8 MiB requests alone.
-    peak_work: Vec<(&'static str, u64)>,
-    peak_requests: Vec<(&'static str, u64)>,
+    /// With a mesh to watch: each node's peak RSS over the pass.
+    peak: Vec<(&'static str, u64)>,
 }
 
-/// One pass over every figure against the server `cmd` starts.
-fn measure(cmd: &[String], calls: usize, watch: Option<&Mesh>) -> anyhow::Result<Measured> {
+/// One pass over `phases` against the server `cmd` starts.
+fn measure(
+    cmd: &[String],
+    phases: &[&str],
+    calls: usize,
+    watch: Option<&Mesh>,
+) -> anyhow::Result<Measured> {
+    let runs = |phase: &str| phases.contains(&phase);
     watch.map(Mesh::reset_peaks);
-    let mut opens = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let mut c = Client::start(cmd)?;
-        c.initialize()?;
-        opens.push(t.elapsed().as_secs_f64() * 1e3);
-        c.close();
+    let mut figures = vec![f64::NAN; 8];
+    if runs("open") {
+        let mut opens = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let mut c = Client::start(cmd)?;
+            c.initialize()?;
+            opens.push(t.elapsed().as_secs_f64() * 1e3);
+            c.close();
+        }
+        figures[0] = median(&opens);
     }
     let mut c = Client::start(cmd)?;
     c.initialize()?;
@@ -168,49 +230,52 @@ fn measure(cmd: &[String], calls: usize, watch: Option<&Mesh>) -> anyhow::Result
     for _ in 0..200 {
         c.call_echo(&text)?;
     }
-    let mut rtts = Vec::with_capacity(calls);
-    let cpu_before = watch.map(Mesh::cpu_ticks);
-    for _ in 0..calls {
-        let t = Instant::now();
-        c.call_echo(&text)?;
-        rtts.push(t.elapsed());
+    let mut cpu = None;
+    if runs("calls") {
+        let mut rtts = Vec::with_capacity(calls);
+        let cpu_before = watch.map(Mesh::cpu_ticks);
+        for _ in 0..calls {
+            let t = Instant::now();
+            c.call_echo(&text)?;
+            rtts.push(t.elapsed());
+        }
+        cpu = watch.zip(cpu_before).map(|(m, before)| {
+            let ticks = m.cpu_ticks().saturating_sub(before) as f64;
+            ticks / clock_ticks_per_sec() * 1e6 / calls as f64
+        });
+        rtts.sort();
+        for (slot, p) in [(1, 0.50), (2, 0.90), (3, 0.99)] {
+            figures[slot] = percentile(&rtts, p);
+        }
     }
-    let cpu = watch.zip(cpu_before).map(|(m, before)| {
-        let ticks = m.cpu_ticks().saturating_sub(before) as f64;
-        ticks / clock_ticks_per_sec() * 1e6 / calls as f64
-    });
-    rtts.sort();
-    let pipelined = c.pipelined(&text, calls)?;
-    let result_1m = c.throughput(
-        json!({ "name": "blob", "arguments": { "bytes": MIB } }),
-        MIB,
-    )?;
-    let result = c.throughput(
-        json!({ "name": "blob", "arguments": { "bytes": BIG } }),
-        BIG,
-    )?;
-    let peak_work = watch.map(|m| m.rss_kib("VmHWM:")).unwrap_or_default();
-    watch.map(Mesh::reset_peaks);
-    let request = c.throughput(
-        json!({ "name": "size", "arguments": { "text": "y".repeat(BIG) } }),
-        BIG,
-    )?;
-    let peak_requests = watch.map(|m| m.rss_kib("VmHWM:")).unwrap_or_default();
+    if runs("pipelined") {
+        figures[4] = c.pipelined(&text, calls)?;
+    }
+    if runs("results") {
+        for (slot, bytes) in [(5, MIB), (6, BIG)] {
+            figures[slot] = c.throughput(
+                json!({ "name": "blob", "arguments": { "bytes": bytes } }),
+                bytes,
+            )?;
+        }
+    }
+    if runs("requests") {
+        figures[7] = c.throughput(
+            json!({ "name": "size", "arguments": { "text": "y".repeat(BIG) } }),
+            BIG,
+        )?;
+    }
     c.close();
+    if let Some(m) = watch {
+        // `connect` hands its pipes to bob's node and exits: the session ends in the nodes
+        // a moment after the client closed it.
+        m.wait_idle()?;
+    }
+    let peak = watch.map(|m| m.rss_kib("VmHWM:")).unwrap_or_default();
     Ok(Measured {
-        figures: vec![
-            median(&opens),
-            percentile(&rtts, 0.50),
-            percentile(&rtts, 0.90),
-            percentile(&rtts, 0.99),
-            pipelined,
-            result_1m,
-            result,
-            request,
-        ],
+        figures,
         cpu_per_call: cpu,
-        peak_work,
-        peak_requests,
+        peak,
     })
 }
 
@@ -464,6 +529,13 @@ impl Mesh {
             .sum()
     }
 
+    fn pids(&self) -> Vec<(&'static str, Option<u32>)> {
+        vec![
+            ("alice", Self::daemon_pid(&self.alice)),
+            ("bob", Self::daemon_pid(&self.bob)),
+        ]
+    }
+
     /// A `/proc/PID/status` memory figure (`VmRSS:`, `VmHWM:`) of each daemon, in KiB.
     fn rss_kib(&self, key: &str) -> Vec<(&'static str, u64)> {
         [("alice", &self.alice), ("bob", &self.bob)]
@@ -475,6 +547,23 @@ impl Mesh {
                 )
             })
             .collect()
+    }
+
+    /// Waits until neither node has a session left.
+    fn wait_idle(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for home in [&self.alice, &self.bob] {
+            while self.cli(home, &["--json", "status"])?["sessions"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty())
+            {
+                if Instant::now() > deadline {
+                    bail!("the nodes' sessions did not end");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
     }
 
     /// Starts each daemon's peak RSS (VmHWM) over from its current RSS (`clear_refs` 5).

@@ -36,11 +36,14 @@ fn parse_args() -> anyhow::Result<Args> {
         sessions: 10,
         calls: 20,
     };
-    bench_util::numeric_flags(&mut [
-        ("peers", &mut args.peers, 1),
-        ("sessions", &mut args.sessions, 1),
-        ("calls", &mut args.calls, 1),
-    ])?;
+    bench_util::numeric_flags(
+        std::env::args().skip(1),
+        &mut [
+            ("peers", &mut args.peers, 1),
+            ("sessions", &mut args.sessions, 1),
+            ("calls", &mut args.calls, 1),
+        ],
+    )?;
     Ok(args)
 }
 

@@ -150,12 +150,14 @@ impl SpawnBackend {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        // The node's own MCPMESH_* variables are not the child's business.
+        // The node's own MCPMESH_* variables are not the child's business, nor is the
+        // allocator setting the node was started with.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
                 cmd.env_remove(key);
             }
         }
+        crate::memory::untune_child(&mut cmd);
         for (key, value) in &options.env {
             if !key.starts_with(RESERVED_ENV_PREFIX) {
                 cmd.env(key, value);

@@ -193,6 +193,7 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
     if let Some(home) = &profile.home {
         cmd.arg("--home").arg(home);
     }
+    crate::memory::tune_node(&mut cmd);
     cmd.args(["daemon", "--notify"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

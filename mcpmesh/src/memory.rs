@@ -1,0 +1,30 @@
+//! The one allocator setting a node starts with, and keeping it from the servers it spawns.
+//!
+//! glibc raises its mmap threshold each time it frees a large block, up to 32 MiB, and from
+//! then on keeps freed memory of that size in its heap: a node that once moved an 8 MiB request
+//! stayed about 20 MB larger for good. A fixed threshold (1 MiB, far above the pieces a
+//! session's pumps use) hands such memory back as soon as it is freed. glibc reads the setting
+//! only at process start, so whoever starts a node sets it: `up` and every verb that starts the
+//! node, and the systemd unit in `deploy/`. Spawned MCP servers get the environment the node
+//! itself was given.
+
+/// The setting, in glibc's tunables syntax.
+pub const TUNABLES: &str = "glibc.malloc.mmap_threshold=1048576";
+const TUNABLES_VAR: &str = "GLIBC_TUNABLES";
+/// Set beside it when the node's starter added it (never when the user had their own).
+const TUNED_VAR: &str = "MCPMESH_MALLOC_TUNED";
+
+/// Adds the setting to the environment of a node about to be started, unless the user has
+/// glibc tunables of their own.
+pub fn tune_node(cmd: &mut std::process::Command) {
+    if std::env::var_os(TUNABLES_VAR).is_none() {
+        cmd.env(TUNABLES_VAR, TUNABLES).env(TUNED_VAR, "1");
+    }
+}
+
+/// Takes the setting out of a spawned server's environment when the node's starter added it.
+pub fn untune_child(cmd: &mut tokio::process::Command) {
+    if std::env::var_os(TUNED_VAR).is_some() {
+        cmd.env_remove(TUNABLES_VAR);
+    }
+}
