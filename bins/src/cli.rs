@@ -848,10 +848,12 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
         Ok((stream, leftover)) => {
             // One line for the client's log: how long the mesh took to be ready (node start,
             // dial and session included).
-            eprintln!(
-                "mcpmesh connect {target}: session open in {:.1} ms",
+            // One write: stderr is unbuffered, and a formatted eprintln! is one write per piece.
+            let note = format!(
+                "mcpmesh connect {target}: session open in {:.1} ms\n",
                 started.elapsed().as_secs_f64() * 1e3
             );
+            let _ = std::io::stderr().write_all(note.as_bytes());
             match attach {
                 Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
                 Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),

@@ -103,6 +103,7 @@ fn main() -> anyhow::Result<()> {
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut cpu_per_call = Vec::new();
+    let (mut floor_p50, mut floor_cpu) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
     // The figures first, then the 8 MiB requests: a node keeps memory an 8 MiB request
@@ -132,6 +133,11 @@ fn main() -> anyhow::Result<()> {
                     *p = (*p).max(kib);
                 }
             }
+            if phases.contains(&"calls") {
+                let (p50, cpu) = iroh_floor(args.calls)?;
+                floor_p50.push(p50);
+                floor_cpu.push(cpu);
+            }
         }
     }
     println!(
@@ -153,6 +159,15 @@ fn main() -> anyhow::Result<()> {
         println!(
             "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
             median(&cpu_per_call)
+        );
+        let (p50, cpu) = (median(&floor_p50), median(&floor_cpu));
+        println!(
+            "transport floor, two bare iroh endpoints echoing 200 bytes: p50 {p50:.1} µs, CPU {cpu:.1} µs per round trip"
+        );
+        println!(
+            "  mesh call p50 / floor p50: {:.2}x; mesh CPU per call / floor CPU: {:.2}x",
+            median(&meshed[1]) / p50,
+            median(&cpu_per_call) / cpu
         );
     }
     let mb = |kib: &[u64]| {
@@ -602,4 +617,76 @@ impl Drop for Mesh {
                 .output();
         }
     }
+}
+
+/// The transport's own floor on this machine: two iroh endpoints built as the nodes build
+/// theirs, each on its own thread with its own runtime (as two nodes are two processes), echoing
+/// 200-byte lines over one stream. Returns the round trip p50 (µs) and the CPU this process
+/// spent per round trip (µs), both endpoints together.
+fn iroh_floor(calls: usize) -> anyhow::Result<(f64, f64)> {
+    use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy, bind};
+    const ALPN: &[u8] = b"mcpmesh-bench/echo";
+    let config = NetworkConfig {
+        relay: RelayPolicy::Disabled,
+        bind: vec!["127.0.0.1:0".parse()?],
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let server_config = config.clone();
+    let server = std::thread::spawn(move || -> anyhow::Result<()> {
+        runtime()?.block_on(async move {
+            let book = iroh::address_lookup::MemoryLookup::new();
+            let ep = bind(
+                iroh::SecretKey::generate(),
+                &server_config,
+                vec![ALPN.to_vec()],
+                book,
+            )
+            .await?;
+            addr_tx.send(ep.addr())?;
+            let conn = ep.accept().await.context("no connection")?.await?;
+            let (mut send, recv) = conn.accept_bi().await?;
+            let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+            while let Some(mcpmesh_net::transport::Batch::Lines(run)) = reader.next_batch().await? {
+                send.write_all(&run).await?;
+            }
+            Ok(())
+        })
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(10))?;
+    let result = runtime()?.block_on(async move {
+        let book = iroh::address_lookup::MemoryLookup::new();
+        book.add_endpoint_info(addr.clone());
+        let ep = bind(iroh::SecretKey::generate(), &config, vec![], book).await?;
+        let conn = ep.connect(addr, ALPN).await?;
+        let (mut send, recv) = conn.open_bi().await?;
+        let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+        let line = [&[b'x'; 199][..], b"\n"].concat();
+        let mut rtts = Vec::with_capacity(calls);
+        let mut cpu_before = 0;
+        for i in 0..calls + 200 {
+            if i == 200 {
+                cpu_before = cpu_ticks_of(std::process::id());
+            }
+            let t = Instant::now();
+            send.write_all(&line).await?;
+            reader.next_line().await?.context("the echo ended")?;
+            if i >= 200 {
+                rtts.push(t.elapsed());
+            }
+        }
+        let ticks = cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
+        send.finish()?;
+        rtts.sort();
+        anyhow::Ok((
+            percentile(&rtts, 0.5),
+            ticks / clock_ticks_per_sec() * 1e6 / calls as f64,
+        ))
+    })?;
+    let _ = server.join();
+    Ok(result)
 }
