@@ -103,7 +103,7 @@ fn main() -> anyhow::Result<()> {
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut cpu_per_call = Vec::new();
-    let (mut floor_p50, mut floor_cpu) = (Vec::new(), Vec::new());
+    let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
     // The figures first, then the 8 MiB requests: a node keeps memory an 8 MiB request
@@ -134,9 +134,8 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if phases.contains(&"calls") {
-                let (p50, cpu) = iroh_floor(args.calls)?;
-                floor_p50.push(p50);
-                floor_cpu.push(cpu);
+                floors.push(iroh_floor(args.calls, false)?);
+                floors1.push(iroh_floor(args.calls, true)?);
             }
         }
     }
@@ -160,14 +159,26 @@ fn main() -> anyhow::Result<()> {
             "\nCPU per sequential call, both nodes' processes (connect steps out): {:.1} µs",
             median(&cpu_per_call)
         );
-        let (p50, cpu) = (median(&floor_p50), median(&floor_cpu));
+        let of = |floors: &[Floor], f: fn(&Floor) -> f64| {
+            median(&floors.iter().map(f).collect::<Vec<_>>())
+        };
+        println!("transport floor, two bare iroh endpoints echoing 200 bytes over loopback:");
+        for (name, fl) in [
+            ("on two threads (as two nodes)", &floors),
+            ("on one thread", &floors1),
+        ] {
+            println!(
+                "  {name:<30} p50 {:.1} µs, CPU {:.1} µs per round trip, x16 in flight {:.0}/s",
+                of(fl, |f| f.p50),
+                of(fl, |f| f.cpu),
+                of(fl, |f| f.pipelined)
+            );
+        }
         println!(
-            "transport floor, two bare iroh endpoints echoing 200 bytes: p50 {p50:.1} µs, CPU {cpu:.1} µs per round trip"
-        );
-        println!(
-            "  mesh call p50 / floor p50: {:.2}x; mesh CPU per call / floor CPU: {:.2}x",
-            median(&meshed[1]) / p50,
-            median(&cpu_per_call) / cpu
+            "  mesh / floor on two threads: call p50 {:.2}x, CPU per call {:.2}x, x16 in flight {:.2}x",
+            median(&meshed[1]) / of(&floors, |f| f.p50),
+            median(&cpu_per_call) / of(&floors, |f| f.cpu),
+            median(&meshed[4]) / of(&floors, |f| f.pipelined)
         );
     }
     let mb = |kib: &[u64]| {
@@ -620,73 +631,109 @@ impl Drop for Mesh {
 }
 
 /// The transport's own floor on this machine: two iroh endpoints built as the nodes build
-/// theirs, each on its own thread with its own runtime (as two nodes are two processes), echoing
-/// 200-byte lines over one stream. Returns the round trip p50 (µs) and the CPU this process
-/// spent per round trip (µs), both endpoints together.
-fn iroh_floor(calls: usize) -> anyhow::Result<(f64, f64)> {
-    use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy, bind};
-    const ALPN: &[u8] = b"mcpmesh-bench/echo";
-    let config = NetworkConfig {
-        relay: RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse()?],
-    };
+/// theirs, echoing 200-byte lines over one stream, either each on its own thread with its own
+/// runtime (as two nodes are two processes) or both on one thread.
+fn iroh_floor(calls: usize, one_thread: bool) -> anyhow::Result<Floor> {
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
     };
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let server_config = config.clone();
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    if one_thread {
+        return runtime()?.block_on(async move {
+            let server = tokio::spawn(echo_server(addr_tx));
+            let result = echo_client(addr_rx.await?, calls).await;
+            server.abort();
+            result
+        });
+    }
     let server = std::thread::spawn(move || -> anyhow::Result<()> {
-        runtime()?.block_on(async move {
-            let book = iroh::address_lookup::MemoryLookup::new();
-            let ep = bind(
-                iroh::SecretKey::generate(),
-                &server_config,
-                vec![ALPN.to_vec()],
-                book,
-            )
-            .await?;
-            addr_tx.send(ep.addr())?;
-            let conn = ep.accept().await.context("no connection")?.await?;
-            let (mut send, recv) = conn.accept_bi().await?;
-            let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
-            while let Some(mcpmesh_net::transport::Batch::Lines(run)) = reader.next_batch().await? {
-                send.write_all(&run).await?;
-            }
-            Ok(())
-        })
+        runtime()?.block_on(echo_server(addr_tx))
     });
-    let addr = addr_rx.recv_timeout(Duration::from_secs(10))?;
-    let result = runtime()?.block_on(async move {
-        let book = iroh::address_lookup::MemoryLookup::new();
-        book.add_endpoint_info(addr.clone());
-        let ep = bind(iroh::SecretKey::generate(), &config, vec![], book).await?;
-        let conn = ep.connect(addr, ALPN).await?;
-        let (mut send, recv) = conn.open_bi().await?;
-        let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
-        let line = [&[b'x'; 199][..], b"\n"].concat();
-        let mut rtts = Vec::with_capacity(calls);
-        let mut cpu_before = 0;
-        for i in 0..calls + 200 {
-            if i == 200 {
-                cpu_before = cpu_ticks_of(std::process::id());
-            }
-            let t = Instant::now();
-            send.write_all(&line).await?;
-            reader.next_line().await?.context("the echo ended")?;
-            if i >= 200 {
-                rtts.push(t.elapsed());
-            }
-        }
-        let ticks = cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
-        send.finish()?;
-        rtts.sort();
-        anyhow::Ok((
-            percentile(&rtts, 0.5),
-            ticks / clock_ticks_per_sec() * 1e6 / calls as f64,
-        ))
-    })?;
+    let result = runtime()?.block_on(async move { echo_client(addr_rx.await?, calls).await });
     let _ = server.join();
-    Ok(result)
+    result
+}
+
+const ECHO_ALPN: &[u8] = b"mcpmesh-bench/echo";
+
+fn hermetic() -> mcpmesh_net::endpoint::NetworkConfig {
+    mcpmesh_net::endpoint::NetworkConfig {
+        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
+        bind: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 0))],
+    }
+}
+
+/// Accepts one connection and echoes the lines of its first stream.
+async fn echo_server(
+    addr_tx: tokio::sync::oneshot::Sender<iroh::EndpointAddr>,
+) -> anyhow::Result<()> {
+    let book = iroh::address_lookup::MemoryLookup::new();
+    let key = iroh::SecretKey::generate();
+    let ep = mcpmesh_net::endpoint::bind(key, &hermetic(), vec![ECHO_ALPN.to_vec()], book).await?;
+    let _ = addr_tx.send(ep.addr());
+    let conn = ep.accept().await.context("no connection")?.await?;
+    let (mut send, recv) = conn.accept_bi().await?;
+    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+    while let Some(mcpmesh_net::transport::Batch::Lines(run)) = reader.next_batch().await? {
+        send.write_all(&run).await?;
+    }
+    Ok(())
+}
+
+/// `calls` sequential 200-byte round trips after a warm-up, then `calls` with `PIPELINE` in
+/// flight.
+async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<Floor> {
+    let book = iroh::address_lookup::MemoryLookup::new();
+    book.add_endpoint_info(addr.clone());
+    let ep =
+        mcpmesh_net::endpoint::bind(iroh::SecretKey::generate(), &hermetic(), vec![], book).await?;
+    let conn = ep.connect(addr, ECHO_ALPN).await?;
+    let (mut send, recv) = conn.open_bi().await?;
+    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+    let line = [&[b'x'; 199][..], b"\n"].concat();
+    let mut rtts = Vec::with_capacity(calls);
+    let mut cpu_before = 0;
+    for i in 0..calls + 200 {
+        if i == 200 {
+            cpu_before = cpu_ticks_of(std::process::id());
+        }
+        let t = Instant::now();
+        send.write_all(&line).await?;
+        reader.next_line().await?.context("the echo ended")?;
+        if i >= 200 {
+            rtts.push(t.elapsed());
+        }
+    }
+    let ticks = cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
+    // Then PIPELINE lines kept in flight: a new one goes out as each echo comes back.
+    let t = Instant::now();
+    for _ in 0..PIPELINE {
+        send.write_all(&line).await?;
+    }
+    for i in 0..calls {
+        reader.next_line().await?.context("the echo ended")?;
+        if i + PIPELINE < calls {
+            send.write_all(&line).await?;
+        }
+    }
+    let rate = calls as f64 / t.elapsed().as_secs_f64();
+    send.finish()?;
+    rtts.sort();
+    Ok(Floor {
+        p50: percentile(&rtts, 0.5),
+        cpu: ticks / clock_ticks_per_sec() * 1e6 / calls as f64,
+        pipelined: rate,
+    })
+}
+
+/// What the bare transport does on this machine.
+struct Floor {
+    /// Sequential round trip p50, µs.
+    p50: f64,
+    /// CPU per sequential round trip, both endpoints, µs.
+    cpu: f64,
+    /// Round trips per second with `PIPELINE` in flight.
+    pipelined: f64,
 }
