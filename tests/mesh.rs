@@ -394,6 +394,36 @@ async fn an_8_mib_response_passes_byte_identical() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_survives() {
+    let m = marker("cut");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let before = rss_kib(&alice);
+    s.send(&json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                    "params": { "name": "blob", "arguments": { "bytes": 17 << 20 } } }))
+        .await;
+    // What already went on cannot be taken back: the client gets it (no more than the cap)
+    // ended as one line of its own, then the refusal.
+    let cut = s.recv_raw().await.unwrap();
+    let cap = mcpmesh_net::transport::MAX_FRAME;
+    assert!(
+        cut.len() <= cap && cut.len() > cap - (1 << 20),
+        "{} bytes",
+        cut.len()
+    );
+    assert!(serde_json::from_slice::<Value>(&cut).is_err());
+    let refusal = s.recv().await.unwrap();
+    band_error(&refusal, -32051);
+    assert_eq!(refusal["id"], Value::Null);
+    let echo = s.call("echo", json!({ "text": "still here" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "still here");
+    // Passed through in parts: the serving node never held the 17 MiB line.
+    let grown = rss_kib(&alice).saturating_sub(before);
+    assert!(grown < 12 * 1024, "the node grew by {grown} KiB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_line_over_16_mib_is_refused_and_the_session_survives_the_strike() {
     let m = marker("oversize");
     let (_alice, bob) = pair(&m, None);
