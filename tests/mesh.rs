@@ -394,6 +394,36 @@ async fn an_8_mib_response_passes_byte_identical() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_answer_still_passing_when_the_client_stops_sending_arrives_whole_and_once() {
+    let m = marker("midway");
+    let (_alice, bob) = pair(&m, None);
+    let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                          "params": { "name": "blob", "arguments": { "bytes": 1 << 20 } } });
+    let mut direct = McpSession::direct_stub();
+    direct.send(&request).await;
+    let expected = direct.recv_raw().await.unwrap();
+
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.send(&request).await;
+    // Both nodes see the client's input end while the answer is halfway through them.
+    let got = s.recv_long_closing_stdin_midway().await;
+    assert!(
+        got.strip_suffix(b"\n") == Some(&expected[..]),
+        "the answer differs ({} vs {} bytes)",
+        got.len(),
+        expected.len() + 1
+    );
+    // It was counted as the answer: no error for request 7 follows, only the end.
+    let after = s.recv_raw().await;
+    assert!(
+        after.is_none(),
+        "after the answer: {}",
+        String::from_utf8_lossy(&after.unwrap_or_default())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_survives() {
     let m = marker("cut");
     let (alice, bob) = pair(&m, None);

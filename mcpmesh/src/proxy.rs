@@ -162,6 +162,13 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         let _ = write_run(&mesh_w, &run).await;
     }
 
+    // One pump for the server's side for the whole session: when the client's side ends first,
+    // the same pump drains what is still coming, so an answer halfway through (a long line
+    // passing in parts) goes on where it was.
+    let server_side = forward(&mut mesh_r, &local_w, &local_w, |seen| {
+        track(&|o| o.server_sent(seen))
+    });
+    let mut server_side = std::pin::pin!(server_side);
     let end = tokio::select! {
         r = forward_whole(&mut local_r, &mesh_w, &local_w, |seen| track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
@@ -169,7 +176,7 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
             Err(PumpError::Write(_)) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             Err(PumpError::TooManyStrikes) => End::ClientGone,
         },
-        r = forward(&mut mesh_r, &local_w, &local_w, |seen| track(&|o| o.server_sent(seen))) => match r {
+        r = &mut server_side => match r {
             Ok(()) => End::ServerClosed,
             Err(PumpError::Write(_)) => End::ClientGone,
             Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
@@ -186,14 +193,7 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         End::ClientClosed => {
             // The client is done sending but may still read: let answers in flight arrive.
             let _ = mesh_w.lock().await.finish();
-            let drained = tokio::time::timeout(
-                DRAIN,
-                forward(&mut mesh_r, &local_w, &local_w, |seen| {
-                    track(&|o| o.server_sent(seen))
-                }),
-            )
-            .await;
-            match drained {
+            match tokio::time::timeout(DRAIN, &mut server_side).await {
                 Ok(Ok(())) => failure(End::ServerClosed),
                 _ => failure(End::Lost(close_reason_code(
                     connection.close_reason().as_ref(),

@@ -269,6 +269,35 @@ impl McpSession {
         self.stdin = None;
     }
 
+    /// Reads one long line (newline included), closing stdin as soon as its first part has
+    /// arrived: the client is done sending while the answer is still on its way.
+    pub async fn recv_long_closing_stdin_midway(&mut self) -> Vec<u8> {
+        use mcpmesh_net::transport::{Part, Piece};
+        let first = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_piece())
+            .await
+            .expect("an answer in time")
+            .expect("a readable line");
+        let Some(Piece::LongStart(head)) = first else {
+            panic!("not the start of a long line: {first:?}")
+        };
+        self.close_stdin();
+        let mut line = head.to_vec();
+        loop {
+            let part = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_part())
+                .await
+                .expect("the rest in time")
+                .expect("a readable line");
+            match part {
+                Part::More(bytes) => line.extend_from_slice(&bytes),
+                Part::Last(bytes) => {
+                    line.extend_from_slice(&bytes);
+                    return line;
+                }
+                Part::Cut => panic!("the line ran past the cap"),
+            }
+        }
+    }
+
     pub async fn wait_eof(&mut self) {
         while self.recv_raw().await.is_some() {}
     }

@@ -240,43 +240,46 @@ impl Host<'_> {
                 end = End::Failed(format!("writing the first frame: {e}"));
             }
         }
-        if matches!(end, End::ClientClosed) {
-            end = tokio::select! {
-                r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
-                    Ok(()) => End::ClientClosed,
-                    Err(e) => End::Failed(e.to_string()),
-                },
-                r = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
-                    bytes_out += seen.len() as u64;
-                    account().server_sent(seen);
-                }) => match r {
-                    Ok(()) => End::ServerClosed,
-                    Err(e) => End::Failed(e.to_string()),
-                },
-                _ = options.shutdown.cancelled() => End::Shutdown,
-                _ = options.sever.cancelled() => End::Severed,
-            };
-        }
-
-        if matches!(end, End::Severed) {
-            let answers = account()
-                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
-            if !answers.is_empty() {
-                let _ = write_run(&mesh_w, &answers).await;
-            }
-        }
-        // The server's input ends: EOF on a child's stdin, a half-close on a socket.
-        let _ = server_w.into_inner().shutdown().await;
         let mut patience = GRACE;
-        if matches!(end, End::ClientClosed) {
-            // The client is done sending, perhaps not reading: answers the server still
-            // writes as it sees its input end reach the client, for a short while.
-            let drain = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
+        {
+            // One pump for the server's side for the whole session: when the client's side
+            // ends first, the same pump drains what the server still sends, so an answer
+            // halfway through (a long line passing in parts) goes on where it was.
+            let server_side = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
                 bytes_out += seen.len() as u64;
                 account().server_sent(seen);
             });
-            if tokio::time::timeout(GRACE, drain).await.is_err() {
-                patience = Duration::ZERO; // it had its grace while draining
+            let mut server_side = std::pin::pin!(server_side);
+            if matches!(end, End::ClientClosed) {
+                end = tokio::select! {
+                    r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
+                        Ok(()) => End::ClientClosed,
+                        Err(e) => End::Failed(e.to_string()),
+                    },
+                    r = &mut server_side => match r {
+                        Ok(()) => End::ServerClosed,
+                        Err(e) => End::Failed(e.to_string()),
+                    },
+                    _ = options.shutdown.cancelled() => End::Shutdown,
+                    _ = options.sever.cancelled() => End::Severed,
+                };
+            }
+
+            if matches!(end, End::Severed) {
+                let answers = account()
+                    .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
+                if !answers.is_empty() {
+                    let _ = write_run(&mesh_w, &answers).await;
+                }
+            }
+            // The server's input ends: EOF on a child's stdin, a half-close on a socket.
+            let _ = server_w.into_inner().shutdown().await;
+            if matches!(end, End::ClientClosed) {
+                // The client is done sending, perhaps not reading: answers the server still
+                // writes as it sees its input end reach the client, for a short while.
+                if tokio::time::timeout(GRACE, &mut server_side).await.is_err() {
+                    patience = Duration::ZERO; // it had its grace while draining
+                }
             }
         }
         // Client-visible end first, so the caller is never kept waiting on the server.
