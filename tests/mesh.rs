@@ -370,16 +370,22 @@ async fn killing_connect_ends_the_remote_child_within_a_second() {
     assert_child_ends(pid, &m).await;
 }
 
+/// A `blob` call for `bytes` bytes, and the line the stub answers it with when run directly.
+async fn blob_call_and_direct_answer(bytes: usize) -> (Value, Vec<u8>) {
+    let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                          "params": { "name": "blob", "arguments": { "bytes": bytes } } });
+    let mut direct = McpSession::direct_stub();
+    direct.send(&request).await;
+    let expected = direct.recv_raw().await.unwrap();
+    assert!(expected.len() > bytes);
+    (request, expected)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_8_mib_response_passes_byte_identical() {
     let m = marker("8mib");
     let (_alice, bob) = pair(&m, None);
-    let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-                          "params": { "name": "blob", "arguments": { "bytes": 8 << 20 } } });
-    let mut direct = McpSession::direct_stub();
-    direct.send(&request).await;
-    let expected = direct.recv_raw().await.unwrap();
-    assert!(expected.len() > 8 << 20);
+    let (request, expected) = blob_call_and_direct_answer(8 << 20).await;
 
     let mut s = bob.connect("alice/svc");
     s.initialize().await;
@@ -397,11 +403,7 @@ async fn an_8_mib_response_passes_byte_identical() {
 async fn an_answer_still_passing_when_the_client_stops_sending_arrives_whole_and_once() {
     let m = marker("midway");
     let (_alice, bob) = pair(&m, None);
-    let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-                          "params": { "name": "blob", "arguments": { "bytes": 1 << 20 } } });
-    let mut direct = McpSession::direct_stub();
-    direct.send(&request).await;
-    let expected = direct.recv_raw().await.unwrap();
+    let (request, expected) = blob_call_and_direct_answer(1 << 20).await;
 
     let mut s = bob.connect("alice/svc");
     s.initialize().await;

@@ -75,18 +75,33 @@ impl Seen<'_> {
     }
 }
 
+/// How a plain pump treats a line still without its newline after [`crate::transport::PASS_AT`]
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongLines {
+    /// Passes it on in parts as it arrives (cut-through): no node holds a long answer whole,
+    /// and every hop works on it at once.
+    PassOn,
+    /// Holds it whole: for the direction that carries the MCP client's own frames, which the
+    /// serving node must read whole anyway. An oversized request is then refused once, by the
+    /// node it entered, instead of reaching the next hop cut off.
+    Whole,
+}
+
 /// Forwards every line from `reader` to `dest` until EOF (`Ok`) or a failure.
 ///
-/// `observe` sees each run before it is written, and a long line before its last part is
-/// written (it may record, never alter). Oversized lines are answered with `-32051` on
-/// `client`, the writer facing the MCP client; for the direction that carries the client's own
-/// frames that is the reverse direction's writer. A long line that runs past the cap after
-/// its first parts went on is ended there with a newline (the reader downstream gets one
-/// unparsable line at the cap, never a line glued to the next) and answered the same way.
+/// `observe` sees each run before it is written, and a long line passed on in parts before its
+/// last part is written (it may record, never alter). Oversized lines are answered with
+/// `-32051` on `client`, the writer facing the MCP client; for the direction that carries the
+/// client's own frames that is the reverse direction's writer. A long line that runs past the
+/// cap after its first parts went on is ended there with a newline (the reader downstream gets
+/// one unparsable line no longer than the cap, never a line glued to the next) and answered the
+/// same way.
 pub async fn forward<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
+    long: LongLines,
     mut observe: impl FnMut(Seen<'_>),
 ) -> Result<(), PumpError>
 where
@@ -96,43 +111,25 @@ where
 {
     let mut strikes = 0u8;
     let too_large = || ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
-    while let Some(piece) = reader.next_piece().await.map_err(PumpError::Read)? {
-        match piece {
-            Piece::Lines(run) => {
+    loop {
+        let piece = match long {
+            LongLines::PassOn => reader.next_piece().await,
+            LongLines::Whole => reader.next_batch().await.map(|b| b.map(Piece::from)),
+        };
+        match piece.map_err(PumpError::Read)? {
+            None => return Ok(()),
+            Some(Piece::Lines(run)) => {
                 observe(Seen::Lines(&run));
                 write_run(dest, &run).await.map_err(PumpError::Write)?;
             }
-            Piece::Oversize => strike(&mut strikes, client, &too_large()).await?,
-            Piece::LongStart(head) => {
+            Some(Piece::Oversize) => strike(&mut strikes, client, &too_large()).await?,
+            Some(Piece::LongStart(head)) => {
                 if !pass_long_line(reader, dest, head, &mut observe).await? {
                     strike(&mut strikes, client, &too_large()).await?;
                 }
             }
         }
     }
-    Ok(())
-}
-
-/// Like [`forward`], but every line goes on whole: for the direction that carries the MCP
-/// client's own frames, which the serving node must read whole anyway. An oversized request
-/// is then refused once, by the node it entered, instead of reaching the next hop cut off.
-pub async fn forward_whole<R, W, C>(
-    reader: &mut FrameReader<R>,
-    dest: &Mutex<W>,
-    client: &Mutex<C>,
-    mut observe: impl FnMut(Seen<'_>),
-) -> Result<(), PumpError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-    C: AsyncWrite + Unpin,
-{
-    let mut strikes = 0u8;
-    while let Some(run) = next_run(reader, client, &mut strikes).await? {
-        observe(Seen::Lines(&run));
-        write_run(dest, &run).await.map_err(PumpError::Write)?;
-    }
-    Ok(())
 }
 
 /// Passes one long line on part by part, holding `dest` so that nothing is written into its
@@ -331,7 +328,10 @@ mod tests {
         let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
         let mut seen = 0;
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            let _ = forward(&mut reader, &dest, &client, |run| seen += run.len()).await;
+            let _ = forward(&mut reader, &dest, &client, LongLines::PassOn, |run| {
+                seen += run.len()
+            })
+            .await;
         })
         .await
         .ok();
@@ -360,7 +360,7 @@ mod tests {
             let mut reader = FrameReader::new(src_r, MAX_FRAME_FOR_TESTS);
             let (dest, client) = (Mutex::new(dst_w), Mutex::new(tokio::io::sink()));
             let mut seen = Vec::new();
-            let r = forward(&mut reader, &dest, &client, |s| {
+            let r = forward(&mut reader, &dest, &client, LongLines::PassOn, |s| {
                 s.each_frame(|frame, len| seen.push((frame.to_vec(), len)))
             })
             .await;
@@ -418,7 +418,9 @@ mod tests {
         });
         let mut reader = FrameReader::new(src_r, max);
         let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
-        forward(&mut reader, &dest, &client, |_| {}).await.unwrap();
+        forward(&mut reader, &dest, &client, LongLines::PassOn, |_| {})
+            .await
+            .unwrap();
         drop((dest, client));
         let mut out = Vec::new();
         dst_r.read_to_end(&mut out).await.unwrap();
@@ -479,7 +481,7 @@ mod tests {
         });
         let mut reader = FrameReader::new(src_r, 10);
         let (dest, client) = (Mutex::new(tokio::io::sink()), Mutex::new(tokio::io::sink()));
-        let r = forward(&mut reader, &dest, &client, |_| {}).await;
+        let r = forward(&mut reader, &dest, &client, LongLines::Whole, |_| {}).await;
         assert!(matches!(r, Err(PumpError::TooManyStrikes)));
     }
 }

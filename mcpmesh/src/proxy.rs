@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind};
-use mcpmesh_net::pump::{PumpError, Seen, forward, forward_whole, write_run};
+use mcpmesh_net::pump::{LongLines, PumpError, Seen, forward, write_run};
 use mcpmesh_net::session::{OpenedSession, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
 use serde_json::value::RawValue;
@@ -165,12 +165,12 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
     // One pump for the server's side for the whole session: when the client's side ends first,
     // the same pump drains what is still coming, so an answer halfway through (a long line
     // passing in parts) goes on where it was.
-    let server_side = forward(&mut mesh_r, &local_w, &local_w, |seen| {
+    let server_side = forward(&mut mesh_r, &local_w, &local_w, LongLines::PassOn, |seen| {
         track(&|o| o.server_sent(seen))
     });
     let mut server_side = std::pin::pin!(server_side);
     let end = tokio::select! {
-        r = forward_whole(&mut local_r, &mesh_w, &local_w, |seen| track(&|o| o.client_sent(seen))) => match r {
+        r = forward(&mut local_r, &mesh_w, &local_w, LongLines::Whole, |seen| track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
             Err(PumpError::Read(_)) => End::ClientGone,
             Err(PumpError::Write(_)) => End::Lost(close_reason_code(connection.close_reason().as_ref())),

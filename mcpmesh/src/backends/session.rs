@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc;
-use mcpmesh_net::pump::{Verdict, forward, forward_checked, write_run};
+use mcpmesh_net::pump::{LongLines, Verdict, forward, forward_checked, write_run};
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
@@ -245,7 +245,7 @@ impl Host<'_> {
             // One pump for the server's side for the whole session: when the client's side
             // ends first, the same pump drains what the server still sends, so an answer
             // halfway through (a long line passing in parts) goes on where it was.
-            let server_side = forward(&mut server_r, &mesh_w, &mesh_w, |seen| {
+            let server_side = forward(&mut server_r, &mesh_w, &mesh_w, LongLines::PassOn, |seen| {
                 bytes_out += seen.len() as u64;
                 account().server_sent(seen);
             });
