@@ -82,6 +82,13 @@ fn main() -> anyhow::Result<()> {
         eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
     }
     let direct_cmd = vec![stub.display().to_string()];
+    // The same server behind two processes that only copy bytes: the mesh's two process hops
+    // without anything else the mesh does.
+    let stub_s = stub.display().to_string();
+    let relayed_cmd: Vec<String> = [&stub_s, "--relay", "--", &stub_s, "--relay", "--", &stub_s]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
     let mesh_cmd = vec![
         mcpmesh.display().to_string(),
         "--home".into(),
@@ -104,6 +111,7 @@ fn main() -> anyhow::Result<()> {
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut cpu_per_call = Vec::new();
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
+    let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
     // The figures first, then the 8 MiB requests: a node keeps memory an 8 MiB request
@@ -136,6 +144,16 @@ fn main() -> anyhow::Result<()> {
             if phases.contains(&"calls") {
                 floors.push(iroh_floor(args.calls, false)?);
                 floors1.push(iroh_floor(args.calls, true)?);
+            }
+            let relay_phases: Vec<&str> = phases
+                .iter()
+                .copied()
+                .filter(|p| ["calls", "pipelined"].contains(p))
+                .collect();
+            if !relay_phases.is_empty() {
+                let m = measure(&relayed_cmd, &relay_phases, args.calls, None)?;
+                relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
+                relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
             }
         }
     }
@@ -180,6 +198,23 @@ fn main() -> anyhow::Result<()> {
             median(&cpu_per_call) / of(&floors, |f| f.cpu),
             median(&meshed[4]) / of(&floors, |f| f.pipelined)
         );
+    }
+    if !relayed_p50.is_empty() || !relayed_x16.is_empty() {
+        println!(
+            "the server behind two processes that only copy bytes (the mesh's process hops alone):"
+        );
+        for (name, unit, relayed, i) in [
+            ("call p50", "µs", median(&relayed_p50), 1),
+            ("x16 in flight", "calls/s", median(&relayed_x16), 4),
+        ] {
+            if !relayed.is_nan() {
+                println!(
+                    "  {name} {relayed:.1} {unit}: relayed / direct {:.2}x, mesh / relayed {:.2}x",
+                    relayed / median(&direct[i]),
+                    median(&meshed[i]) / relayed
+                );
+            }
+        }
     }
     let mb = |kib: &[u64]| {
         format!(
