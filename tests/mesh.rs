@@ -484,16 +484,11 @@ fn environ(pid: u32) -> std::collections::HashMap<String, String> {
         .collect()
 }
 
-fn daemon_pid(node: &TestNode) -> u32 {
-    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
-    pid.trim().parse().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_started_node_gets_the_allocator_setting_and_its_servers_keep_their_own_environment() {
     let m = marker("malloc");
     let (alice, bob) = pair(&m, None);
-    let node = environ(daemon_pid(&alice));
+    let node = environ(alice.daemon_pid());
     assert_eq!(
         node.get("GLIBC_TUNABLES").map(String::as_str),
         Some(mcpmesh::memory::TUNABLES),
@@ -512,7 +507,7 @@ async fn a_started_node_gets_the_allocator_setting_and_its_servers_keep_their_ow
     carol.trust(&bob);
     bob.trust(&carol);
     carol.serve_stub("svc", &["bob"], None, &m);
-    assert_eq!(environ(daemon_pid(&carol))["GLIBC_TUNABLES"], own);
+    assert_eq!(environ(carol.daemon_pid())["GLIBC_TUNABLES"], own);
     let mut s = bob.connect("carol/svc");
     s.initialize().await;
     let child = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;

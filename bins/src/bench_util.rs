@@ -57,6 +57,15 @@ pub fn sibling_binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
     Ok((mcpmesh, stub))
 }
 
+/// The pid of the node whose profile is `home` (kept in its lock file).
+pub fn daemon_pid(home: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(home.join("daemon.lock"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:`), 0 when unreadable.
 pub fn status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

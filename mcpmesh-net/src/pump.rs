@@ -312,8 +312,6 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, duplex};
 
-    const MAX_FRAME_FOR_TESTS: usize = crate::transport::MAX_FRAME;
-
     #[tokio::test]
     async fn forwarded_bytes_are_identical_and_oversize_is_answered_to_the_client() {
         let (mut src_w, src_r) = duplex(1 << 20);
@@ -357,7 +355,7 @@ mod tests {
             "{{\"result\":{{\"content\":[{{\"text\":\"{text}\"}}]}},\"jsonrpc\":\"2.0\",\"id\":41}}\n"
         );
         let pump = async move {
-            let mut reader = FrameReader::new(src_r, MAX_FRAME_FOR_TESTS);
+            let mut reader = FrameReader::new(src_r, crate::transport::MAX_FRAME);
             let (dest, client) = (Mutex::new(dst_w), Mutex::new(tokio::io::sink()));
             let mut seen = Vec::new();
             let r = forward(&mut reader, &dest, &client, LongLines::PassOn, |s| {

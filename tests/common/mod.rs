@@ -410,21 +410,22 @@ pub fn stub_path() -> PathBuf {
 }
 
 impl TestNode {
-    /// Sends `signal` to this node's daemon (its pid is in the profile's lock file).
+    /// This node's daemon's pid (kept in the profile's lock file).
+    pub fn daemon_pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.home().join("daemon.lock")).unwrap();
+        pid.trim().parse().unwrap()
+    }
+
+    /// Sends `signal` to this node's daemon.
     pub fn signal(&self, signal: rustix::process::Signal) {
-        let pid: i32 = std::fs::read_to_string(self.home().join("daemon.lock"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), signal);
+        let pid = rustix::process::Pid::from_raw(self.daemon_pid() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, signal);
     }
 }
 
 /// The serving daemon's resident memory, in KiB.
 pub fn rss_kib(node: &TestNode) -> u64 {
-    let pid = std::fs::read_to_string(node.home().join("daemon.lock")).unwrap();
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.daemon_pid())).unwrap();
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))

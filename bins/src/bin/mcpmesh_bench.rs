@@ -573,27 +573,19 @@ impl Mesh {
         Ok(mesh)
     }
 
-    fn daemon_pid(home: &Path) -> Option<u32> {
-        std::fs::read_to_string(home.join("daemon.lock"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    }
-
     /// CPU ticks both daemons have used so far.
     fn cpu_ticks(&self) -> u64 {
         [&self.alice, &self.bob]
             .iter()
-            .filter_map(|h| Self::daemon_pid(h))
+            .filter_map(|h| bench_util::daemon_pid(h))
             .map(cpu_ticks_of)
             .sum()
     }
 
     fn pids(&self) -> Vec<(&'static str, Option<u32>)> {
         vec![
-            ("alice", Self::daemon_pid(&self.alice)),
-            ("bob", Self::daemon_pid(&self.bob)),
+            ("alice", bench_util::daemon_pid(&self.alice)),
+            ("bob", bench_util::daemon_pid(&self.bob)),
         ]
     }
 
@@ -604,7 +596,7 @@ impl Mesh {
             .map(|(who, h)| {
                 (
                     who,
-                    Self::daemon_pid(h).map_or(0, |pid| bench_util::status_kib(pid, key)),
+                    bench_util::daemon_pid(h).map_or(0, |pid| bench_util::status_kib(pid, key)),
                 )
             })
             .collect()
@@ -630,7 +622,7 @@ impl Mesh {
     /// Starts each daemon's peak RSS (VmHWM) over from its current RSS (`clear_refs` 5).
     fn reset_peaks(&self) {
         for h in [&self.alice, &self.bob] {
-            if let Some(pid) = Self::daemon_pid(h) {
+            if let Some(pid) = bench_util::daemon_pid(h) {
                 let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
             }
         }

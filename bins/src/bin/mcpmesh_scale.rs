@@ -257,9 +257,7 @@ impl Node {
     }
 
     fn pid(&self) -> anyhow::Result<u32> {
-        Ok(std::fs::read_to_string(self.home.join("daemon.lock"))?
-            .trim()
-            .parse()?)
+        bench_util::daemon_pid(&self.home).context("the node's pid")
     }
 }
 

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::ledger::{Caller, Ledger};
+use crate::backends::spawn::BackendError;
 use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
 
@@ -79,6 +80,22 @@ impl ServiceCtx {
         let who = Who::of(Some(identity));
         let permit = self.host().admit(&who, None, transport).await?;
         Some((who, permit))
+    }
+
+    /// A session whose server could not be reached or started: says why in the log and ends
+    /// the mesh stream, which makes the dialing side answer `-32055` for what is pending.
+    pub(crate) async fn unreachable<R, W>(
+        &self,
+        transport: &mut NdjsonTransport<R, W>,
+        e: BackendError,
+    ) -> Result<(), BackendError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        tracing::error!(service = %self.service, "{e}");
+        let _ = transport.writer_mut().shutdown().await;
+        Err(e)
     }
 
     pub(crate) fn host(&self) -> Host<'_> {

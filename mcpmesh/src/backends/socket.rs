@@ -14,7 +14,7 @@ use crate::backends::spawn::BackendError;
 use crate::backends::stamp::PeerStamp;
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::NdjsonTransport;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 
 /// How long connecting to the server's socket may take.
@@ -54,10 +54,7 @@ impl SocketBackend {
                     path: self.path.display().to_string(),
                     source,
                 };
-                tracing::error!(service = %self.ctx.service, "{e}");
-                // Ending the stream makes the dialing side answer -32055 for what is pending.
-                let _ = transport.writer_mut().shutdown().await;
-                return Err(e);
+                return self.ctx.unreachable(&mut transport, e).await;
             }
         };
         let (server_r, server_w) = stream.into_split();

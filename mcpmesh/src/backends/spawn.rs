@@ -13,7 +13,7 @@ use std::time::Duration;
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::{Batch, FrameReader, NdjsonTransport};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::Semaphore;
 
@@ -108,12 +108,7 @@ impl SpawnBackend {
         };
         let mut child = match self.spawn(identity.as_ref(), options) {
             Ok(child) => child,
-            Err(e) => {
-                tracing::error!(service = %self.service, "{e}");
-                // Ending the stream makes the dialing side answer -32055 for what is pending.
-                let _ = transport.writer_mut().shutdown().await;
-                return Err(e);
-            }
+            Err(e) => return ctx.unreachable(&mut transport, e).await,
         };
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(log_stderr(stderr, self.service.clone()));

@@ -78,9 +78,7 @@ impl UrlBackend {
                     url: self.url.to_string(),
                     message,
                 };
-                tracing::error!(service = %self.ctx.service, "{e}");
-                let _ = transport.writer_mut().shutdown().await;
-                return Err(e);
+                return self.ctx.unreachable(&mut transport, e).await;
             }
         };
         let (core, bridge) = tokio::io::duplex(PIPE);
