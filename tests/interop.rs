@@ -537,6 +537,7 @@ async fn a_2026_07_28_stateless_session_opens_is_gated_audited_and_passes_byte_i
     assert_eq!(refusal["error"]["code"], -32054);
 
     // Audited: the stateless requests are on record like any others.
+    alice.json(&["down"]); // a clean stop writes every queued record
     let tail = alice.json(&["audit", "tail", "-n", "200"]);
     let records = tail["records"].as_array().unwrap();
     let by = |method: &str| {

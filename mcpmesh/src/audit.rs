@@ -2,7 +2,8 @@
 //! change — never arguments (only a BLAKE3 hash of them), never secrets.
 //!
 //! Records are queued by an [`AuditSink`] (never blocking the request path) and written by one
-//! task, in batches, to append-only JSONL files, one per month. Each record carries the hash of
+//! thread of their own, in batches gathered over at most 20 ms, to append-only JSONL files, one
+//! per month. Each record carries the hash of
 //! the previous one and a hash of itself, so [`verify`] finds an edited, deleted, inserted or
 //! reordered record and names the first bad one. A head file keeps the last record's hash, so
 //! even the newest record cannot be changed or dropped unnoticed.
@@ -181,10 +182,14 @@ fn now_ms() -> u64 {
 }
 
 /// The running writer; [`AuditLog::close`] flushes everything queued before it.
+///
+/// The writer is a thread of its own, not a task: sealing and appending records is file I/O
+/// and hashing that must never hold up the runtime the sessions' pumps run on (a slow disk
+/// would otherwise stall every session), and on a multi-core machine it runs beside them.
 #[derive(Debug)]
 pub struct AuditLog {
     tx: mpsc::Sender<Message>,
-    task: tokio::task::JoinHandle<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl AuditLog {
@@ -195,13 +200,16 @@ impl AuditLog {
         let head = read_head(&dir)?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let (live, _) = broadcast::channel(LIVE_BACKLOG);
-        let task = tokio::spawn(write_loop(dir, head, retain_months, rx, live.clone()));
+        let writer_live = live.clone();
+        let thread = std::thread::Builder::new()
+            .name("mcpmesh-audit".into())
+            .spawn(move || write_loop(dir, head, retain_months, rx, writer_live))?;
         let sink = AuditSink {
             tx: Some(tx.clone()),
             dropped: Default::default(),
             live: Some(live),
         };
-        Ok((AuditLog { tx, task }, sink))
+        Ok((AuditLog { tx, thread }, sink))
     }
 
     /// Writes everything queued so far, syncs it to disk, and stops the writer.
@@ -210,7 +218,9 @@ impl AuditLog {
         if self.tx.send(Message::Close(done)).await.is_ok() {
             let _ = wait.await;
         }
-        let _ = self.task.await;
+        // The writer returns right after answering; joining it cannot wait on anything else.
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }
 
@@ -233,20 +243,43 @@ fn read_head(dir: &Path) -> std::io::Result<Head> {
     }
 }
 
-async fn write_loop(
+/// Records sealed and appended per write.
+const BATCH: usize = 1024;
+/// How long the writer lets records gather once one has come. Under load it wakes at most
+/// this often instead of once per request, and a record reaches the file at most this late; a
+/// clean stop ([`AuditLog::close`]) writes everything queued.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
+
+fn write_loop(
     dir: PathBuf,
     mut head: Head,
     retain_months: Option<u32>,
     mut rx: mpsc::Receiver<Message>,
     live: broadcast::Sender<std::sync::Arc<str>>,
 ) {
-    let mut batch = Vec::with_capacity(256);
+    let mut batch = Vec::with_capacity(BATCH);
     let mut file: Option<(String, std::fs::File)> = None;
     let mut head_written = std::time::Instant::now();
+    let mut caught_up = true;
     loop {
-        if rx.recv_many(&mut batch, 256).await == 0 {
-            return;
+        if caught_up {
+            // Sleep until a record comes; senders wake this thread only then.
+            let Some(first) = rx.blocking_recv() else {
+                return;
+            };
+            let stop = matches!(first, Message::Close(_));
+            batch.push(first);
+            if !stop {
+                std::thread::sleep(GATHER);
+            }
         }
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(msg) => batch.push(msg),
+                Err(_) => break,
+            }
+        }
+        caught_up = batch.len() < BATCH;
         let mut closing = None;
         let mut out: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for msg in batch.drain(..) {
