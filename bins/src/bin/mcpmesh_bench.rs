@@ -109,7 +109,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
-    let mut cpu_per_call = Vec::new();
+    let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
@@ -137,6 +137,7 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
                 cpu_per_call.extend(m.cpu_per_call);
+                cpu_per_x16.extend(m.cpu_per_x16);
                 for (p, (_, kib)) in peaks.iter_mut().zip(m.peak) {
                     *p = (*p).max(kib);
                 }
@@ -197,6 +198,12 @@ fn main() -> anyhow::Result<()> {
             median(&meshed[1]) / of(&floors, |f| f.p50),
             median(&cpu_per_call) / of(&floors, |f| f.cpu),
             median(&meshed[4]) / of(&floors, |f| f.pipelined)
+        );
+    }
+    if !cpu_per_x16.is_empty() {
+        println!(
+            "CPU per call with 16 in flight, both nodes' processes: {:.1} µs",
+            median(&cpu_per_x16)
         );
     }
     if !relayed_p50.is_empty() || !relayed_x16.is_empty() {
@@ -260,6 +267,8 @@ struct Measured {
     figures: Vec<f64>,
     /// With a mesh to watch: the CPU time its processes spent per sequential call (µs).
     cpu_per_call: Option<f64>,
+    /// With a mesh to watch: the same per call with 16 in flight (µs).
+    cpu_per_x16: Option<f64>,
     /// With a mesh to watch: each node's peak RSS over the pass.
     peak: Vec<(&'static str, u64)>,
 }
@@ -291,7 +300,13 @@ fn measure(
     for _ in 0..200 {
         c.call_echo(&text)?;
     }
-    let mut cpu = None;
+    let (mut cpu, mut cpu_x16) = (None, None);
+    let cpu_since = |before: Option<u64>| {
+        watch.zip(before).map(|(m, before)| {
+            let ticks = m.cpu_ticks().saturating_sub(before) as f64;
+            ticks / clock_ticks_per_sec() * 1e6 / calls as f64
+        })
+    };
     if runs("calls") {
         let mut rtts = Vec::with_capacity(calls);
         let cpu_before = watch.map(Mesh::cpu_ticks);
@@ -300,17 +315,16 @@ fn measure(
             c.call_echo(&text)?;
             rtts.push(t.elapsed());
         }
-        cpu = watch.zip(cpu_before).map(|(m, before)| {
-            let ticks = m.cpu_ticks().saturating_sub(before) as f64;
-            ticks / clock_ticks_per_sec() * 1e6 / calls as f64
-        });
+        cpu = cpu_since(cpu_before);
         rtts.sort();
         for (slot, p) in [(1, 0.50), (2, 0.90), (3, 0.99)] {
             figures[slot] = percentile(&rtts, p);
         }
     }
     if runs("pipelined") {
+        let cpu_before = watch.map(Mesh::cpu_ticks);
         figures[4] = c.pipelined(&text, calls)?;
+        cpu_x16 = cpu_since(cpu_before);
     }
     if runs("results") {
         for (slot, bytes) in [(5, MIB), (6, BIG)] {
@@ -336,6 +350,7 @@ fn measure(
     Ok(Measured {
         figures,
         cpu_per_call: cpu,
+        cpu_per_x16: cpu_x16,
         peak,
     })
 }
