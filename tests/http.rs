@@ -300,6 +300,72 @@ async fn the_gateway_refuses_foreign_origins_and_hosts_and_a_delete_ends_the_rem
     assert_eq!(r.status(), 404);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_cut_at_the_frame_cap_reaches_the_gateways_caller_as_an_error_for_its_request() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-cut");
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+    let http = http_client();
+    let post = |body: &Value, sid: Option<&str>| {
+        let mut r = http
+            .post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(sid) = sid {
+            r = r.header("mcp-session-id", sid);
+        }
+        r
+    };
+    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "1" } } });
+    let r = post(&initialize, None).send().await.unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    post(&note, Some(&sid)).send().await.unwrap();
+
+    // A 17 MiB answer passes through both nodes until the cap, where it is cut off; the HTTP
+    // request it was answering gets the refusal as its answer instead of waiting forever.
+    let big = json!({ "jsonrpc": "2.0", "id": "big", "method": "tools/call",
+        "params": { "name": "blob", "arguments": { "bytes": 17 << 20 } } });
+    let r = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        post(&big, Some(&sid))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
+    .await
+    .expect("the cut request is answered");
+    let answer = r
+        .lines()
+        .map(|l| l.strip_prefix("data:").unwrap_or(l).trim())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["id"] == "big")
+        .unwrap_or_else(|| panic!("no answer for the request in {} bytes", r.len()));
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+
+    // The session goes on.
+    let list = json!({ "jsonrpc": "2.0", "id": "after", "method": "tools/list" });
+    let body = post(&list, Some(&sid))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains(r#""id":"after""#) && body.contains("blob"),
+        "{body}"
+    );
+}
+
 #[test]
 fn a_gateway_beyond_loopback_needs_allow_remote_and_a_token() {
     let node = TestNode::start("solo");

@@ -436,7 +436,7 @@ async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_su
                     "params": { "name": "blob", "arguments": { "bytes": 17 << 20 } } }))
         .await;
     // What already went on cannot be taken back: the client gets it (no more than the cap)
-    // ended as one line of its own, then the refusal.
+    // ended as one line of its own, then the refusal of the request it was answering.
     let cut = s.recv_raw().await.unwrap();
     let cap = mcpmesh_net::transport::MAX_FRAME;
     assert!(
@@ -447,12 +447,25 @@ async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_su
     assert!(serde_json::from_slice::<Value>(&cut).is_err());
     let refusal = s.recv().await.unwrap();
     band_error(&refusal, -32051);
-    assert_eq!(refusal["id"], Value::Null);
+    assert_eq!(refusal["id"], 5);
     let echo = s.call("echo", json!({ "text": "still here" })).await;
     assert_eq!(echo["result"]["content"][0]["text"], "still here");
     // Passed through in parts: the serving node never held the 17 MiB line.
     let grown = rss_kib(&alice).saturating_sub(before);
     assert!(grown < 12 * 1024, "the node grew by {grown} KiB");
+    // The serving node's account ends the request there too.
+    s.close_stdin();
+    s.wait_eof().await;
+    alice.json(&["down"]); // a clean stop writes every queued record
+    let records = alice.json(&["audit", "tail", "-n", "100"])["records"].clone();
+    let blob = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "blob")
+        .unwrap_or_else(|| panic!("{records}"));
+    assert_eq!(blob["outcome"], "error", "{blob}");
+    assert_eq!(blob["code"], -32051, "{blob}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

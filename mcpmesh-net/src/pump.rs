@@ -94,9 +94,12 @@ pub enum LongLines {
 /// last part is written (it may record, never alter). Oversized lines are answered with
 /// `-32051` on `client`, the writer facing the MCP client; for the direction that carries the
 /// client's own frames that is the reverse direction's writer. A long line that runs past the
-/// cap after its first parts went on is ended there with a newline (the reader downstream gets
-/// one unparsable line no longer than the cap, never a line glued to the next) and answered the
-/// same way.
+/// cap after its first parts went on (only with [`LongLines::PassOn`], the direction towards
+/// the client, where `dest` is `client`) is ended there with a newline — the reader downstream
+/// gets one unparsable line no longer than the cap, never a line glued to the next — and
+/// followed by a `-32051` that answers the request the line was answering, when the part that
+/// went on named it (else id null). `observe` sees that answer like any line, so whoever keeps
+/// account of requests sees the request end.
 pub async fn forward<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
@@ -125,7 +128,7 @@ where
             Some(Piece::Oversize) => strike(&mut strikes, client, &too_large()).await?,
             Some(Piece::LongStart(head)) => {
                 if !pass_long_line(reader, dest, head, &mut observe).await? {
-                    strike(&mut strikes, client, &too_large()).await?;
+                    count_strike(&mut strikes)?;
                 }
             }
         }
@@ -133,7 +136,7 @@ where
 }
 
 /// Passes one long line on part by part, holding `dest` so that nothing is written into its
-/// middle. `false` when it ran past the cap and was cut off.
+/// middle. `false` when it ran past the cap and was cut off (and answered on `dest`).
 async fn pass_long_line<R, W>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
@@ -170,7 +173,20 @@ where
             }
             Part::Cut => {
                 tracing::debug!(len, "a long line ran past the frame cap and was cut off");
-                w.write_all(b"\n").await.map_err(PumpError::Write)?;
+                let answered = skeleton.so_far();
+                let id = answered
+                    .as_deref()
+                    .and_then(crate::jsonrpc::peek_response)
+                    .and_then(|peek| peek.answers().map(|id| id.to_owned()));
+                let mut refusal = b"\n".to_vec();
+                refusal.extend(
+                    ErrorFrame::new(ErrorCode::FrameTooLarge)
+                        .id(id.as_deref())
+                        .message("the answer ran past the frame cap and was cut off there")
+                        .to_line(),
+                );
+                observe(Seen::Lines(&refusal));
+                w.write_all(&refusal).await.map_err(PumpError::Write)?;
                 w.flush().await.map_err(PumpError::Write)?;
                 return Ok(false);
             }
@@ -291,9 +307,14 @@ async fn strike<C: AsyncWrite + Unpin>(
     client: &Mutex<C>,
     answer: &[u8],
 ) -> Result<(), PumpError> {
+    write_run(client, answer).await.map_err(PumpError::Write)?;
+    count_strike(strikes)
+}
+
+/// Counts a refused frame (already answered); the third ends the direction.
+fn count_strike(strikes: &mut u8) -> Result<(), PumpError> {
     *strikes += 1;
     tracing::debug!(strikes = *strikes, "a frame was refused");
-    write_run(client, answer).await.map_err(PumpError::Write)?;
     if *strikes >= MAX_STRIKES {
         return Err(PumpError::TooManyStrikes);
     }
@@ -404,36 +425,47 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_long_line_past_the_cap_ends_in_a_newline_and_is_answered() {
+    async fn a_long_answer_past_the_cap_is_ended_and_its_request_answered_in_the_same_stream() {
         use crate::transport::PASS_AT;
-        let (mut src_w, src_r) = duplex(1 << 16);
-        let (dst_w, mut dst_r) = duplex(1 << 20);
-        let (cli_w, mut cli_r) = duplex(1 << 16);
         let max = 2 * PASS_AT;
-        tokio::spawn(async move {
-            src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
-            src_w.write_all(b"\n{\"id\":1}\n").await.unwrap();
-        });
-        let mut reader = FrameReader::new(src_r, max);
-        let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
-        forward(&mut reader, &dest, &client, LongLines::PassOn, |_| {})
+        for (start, id) in [
+            (
+                &br#"{"jsonrpc":"2.0","id":"r-7","result":{"text":""#[..],
+                "\"r-7\"",
+            ),
+            // A line that never named a request is answered with id null.
+            (&br#"{"jsonrpc":"2.0","result":{"text":""#[..], "null"),
+        ] {
+            let (mut src_w, src_r) = duplex(1 << 16);
+            let (dst_w, mut dst_r) = duplex(1 << 20);
+            let start = start.to_vec();
+            tokio::spawn(async move {
+                src_w.write_all(&start).await.unwrap();
+                src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
+                src_w.write_all(b"\"}}\n{\"id\":1}\n").await.unwrap();
+            });
+            let mut reader = FrameReader::new(src_r, max);
+            let dest = Mutex::new(dst_w);
+            let mut seen = Vec::new();
+            forward(&mut reader, &dest, &dest, LongLines::PassOn, |s| {
+                s.each_frame(|line, _| seen.push(line.to_vec()))
+            })
             .await
             .unwrap();
-        drop((dest, client));
-        let mut out = Vec::new();
-        dst_r.read_to_end(&mut out).await.unwrap();
-        let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
-        assert_eq!(
-            lines.len(),
-            2,
-            "the cut line is ended, the next one kept whole"
-        );
-        assert!(lines[0].len() <= max + 1 && lines[0].ends_with(b"\n"));
-        assert_eq!(lines[1], b"{\"id\":1}\n");
-        let mut notice = Vec::new();
-        cli_r.read_to_end(&mut notice).await.unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&notice).unwrap();
-        assert_eq!(v["error"]["code"], -32051);
+            drop(dest);
+            let mut out = Vec::new();
+            dst_r.read_to_end(&mut out).await.unwrap();
+            let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(lines.len(), 3, "the cut line, its answer, the next line");
+            assert!(lines[0].len() <= max + 1 && lines[0].ends_with(b"\n"));
+            let v: serde_json::Value = serde_json::from_slice(lines[1]).unwrap();
+            assert_eq!(v["error"]["code"], -32051);
+            assert_eq!(v["id"].to_string(), id);
+            assert_eq!(lines[2], b"{\"id\":1}\n");
+            // The observer saw the answer, so a ledger sees the request end.
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert_eq!(seen[0], lines[1].trim_ascii_end());
+        }
     }
 
     #[tokio::test]

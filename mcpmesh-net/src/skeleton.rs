@@ -108,6 +108,19 @@ impl Skeleton {
         Some(skeleton)
     }
 
+    /// The members that have ended so far, as one JSON object: what a line that was cut off
+    /// before its end still tells (`None` when it was not the start of one JSON object).
+    pub fn so_far(&self) -> Option<Vec<u8>> {
+        if self.broken || (self.depth == 0 && !self.closed) {
+            return None;
+        }
+        let mut skeleton = Vec::with_capacity(self.out.len() + 2);
+        skeleton.push(b'{');
+        skeleton.extend_from_slice(&self.out);
+        skeleton.push(b'}');
+        Some(skeleton)
+    }
+
     fn structural(&mut self, b: u8) {
         if b.is_ascii_whitespace() {
             self.capture(&[b]);
