@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use iroh::address_lookup::MemoryLookup;
-use iroh::endpoint::{AckFrequencyConfig, PortmapperConfig, QuicTransportConfig, presets};
+use iroh::endpoint::{PortmapperConfig, QuicTransportConfig, presets};
 use iroh::{Endpoint, RelayMode, RelayUrl, SecretKey};
 
 /// How the endpoint reaches peers beyond its own addresses.
@@ -40,14 +40,6 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// peer that vanished mid-call is noticed in seconds rather than after QUIC's usual 30.
 const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
 
-/// Ack-eliciting packets a peer may take in before it must acknowledge them (QUIC's ACK
-/// frequency extension; the default is every second one). A session is requests and answers,
-/// and an answer carries the acknowledgement of its request, so acknowledging a burst of
-/// pipelined requests packet by packet only costs both nodes a datagram each way. Packets that
-/// arrive out of order are still acknowledged at once (the extension's reordering threshold),
-/// and a lone packet after QUIC's usual ACK delay, so loss recovery does not change.
-const ACK_ELICITING_THRESHOLD: u32 = 16;
-
 /// Binds an endpoint with `secret` as its identity. `book` is the address source for dialing
 /// by key (filled from persisted address hints); it is consulted in every mode.
 pub async fn bind(
@@ -56,12 +48,9 @@ pub async fn bind(
     alpns: Vec<Vec<u8>>,
     book: MemoryLookup,
 ) -> Result<Endpoint, EndpointError> {
-    let mut ack = AckFrequencyConfig::default();
-    ack.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
     let transport = QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into())
         .max_idle_timeout(IDLE_TIMEOUT.try_into().ok())
-        .ack_frequency_config(Some(ack))
         .build();
     let mut builder = match &config.relay {
         RelayPolicy::Default => Endpoint::builder(presets::N0),
