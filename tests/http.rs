@@ -78,6 +78,32 @@ fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// `initialize` as a 2025-11-25 client sends it.
+fn initialize_request() -> Value {
+    json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "1" } } })
+}
+
+/// A POST of `body` to `url` as a streamable-HTTP MCP client sends it, in session `sid` once
+/// it has one.
+fn mcp_post(
+    http: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    sid: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let r = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    match sid {
+        Some(sid) => r.header("mcp-session-id", sid),
+        None => r,
+    }
+}
+
 fn everything_client() -> String {
     interop_script("everything_client.py")
 }
@@ -216,15 +242,8 @@ async fn the_gateway_refuses_foreign_origins_and_hosts_and_a_delete_ends_the_rem
     let gateway = Gateway::start(&bob, &[]).await;
     let url = gateway.url("alice/svc");
     let http = http_client();
-    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": { "name": "t", "version": "1" } } });
-    let post = |body: &Value| {
-        http.post(&url)
-            .header("accept", "application/json, text/event-stream")
-            .header("content-type", "application/json")
-            .body(body.to_string())
-    };
+    let initialize = initialize_request();
+    let post = |body: &Value| mcp_post(&http, &url, body, None);
 
     // DNS rebinding: a page on a foreign origin, or a foreign Host, is refused before anything
     // reaches the mesh.
@@ -308,21 +327,8 @@ async fn an_answer_cut_at_the_frame_cap_reaches_the_gateways_caller_as_an_error_
     let gateway = Gateway::start(&bob, &[]).await;
     let url = gateway.url("alice/svc");
     let http = http_client();
-    let post = |body: &Value, sid: Option<&str>| {
-        let mut r = http
-            .post(&url)
-            .header("accept", "application/json, text/event-stream")
-            .header("content-type", "application/json")
-            .body(body.to_string());
-        if let Some(sid) = sid {
-            r = r.header("mcp-session-id", sid);
-        }
-        r
-    };
-    let initialize = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": { "name": "t", "version": "1" } } });
-    let r = post(&initialize, None).send().await.unwrap();
+    let post = |body: &Value, sid: Option<&str>| mcp_post(&http, &url, body, sid);
+    let r = post(&initialize_request(), None).send().await.unwrap();
     let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
     let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
     post(&note, Some(&sid)).send().await.unwrap();

@@ -98,14 +98,10 @@ impl Skeleton {
 
     /// The skeleton as one JSON object, when the line was one complete object.
     pub fn finish(&self) -> Option<Vec<u8>> {
-        if !self.closed || self.broken || self.in_string {
+        if !self.closed || self.in_string {
             return None;
         }
-        let mut skeleton = Vec::with_capacity(self.out.len() + 2);
-        skeleton.push(b'{');
-        skeleton.extend_from_slice(&self.out);
-        skeleton.push(b'}');
-        Some(skeleton)
+        self.so_far()
     }
 
     /// The members that have ended so far, as one JSON object: what a line that was cut off

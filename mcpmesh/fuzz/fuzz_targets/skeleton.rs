@@ -1,6 +1,7 @@
 //! The skeleton of a long line: whatever bytes arrive, split wherever, the scan never panics,
 //! builds the same skeleton from any split of the line, and on a small JSON object (where
-//! every member is kept) tells the same id, kind and outcome as peeking at the whole line.
+//! every member is kept) tells the same id, kind and outcome as peeking at the whole line. What
+//! a JSON object cut off anywhere still tells (`so_far`) is itself a JSON object.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -23,6 +24,16 @@ fuzz_target!(|input: &[u8]| {
     assert!(skeleton.len() <= line.len() + 2);
     if serde_json::from_slice::<serde_json::Value>(line).is_err() {
         return;
+    }
+    let mut prefix = Skeleton::default();
+    prefix.feed(&line[..cut]);
+    if let Some(so_far) = prefix.so_far() {
+        let value = serde_json::from_slice::<serde_json::Value>(&so_far);
+        assert!(
+            value.as_ref().is_ok_and(serde_json::Value::is_object),
+            "{:?}",
+            String::from_utf8_lossy(&so_far)
+        );
     }
     let (full, kept) = (jsonrpc::peek(line), jsonrpc::peek(&skeleton));
     assert_eq!(full.is_some(), kept.is_some());
