@@ -528,6 +528,48 @@ async fn a_started_node_gets_the_allocator_setting_and_its_servers_keep_their_ow
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_node_started_by_hand_becomes_the_same_node_with_the_allocator_setting() {
+    let node = TestNode::start("solo");
+    node.json(&["down"]);
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(node.home())
+        .arg("daemon")
+        .env_remove("MCPMESH_HOME")
+        .env_remove("GLIBC_TUNABLES")
+        .env_remove("MCPMESH_MALLOC_TUNED")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut daemon = cmd.spawn().unwrap();
+    let pid = daemon.id().unwrap();
+    let mut lines = mcpmesh_net::transport::FrameReader::new(daemon.stdout.take().unwrap(), 4096);
+    let ready = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&ready).contains("is up"));
+    // The same process (same pid, same arguments), now with the setting.
+    let env = environ(pid);
+    assert_eq!(
+        env.get("GLIBC_TUNABLES").map(String::as_str),
+        Some(mcpmesh::memory::TUNABLES),
+        "{env:?}"
+    );
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    assert!(args.contains(&&b"daemon"[..]), "{args:?}");
+    assert_eq!(
+        node.daemon_pid(),
+        pid,
+        "the node that runs is the one started by hand"
+    );
+    node.json(&["down"]);
+    let status = tokio::time::timeout(ANSWER_TIMEOUT, daemon.wait()).await;
+    assert!(status.unwrap().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_identity_env_reaches_the_child_and_cannot_be_overridden() {
     let m = marker("identity");
     // The serving node itself runs with forged identity variables in its environment.

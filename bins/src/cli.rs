@@ -799,6 +799,12 @@ fn gateway(
 }
 
 fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
+    if let Some(mut tuned) = mcpmesh::memory::restart_tuned() {
+        // Started by hand without the allocator setting: become the same node with it.
+        use std::os::unix::process::CommandExt;
+        let e = tuned.exec(); // returns only if it failed
+        tracing::warn!("running without the allocator setting (restarting with it failed: {e})");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

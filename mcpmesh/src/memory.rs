@@ -5,8 +5,9 @@
 //! stayed about 20 MB larger for good. A fixed threshold (1 MiB, far above the pieces a
 //! session's pumps use) hands such memory back as soon as it is freed. glibc reads the setting
 //! only at process start, so whoever starts a node sets it: `up` and every verb that starts the
-//! node, and the systemd unit in `deploy/`. Spawned MCP servers get the environment the node
-//! itself was given.
+//! node, and the systemd unit in `deploy/`; a node started by hand (`mcpmesh daemon`) without it
+//! replaces itself once with it ([`restart_tuned`]). Spawned MCP servers get the environment the
+//! node itself was given.
 
 /// The setting, in glibc's tunables syntax.
 pub const TUNABLES: &str = "glibc.malloc.mmap_threshold=1048576";
@@ -20,6 +21,25 @@ pub fn tune_node(cmd: &mut std::process::Command) {
     if std::env::var_os(TUNABLES_VAR).is_none() {
         cmd.env(TUNABLES_VAR, TUNABLES).env(TUNED_VAR, "1");
     }
+}
+
+/// For a node started without the setting, and without tunables of the user's own: this same
+/// program with the same arguments and the setting added, for the node to `exec` (it keeps its
+/// pid, so whoever started it notices nothing). `None` when there is nothing to add.
+pub fn restart_tuned() -> Option<std::process::Command> {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(TUNABLES_VAR).is_some() {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    cmd.args(args);
+    tune_node(&mut cmd);
+    Some(cmd)
 }
 
 /// Takes the setting out of a spawned server's environment when the node's starter added it.
