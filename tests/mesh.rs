@@ -466,6 +466,17 @@ async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_su
         .unwrap_or_else(|| panic!("{records}"));
     assert_eq!(blob["outcome"], "error", "{blob}");
     assert_eq!(blob["code"], -32051, "{blob}");
+    // The session's byte count has the part that went on.
+    let closed = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["event"] == "session_close")
+        .unwrap_or_else(|| panic!("{records}"));
+    assert!(
+        closed["bytes_out"].as_u64().unwrap() > (cap - (1 << 20)) as u64,
+        "{closed}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

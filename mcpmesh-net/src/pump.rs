@@ -91,7 +91,8 @@ pub enum LongLines {
 /// Forwards every line from `reader` to `dest` until EOF (`Ok`) or a failure.
 ///
 /// `observe` sees each run before it is written, and a long line passed on in parts before its
-/// last part is written (it may record, never alter). Oversized lines are answered with
+/// last part is written, or once it was cut off (its length, no skeleton); it may record, never
+/// alter. Oversized lines are answered with
 /// `-32051` on `client`, the writer facing the MCP client; for the direction that carries the
 /// client's own frames that is the reverse direction's writer. A long line that runs past the
 /// cap after its first parts went on (only with [`LongLines::PassOn`], the direction towards
@@ -173,6 +174,10 @@ where
             }
             Part::Cut => {
                 tracing::debug!(len, "a long line ran past the frame cap and was cut off");
+                observe(Seen::Long {
+                    skeleton: None,
+                    len,
+                });
                 let answered = skeleton.so_far();
                 let id = answered
                     .as_deref()
@@ -446,8 +451,9 @@ mod tests {
             });
             let mut reader = FrameReader::new(src_r, max);
             let dest = Mutex::new(dst_w);
-            let mut seen = Vec::new();
+            let (mut seen, mut counted) = (Vec::new(), 0);
             forward(&mut reader, &dest, &dest, LongLines::PassOn, |s| {
+                counted += s.len();
                 s.each_frame(|line, _| seen.push(line.to_vec()))
             })
             .await
@@ -465,6 +471,11 @@ mod tests {
             // The observer saw the answer, so a ledger sees the request end.
             assert_eq!(seen.len(), 2, "{seen:?}");
             assert_eq!(seen[0], lines[1].trim_ascii_end());
+            assert_eq!(
+                counted,
+                out.len(),
+                "every byte written was seen, the cut part too"
+            );
         }
     }
 
