@@ -458,21 +458,15 @@ async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_su
     s.wait_eof().await;
     alice.json(&["down"]); // a clean stop writes every queued record
     let records = alice.json(&["audit", "tail", "-n", "100"])["records"].clone();
-    let blob = records
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "blob")
-        .unwrap_or_else(|| panic!("{records}"));
+    let record = |key: &str, value: &str| {
+        let found = records.as_array().unwrap().iter().find(|r| r[key] == value);
+        found.unwrap_or_else(|| panic!("no {key} {value} in {records}"))
+    };
+    let blob = record("name", "blob");
     assert_eq!(blob["outcome"], "error", "{blob}");
     assert_eq!(blob["code"], -32051, "{blob}");
     // The session's byte count has the part that went on.
-    let closed = records
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["event"] == "session_close")
-        .unwrap_or_else(|| panic!("{records}"));
+    let closed = record("event", "session_close");
     assert!(
         closed["bytes_out"].as_u64().unwrap() > (cap - (1 << 20)) as u64,
         "{closed}"
