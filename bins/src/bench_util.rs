@@ -6,15 +6,18 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 /// Parses `--NAME N` flags from `args` into `slots` (name, value, minimum), leaving defaults
-/// in place.
+/// in place. `--help` prints them, followed by `other_flags` (those the caller parses itself).
 pub fn numeric_flags(
     args: impl IntoIterator<Item = String>,
     slots: &mut [(&str, &mut usize, usize)],
+    other_flags: &str,
 ) -> anyhow::Result<()> {
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
-            let known: Vec<String> = slots.iter().map(|(n, _, _)| format!("[--{n} N]")).collect();
+            let mut known: Vec<String> =
+                slots.iter().map(|(n, _, _)| format!("[--{n} N]")).collect();
+            known.extend(Some(other_flags.to_owned()).filter(|f| !f.is_empty()));
             println!(
                 "usage: {} {}",
                 std::env::args().next().unwrap_or_default(),

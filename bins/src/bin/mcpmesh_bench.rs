@@ -70,6 +70,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("rounds", &mut args.rounds, 1),
             ("calls", &mut args.calls, 100),
         ],
+        &format!("[--only {}]", PHASES.join("|")),
     )?;
     Ok(args)
 }
@@ -159,8 +160,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "\nmcpmesh-bench: {} rounds, {} sequential calls each, release build, loopback",
-        args.rounds, args.calls
+        "\nmcpmesh-bench: {} rounds, {} sequential calls each, {} build, loopback",
+        args.rounds,
+        args.calls,
+        build_profile()
     );
     println!(
         "{:<24} {:>12} {:>12} {:>10}",
@@ -193,12 +196,22 @@ fn main() -> anyhow::Result<()> {
                 of(fl, |f| f.pipelined)
             );
         }
-        println!(
-            "  mesh / floor on two threads: call p50 {:.2}x, CPU per call {:.2}x, x16 in flight {:.2}x",
-            median(&meshed[1]) / of(&floors, |f| f.p50),
-            median(&cpu_per_call) / of(&floors, |f| f.cpu),
-            median(&meshed[4]) / of(&floors, |f| f.pipelined)
-        );
+        let ratios: Vec<String> = [
+            ("call p50", median(&meshed[1]) / of(&floors, |f| f.p50)),
+            (
+                "CPU per call",
+                median(&cpu_per_call) / of(&floors, |f| f.cpu),
+            ),
+            (
+                "x16 in flight",
+                median(&meshed[4]) / of(&floors, |f| f.pipelined),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, r)| !r.is_nan())
+        .map(|(name, r)| format!("{name} {r:.2}x"))
+        .collect();
+        println!("  mesh / floor on two threads: {}", ratios.join(", "));
     }
     if !cpu_per_x16.is_empty() {
         println!(
@@ -246,6 +259,17 @@ fn main() -> anyhow::Result<()> {
     println!("  at the end (what the nodes kept):       {}", mb(&end));
     drop(mesh);
     Ok(())
+}
+
+/// The cargo profile this binary was built with, as its directory names it (`release`, `dist`).
+fn build_profile() -> String {
+    if cfg!(debug_assertions) {
+        return "debug (unoptimized: figures mean little)".into();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "optimized".into())
 }
 
 fn median(v: &[f64]) -> f64 {

@@ -43,6 +43,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("sessions", &mut args.sessions, 1),
             ("calls", &mut args.calls, 1),
         ],
+        "",
     )?;
     Ok(args)
 }
