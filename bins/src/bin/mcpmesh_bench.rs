@@ -160,10 +160,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "\nmcpmesh-bench: {} rounds, {} sequential calls each, {} build, loopback",
+        "\nmcpmesh-bench: {} rounds, {} sequential calls each, loopback, {}",
         args.rounds,
         args.calls,
-        build_profile()
+        build_profile(&mcpmesh)
     );
     println!(
         "{:<24} {:>12} {:>12} {:>10}",
@@ -248,28 +248,33 @@ fn main() -> anyhow::Result<()> {
     let (idle, end) = (kib(idle), kib(mesh.rss_kib("VmRSS:")));
     println!("RSS of the mesh processes (both nodes, servers excluded):");
     println!("  idle, before the first round:           {}", mb(&idle));
-    println!(
-        "  peak over opens, calls, pipelined, results: {}",
-        mb(&peak_work)
-    );
-    println!(
-        "  peak over 8 MiB requests (run after):   {}",
-        mb(&peak_requests)
-    );
+    // A peak of zero is a pass this run did not make (`--only`).
+    if peak_work.iter().any(|&k| k > 0) {
+        println!(
+            "  peak over opens, calls, pipelined, results: {}",
+            mb(&peak_work)
+        );
+    }
+    if peak_requests.iter().any(|&k| k > 0) {
+        println!(
+            "  peak over 8 MiB requests (run after):   {}",
+            mb(&peak_requests)
+        );
+    }
     println!("  at the end (what the nodes kept):       {}", mb(&end));
     drop(mesh);
     Ok(())
 }
 
-/// The cargo profile this binary was built with, as its directory names it (`release`, `dist`).
-fn build_profile() -> String {
-    if cfg!(debug_assertions) {
-        return "debug (unoptimized: figures mean little)".into();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.file_name()?.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "optimized".into())
+/// Which build is measured: optimized or not, and the `mcpmesh` binary driven (its directory
+/// names the cargo profile when run from `target/`).
+fn build_profile(mcpmesh: &std::path::Path) -> String {
+    let kind = if cfg!(debug_assertions) {
+        "unoptimized build (figures mean little)"
+    } else {
+        "optimized build"
+    };
+    format!("{kind} {}", mcpmesh.display())
 }
 
 fn median(v: &[f64]) -> f64 {
