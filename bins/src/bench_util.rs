@@ -42,6 +42,17 @@ pub fn numeric_flags(
     Ok(())
 }
 
+/// Which build is measured, for a report's header: optimized or not, and the `mcpmesh` binary
+/// driven (its directory names the cargo profile when run from `target/`).
+pub fn build_label(mcpmesh: &std::path::Path) -> String {
+    let kind = if cfg!(debug_assertions) {
+        "unoptimized build (figures mean little)"
+    } else {
+        "optimized build"
+    };
+    format!("{kind} {}", mcpmesh.display())
+}
+
 /// `mcpmesh` and `echo_mcp_stub` from the same build as this binary.
 pub fn sibling_binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
     let dir = std::env::current_exe()?

@@ -163,7 +163,7 @@ fn main() -> anyhow::Result<()> {
         "\nmcpmesh-bench: {} rounds, {} sequential calls each, loopback, {}",
         args.rounds,
         args.calls,
-        build_profile(&mcpmesh)
+        bench_util::build_label(&mcpmesh)
     );
     println!(
         "{:<24} {:>12} {:>12} {:>10}",
@@ -264,17 +264,6 @@ fn main() -> anyhow::Result<()> {
     println!("  at the end (what the nodes kept):       {}", mb(&end));
     drop(mesh);
     Ok(())
-}
-
-/// Which build is measured: optimized or not, and the `mcpmesh` binary driven (its directory
-/// names the cargo profile when run from `target/`).
-fn build_profile(mcpmesh: &std::path::Path) -> String {
-    let kind = if cfg!(debug_assertions) {
-        "unoptimized build (figures mean little)"
-    } else {
-        "optimized build"
-    };
-    format!("{kind} {}", mcpmesh.display())
 }
 
 fn median(v: &[f64]) -> f64 {

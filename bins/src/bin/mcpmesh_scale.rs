@@ -155,8 +155,10 @@ async fn run(args: Args, mcpmesh: PathBuf, stub: PathBuf) -> anyhow::Result<()> 
     let pct = |p: f64| rtts[((rtts.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e3;
 
     println!(
-        "\nmcpmesh-scale: {} peers x {} sessions = {total} sessions on one node, release build, loopback",
-        args.peers, args.sessions
+        "\nmcpmesh-scale: {} peers x {} sessions = {total} sessions on one node, loopback, {}",
+        args.peers,
+        args.sessions,
+        bench_util::build_label(&node.mcpmesh)
     );
     println!(
         "opened {total} sessions (spawn + initialize each) in {open_secs:.2} s; {children} children running"
