@@ -630,3 +630,44 @@ async fn an_sdk_server_on_a_socket_serves_both_eras_and_its_tools_see_the_caller
         assert_eq!(whoami["meta_peer"], peer, "{era}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_typescript_sdk_answer_cut_at_the_cap_still_answers_its_request() {
+    // The TypeScript SDK writes `{"result":…,"jsonrpc":"2.0","id":…}`: cut at 16 MiB, the part
+    // that went on never named the request. With one request waiting, the node knows which.
+    let (alice, bob) = two_nodes();
+    let script = interop_script("ts_blob_server.cjs");
+    let sdk = deps().display().to_string();
+    alice.serve("tsblob", &["bob"], &["--", "node", &script, &sdk]);
+    let mut s = bob.connect("alice/tsblob");
+    let init = s.initialize().await;
+    assert_eq!(init["result"]["serverInfo"]["name"], "ts-blob", "{init}");
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "big", "method": "tools/call",
+                    "params": { "name": "blob", "arguments": { "bytes": 17 << 20 } } }),
+    )
+    .await;
+    let cut = s.recv_raw().await.expect("the cut answer");
+    assert!(cut.starts_with(br#"{"result":"#), "the SDK's order");
+    assert!(cut.len() <= mcpmesh_net::transport::MAX_FRAME);
+    let refusal = s.recv().await.expect("the refusal");
+    assert_eq!(refusal["error"]["code"], -32051, "{refusal}");
+    assert_eq!(refusal["id"], "big", "{refusal}");
+    // The session goes on, and the serving node's record ends the request there.
+    let small = s.call("blob", json!({ "bytes": 3 })).await;
+    assert_eq!(small["result"]["content"][0]["text"], "xxx", "{small}");
+    s.close_stdin();
+    s.wait_eof().await;
+    alice.json(&["down"]); // a clean stop writes every queued record
+    let records = alice.json(&["audit", "tail", "-n", "100"])["records"].clone();
+    let blobs: Vec<&Value> = records
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter(|r| r["name"] == "blob")
+        .collect();
+    assert_eq!(blobs.len(), 2, "{records}");
+    assert_eq!(blobs[0]["outcome"], "error", "{}", blobs[0]);
+    assert_eq!(blobs[0]["code"], -32051, "{}", blobs[0]);
+    assert_eq!(blobs[1]["outcome"], "ok", "{}", blobs[1]);
+}

@@ -10,6 +10,7 @@
 use std::io;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 
@@ -75,6 +76,32 @@ impl Seen<'_> {
     }
 }
 
+/// Who watches a plain pump ([`forward_observed`]): sees what it passes on, and may name the
+/// request a cut-off answer was answering when the answer had not named it yet.
+pub trait Observer {
+    /// Sees each run before it is written, a long line passed on in parts before its last part
+    /// is written or once it was cut off (its length, no skeleton), and the pump's own answers.
+    /// It may record, never alter.
+    fn seen(&mut self, seen: Seen<'_>);
+
+    /// The id of the one request still waiting for an answer, when exactly one is. Asked only
+    /// for an answer cut off at the cap before its id went by (a `result` or `error` member
+    /// written before the `id`, as the TypeScript SDK writes them), which can only answer a
+    /// request still waiting.
+    fn lone_pending(&mut self) -> Option<Box<RawValue>> {
+        None
+    }
+}
+
+/// A closure that only watches.
+struct Watch<F>(F);
+
+impl<F: FnMut(Seen<'_>)> Observer for Watch<F> {
+    fn seen(&mut self, seen: Seen<'_>) {
+        (self.0)(seen)
+    }
+}
+
 /// How a plain pump treats a line still without its newline after [`crate::transport::PASS_AT`]
 /// bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,14 +126,31 @@ pub enum LongLines {
 /// the client, where `dest` is `client`) is ended there with a newline — the reader downstream
 /// gets one unparsable line no longer than the cap, never a line glued to the next — and
 /// followed by a `-32051` that answers the request the line was answering, when the part that
-/// went on named it (else id null). `observe` sees that answer like any line, so whoever keeps
-/// account of requests sees the request end.
+/// went on named it (else id null; [`forward_observed`] can name it in more cases). `observe`
+/// sees that answer like any line, so whoever keeps account of requests sees the request end.
 pub async fn forward<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
     long: LongLines,
-    mut observe: impl FnMut(Seen<'_>),
+    observe: impl FnMut(Seen<'_>),
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    forward_observed(reader, dest, client, long, &mut Watch(observe)).await
+}
+
+/// [`forward`] with an [`Observer`]: when an answer is cut off before its id went by, the
+/// refusal answers the observer's [`Observer::lone_pending`] request, if it names one.
+pub async fn forward_observed<R, W, C>(
+    reader: &mut FrameReader<R>,
+    dest: &Mutex<W>,
+    client: &Mutex<C>,
+    long: LongLines,
+    observe: &mut impl Observer,
 ) -> Result<(), PumpError>
 where
     R: AsyncRead + Unpin,
@@ -123,12 +167,12 @@ where
         match piece.map_err(PumpError::Read)? {
             None => return Ok(()),
             Some(Piece::Lines(run)) => {
-                observe(Seen::Lines(&run));
+                observe.seen(Seen::Lines(&run));
                 write_run(dest, &run).await.map_err(PumpError::Write)?;
             }
             Some(Piece::Oversize) => strike(&mut strikes, client, &too_large()).await?,
             Some(Piece::LongStart(head)) => {
-                if !pass_long_line(reader, dest, head, &mut observe).await? {
+                if !pass_long_line(reader, dest, head, observe).await? {
                     count_strike(&mut strikes)?;
                 }
             }
@@ -142,7 +186,7 @@ async fn pass_long_line<R, W>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     head: Bytes,
-    observe: &mut impl FnMut(Seen<'_>),
+    observe: &mut impl Observer,
 ) -> Result<bool, PumpError>
 where
     R: AsyncRead + Unpin,
@@ -164,7 +208,7 @@ where
                 skeleton.feed(&bytes);
                 len += bytes.len();
                 let skeleton = skeleton.finish();
-                observe(Seen::Long {
+                observe.seen(Seen::Long {
                     skeleton: skeleton.as_deref(),
                     len,
                 });
@@ -174,15 +218,11 @@ where
             }
             Part::Cut => {
                 tracing::debug!(len, "a long line ran past the frame cap and was cut off");
-                observe(Seen::Long {
+                observe.seen(Seen::Long {
                     skeleton: None,
                     len,
                 });
-                let answered = skeleton.so_far();
-                let id = answered
-                    .as_deref()
-                    .and_then(crate::jsonrpc::peek_response)
-                    .and_then(|peek| peek.answers().map(|id| id.to_owned()));
+                let id = cut_answers(&skeleton, observe);
                 let mut refusal = b"\n".to_vec();
                 refusal.extend(
                     ErrorFrame::new(ErrorCode::FrameTooLarge)
@@ -190,13 +230,32 @@ where
                         .message("the answer ran past the frame cap and was cut off there")
                         .to_line(),
                 );
-                observe(Seen::Lines(&refusal));
+                observe.seen(Seen::Lines(&refusal));
                 w.write_all(&refusal).await.map_err(PumpError::Write)?;
                 w.flush().await.map_err(PumpError::Write)?;
                 return Ok(false);
             }
         }
     }
+}
+
+/// The request a line cut off at the cap was answering: the id it named before the cut, or,
+/// for an answer whose `result` or `error` came before its id, the one request still waiting.
+/// `None` for anything else (a request or notification from the server, not JSON).
+fn cut_answers(skeleton: &Skeleton, observe: &mut impl Observer) -> Option<Box<RawValue>> {
+    let so_far = skeleton.so_far()?;
+    let peek = crate::jsonrpc::peek_response(&so_far)?;
+    if let Some(id) = peek.answers() {
+        return Some(id.to_owned());
+    }
+    let answer_first = matches!(
+        skeleton.open_key(),
+        Some(br#""result""#) | Some(br#""error""#)
+    );
+    if answer_first && peek.method.is_none() && peek.id.is_none() {
+        return observe.lone_pending();
+    }
+    None
 }
 
 /// The next run of lines; an oversized line on the way is answered on `client` and counted.
@@ -476,6 +535,71 @@ mod tests {
                 out.len(),
                 "every byte written was seen, the cut part too"
             );
+        }
+    }
+
+    /// Watches like a serving node's ledger with one request waiting (`lone`), or several.
+    struct OneWaiting {
+        lone: Option<&'static str>,
+        frames: Vec<Vec<u8>>,
+    }
+
+    impl Observer for OneWaiting {
+        fn seen(&mut self, seen: Seen<'_>) {
+            seen.each_frame(|line, _| self.frames.push(line.to_vec()));
+        }
+
+        fn lone_pending(&mut self) -> Option<Box<RawValue>> {
+            self.lone
+                .and_then(|id| RawValue::from_string(id.into()).ok())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_before_its_id_went_by_answers_the_one_request_waiting() {
+        use crate::transport::PASS_AT;
+        let max = 2 * PASS_AT;
+        for (start, lone, id) in [
+            // The TypeScript SDK writes `result` (or `error`) before `id`.
+            (&br#"{"result":{"text":""#[..], Some("\"r-9\""), "\"r-9\""),
+            (&br#"{"error":{"code":-1,"message":""#[..], Some("7"), "7"),
+            // Several requests waiting: any of them could be the one.
+            (&br#"{"result":{"text":""#[..], None, "null"),
+            // A request from the server (its params first) answers no request of the client's.
+            (&br#"{"params":{"text":""#[..], Some("\"r-9\""), "null"),
+            // An id that went by before the cut is the one answered.
+            (
+                &br#"{"id":"r-7","result":{"text":""#[..],
+                Some("\"r-9\""),
+                "\"r-7\"",
+            ),
+        ] {
+            let (mut src_w, src_r) = duplex(1 << 16);
+            let (dst_w, mut dst_r) = duplex(1 << 20);
+            let head = start.to_vec();
+            tokio::spawn(async move {
+                src_w.write_all(&head).await.unwrap();
+                src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
+            });
+            let mut reader = FrameReader::new(src_r, max);
+            let dest = Mutex::new(dst_w);
+            let mut watch = OneWaiting {
+                lone,
+                frames: Vec::new(),
+            };
+            forward_observed(&mut reader, &dest, &dest, LongLines::PassOn, &mut watch)
+                .await
+                .unwrap();
+            drop(dest);
+            let mut out = Vec::new();
+            dst_r.read_to_end(&mut out).await.unwrap();
+            let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(lines.len(), 2, "the cut line and its answer");
+            let v: serde_json::Value = serde_json::from_slice(lines[1]).unwrap();
+            assert_eq!(v["error"]["code"], -32051);
+            let start = String::from_utf8_lossy(start);
+            assert_eq!(v["id"].to_string(), id, "after {start}");
+            assert_eq!(watch.frames, [lines[1].trim_ascii_end()], "after {start}");
         }
     }
 

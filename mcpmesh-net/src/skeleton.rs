@@ -117,6 +117,16 @@ impl Skeleton {
         Some(skeleton)
     }
 
+    /// The key, as written (quotes included), of the top-level member still being read: what
+    /// a line cut off inside its large member was about (`"result"` for an answer that puts its
+    /// result before its id, as the TypeScript SDK does).
+    pub fn open_key(&self) -> Option<&[u8]> {
+        if self.broken || self.closed || self.depth == 0 {
+            return None;
+        }
+        self.top.key.as_deref()
+    }
+
     fn structural(&mut self, b: u8) {
         if b.is_ascii_whitespace() {
             self.capture(&[b]);
@@ -247,6 +257,20 @@ mod tests {
     use super::*;
     use crate::jsonrpc::{self, Kind, Outcome};
     use serde_json::{Value, json};
+
+    #[test]
+    fn the_member_being_read_is_named_until_it_ends() {
+        let mut s = Skeleton::default();
+        s.feed(br#"{"result":{"content":[{"text":"xx"#);
+        assert_eq!(s.open_key(), Some(&br#""result""#[..]));
+        s.feed(br#"x"}]},"jsonrpc":"2.0""#);
+        assert_eq!(s.open_key(), Some(&br#""jsonrpc""#[..]));
+        s.feed(br#","id":1}"#);
+        assert_eq!(s.open_key(), None, "the object ended");
+        let mut not_an_object = Skeleton::default();
+        not_an_object.feed(br#"["result":"#);
+        assert_eq!(not_an_object.open_key(), None);
+    }
 
     fn big(n: usize) -> String {
         "é\\\"{[,:".repeat(n / 9)

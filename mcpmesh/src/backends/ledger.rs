@@ -167,6 +167,15 @@ impl Ledger {
         });
     }
 
+    /// The id of the one request still waiting for the server's answer, when exactly one is.
+    pub fn lone_pending(&self) -> Option<Box<RawValue>> {
+        let mut waiting = self.pending.values();
+        match (waiting.next(), waiting.next()) {
+            (Some(p), None) => RawValue::from_string(p.id.clone()).ok(),
+            _ => None,
+        }
+    }
+
     /// A request the node answered itself after letting it through (an error `code`).
     pub fn answered_here(&mut self, id: &RawValue, code: i64) {
         self.finish(&jsonrpc::id_key(id), "error", Some(code), 0);

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc;
-use mcpmesh_net::pump::{LongLines, Verdict, forward, forward_checked, write_run};
+use mcpmesh_net::pump::{
+    LongLines, Observer, Seen, Verdict, forward_checked, forward_observed, write_run,
+};
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
@@ -262,10 +264,17 @@ impl Host<'_> {
             // One pump for the server's side for the whole session: when the client's side
             // ends first, the same pump drains what the server still sends, so an answer
             // halfway through (a long line passing in parts) goes on where it was.
-            let server_side = forward(&mut server_r, &mesh_w, &mesh_w, LongLines::PassOn, |seen| {
-                bytes_out += seen.len() as u64;
-                account().server_sent(seen);
-            });
+            let mut server_account = ServerSent {
+                ledger: &ledger,
+                bytes_out: &mut bytes_out,
+            };
+            let server_side = forward_observed(
+                &mut server_r,
+                &mesh_w,
+                &mesh_w,
+                LongLines::PassOn,
+                &mut server_account,
+            );
             let mut server_side = std::pin::pin!(server_side);
             if matches!(end, End::ClientClosed) {
                 end = tokio::select! {
@@ -330,6 +339,30 @@ impl Host<'_> {
 /// A line the ledger let through, as the server gets it (see [`PeerStamp::apply`]). A request
 /// that cannot carry the identity is answered `-32600` here, and `refused` told so; such a
 /// notification is dropped.
+/// The serving node's watch on what the server sends: every answer ends its request's record,
+/// and an answer cut off before its id went by is taken for the one request still waiting.
+struct ServerSent<'a> {
+    ledger: &'a StdMutex<Ledger>,
+    bytes_out: &'a mut u64,
+}
+
+impl ServerSent<'_> {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Observer for ServerSent<'_> {
+    fn seen(&mut self, seen: Seen<'_>) {
+        *self.bytes_out += seen.len() as u64;
+        self.ledger().server_sent(seen);
+    }
+
+    fn lone_pending(&mut self) -> Option<Box<RawValue>> {
+        self.ledger().lone_pending()
+    }
+}
+
 fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64)) -> Verdict {
     let error = match stamp.apply(line) {
         Ok(Some(mut line)) => {
