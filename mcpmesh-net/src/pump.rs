@@ -488,6 +488,26 @@ mod tests {
         assert_eq!(seen[0].1, long.len());
     }
 
+    /// Passes `start`, then three times `max` bytes of `x` (a line run past the cap), then
+    /// `rest`, through a cut-through pump watched by `watch`; returns what it wrote.
+    async fn cut_off(max: usize, start: &[u8], rest: &[u8], watch: &mut impl Observer) -> Vec<u8> {
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 20);
+        let mut input = start.to_vec();
+        input.extend(vec![b'x'; 3 * max]);
+        input.extend_from_slice(rest);
+        tokio::spawn(async move { src_w.write_all(&input).await.unwrap() });
+        let mut reader = FrameReader::new(src_r, max);
+        let dest = Mutex::new(dst_w);
+        forward_observed(&mut reader, &dest, &dest, LongLines::PassOn, watch)
+            .await
+            .unwrap();
+        drop(dest);
+        let mut out = Vec::new();
+        dst_r.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
     #[tokio::test]
     async fn a_long_answer_past_the_cap_is_ended_and_its_request_answered_in_the_same_stream() {
         use crate::transport::PASS_AT;
@@ -500,26 +520,12 @@ mod tests {
             // A line that never named a request is answered with id null.
             (&br#"{"jsonrpc":"2.0","result":{"text":""#[..], "null"),
         ] {
-            let (mut src_w, src_r) = duplex(1 << 16);
-            let (dst_w, mut dst_r) = duplex(1 << 20);
-            let start = start.to_vec();
-            tokio::spawn(async move {
-                src_w.write_all(&start).await.unwrap();
-                src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
-                src_w.write_all(b"\"}}\n{\"id\":1}\n").await.unwrap();
-            });
-            let mut reader = FrameReader::new(src_r, max);
-            let dest = Mutex::new(dst_w);
             let (mut seen, mut counted) = (Vec::new(), 0);
-            forward(&mut reader, &dest, &dest, LongLines::PassOn, |s| {
+            let mut watch = Watch(|s: Seen<'_>| {
                 counted += s.len();
                 s.each_frame(|line, _| seen.push(line.to_vec()))
-            })
-            .await
-            .unwrap();
-            drop(dest);
-            let mut out = Vec::new();
-            dst_r.read_to_end(&mut out).await.unwrap();
+            });
+            let out = cut_off(max, start, b"\"}}\n{\"id\":1}\n", &mut watch).await;
             let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
             assert_eq!(lines.len(), 3, "the cut line, its answer, the next line");
             assert!(lines[0].len() <= max + 1 && lines[0].ends_with(b"\n"));
@@ -574,25 +580,11 @@ mod tests {
                 "\"r-7\"",
             ),
         ] {
-            let (mut src_w, src_r) = duplex(1 << 16);
-            let (dst_w, mut dst_r) = duplex(1 << 20);
-            let head = start.to_vec();
-            tokio::spawn(async move {
-                src_w.write_all(&head).await.unwrap();
-                src_w.write_all(&vec![b'x'; 3 * max]).await.unwrap();
-            });
-            let mut reader = FrameReader::new(src_r, max);
-            let dest = Mutex::new(dst_w);
             let mut watch = OneWaiting {
                 lone,
                 frames: Vec::new(),
             };
-            forward_observed(&mut reader, &dest, &dest, LongLines::PassOn, &mut watch)
-                .await
-                .unwrap();
-            drop(dest);
-            let mut out = Vec::new();
-            dst_r.read_to_end(&mut out).await.unwrap();
+            let out = cut_off(max, start, b"", &mut watch).await;
             let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
             assert_eq!(lines.len(), 2, "the cut line and its answer");
             let v: serde_json::Value = serde_json::from_slice(lines[1]).unwrap();
