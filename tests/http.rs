@@ -581,3 +581,53 @@ async fn upstream_failures_become_errors_of_the_band_and_header_secrets_stay_out
         "{config}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn progress_reaches_the_stream_of_the_request_that_asked_for_it_not_the_get_stream() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-progress");
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+    let http = http_client();
+    let post = |body: &Value, sid: Option<&str>| mcp_post(&http, &url, body, sid);
+    let r = post(&initialize_request(), None).send().await.unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    post(&note, Some(&sid)).send().await.unwrap();
+    // A GET stream is open: messages tied to no request go there, progress does not.
+    let get = http
+        .get(&url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 200);
+
+    let call = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": { "name": "echo", "arguments": { "text": "hi" },
+                    "_meta": { "progressToken": "p-7" } } });
+    let body = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        post(&call, Some(&sid))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
+    .await
+    .expect("the call is answered");
+    let events: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|l| serde_json::from_str(l.trim()).ok())
+        .collect();
+    assert_eq!(events.len(), 2, "progress, then the answer: {body}");
+    assert_eq!(events[0]["method"], "notifications/progress", "{body}");
+    assert_eq!(events[0]["params"]["progressToken"], "p-7", "{body}");
+    assert_eq!(events[1]["id"], 7, "{body}");
+    assert_eq!(events[1]["result"]["content"][0]["text"], "hi", "{body}");
+    drop(get);
+}

@@ -38,16 +38,22 @@ impl Peek<'_> {
 
     /// For `notifications/cancelled`, the id of the request it cancels.
     pub fn cancelled_request(&self) -> Option<&RawValue> {
-        #[derive(Deserialize)]
-        struct Cancelled<'a> {
-            #[serde(borrow, rename = "requestId")]
-            request_id: &'a RawValue,
-        }
-        if self.method.as_deref() != Some("notifications/cancelled") {
+        self.notification_param("notifications/cancelled", "requestId")
+    }
+
+    /// For `notifications/progress`, the token it reports progress under.
+    pub fn progress_token(&self) -> Option<&RawValue> {
+        self.notification_param("notifications/progress", "progressToken")
+    }
+
+    /// Member `key` of the params, when this is the notification `method`.
+    fn notification_param(&self, method: &str, key: &str) -> Option<&RawValue> {
+        if self.method.as_deref() != Some(method) || self.id.is_some() {
             return None;
         }
-        let params: Cancelled<'_> = serde_json::from_str(self.params?.get()).ok()?;
-        Some(params.request_id)
+        let params: std::collections::HashMap<Cow<'_, str>, &RawValue> =
+            serde_json::from_str(self.params?.get()).ok()?;
+        params.get(key).copied()
     }
 }
 
@@ -256,6 +262,10 @@ mod tests {
     fn cancellation_names_its_request() {
         let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}"#).unwrap();
         assert_eq!(p.cancelled_request().unwrap().get(), "7");
+        assert!(p.progress_token().is_none());
+        let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":1}}"#).unwrap();
+        assert_eq!(p.progress_token().unwrap().get(), r#""t""#);
+        assert!(p.cancelled_request().is_none());
     }
 
     #[test]

@@ -29,7 +29,6 @@ use futures_util::stream::{self, Stream};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
@@ -369,7 +368,9 @@ impl Session {
                 routes.tokens.retain(|_, v| v != &key);
                 return Some((tx, true));
             }
-        } else if let Some(token) = peek.as_ref().and_then(progress_token)
+        } else if let Some(token) = peek
+            .as_ref()
+            .and_then(|p| p.progress_token().map(jsonrpc::id_key))
             && let Some(key) = routes.tokens.get(&token)
             && let Some(tx) = routes.waiting.get(key)
         {
@@ -399,20 +400,6 @@ impl Session {
         }
         routes.backlog.push_back(line);
     }
-}
-
-/// A notification's `params.progressToken`, as a key.
-fn progress_token(peek: &jsonrpc::Peek<'_>) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Progress<'a> {
-        #[serde(borrow, rename = "progressToken")]
-        token: &'a RawValue,
-    }
-    if peek.method.as_deref() != Some("notifications/progress") {
-        return None;
-    }
-    let p: Progress<'_> = serde_json::from_str(peek.params?.get()).ok()?;
-    Some(jsonrpc::id_key(p.token))
 }
 
 /// Host, Origin and bearer checks, before any handler.
