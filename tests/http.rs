@@ -104,6 +104,55 @@ fn mcp_post(
     }
 }
 
+/// Alice serves the stub to bob, bob's gateway mounts it, and an HTTP client has opened a
+/// session through it (initialized).
+struct StubThroughGateway {
+    // Fields drop in order: the gateway before the nodes.
+    _gateway: Gateway,
+    _nodes: (TestNode, TestNode),
+    http: reqwest::Client,
+    url: String,
+    sid: String,
+}
+
+impl StubThroughGateway {
+    async fn open(name: &str) -> Self {
+        let (alice, bob) = two_nodes();
+        alice.serve_stub("svc", &["bob"], None, &marker(name));
+        let gateway = Gateway::start(&bob, &[]).await;
+        let url = gateway.url("alice/svc");
+        let http = http_client();
+        let r = mcp_post(&http, &url, &initialize_request(), None)
+            .send()
+            .await
+            .unwrap();
+        let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+        mcp_post(&http, &url, &note, Some(&sid))
+            .send()
+            .await
+            .unwrap();
+        StubThroughGateway {
+            _gateway: gateway,
+            _nodes: (alice, bob),
+            http,
+            url,
+            sid,
+        }
+    }
+
+    /// POSTs `body` in the session and returns the response body, within the tests' bound.
+    async fn exchange(&self, body: &Value) -> String {
+        let exchange = async {
+            let r = mcp_post(&self.http, &self.url, body, Some(&self.sid));
+            r.send().await.unwrap().text().await.unwrap()
+        };
+        tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+            .await
+            .unwrap_or_else(|_| panic!("no answer in time to {body}"))
+    }
+}
+
 fn everything_client() -> String {
     interop_script("everything_client.py")
 }
@@ -321,33 +370,13 @@ async fn the_gateway_refuses_foreign_origins_and_hosts_and_a_delete_ends_the_rem
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_answer_cut_at_the_frame_cap_reaches_the_gateways_caller_as_an_error_for_its_request() {
-    let (alice, bob) = two_nodes();
-    let m = marker("gateway-cut");
-    alice.serve_stub("svc", &["bob"], None, &m);
-    let gateway = Gateway::start(&bob, &[]).await;
-    let url = gateway.url("alice/svc");
-    let http = http_client();
-    let post = |body: &Value, sid: Option<&str>| mcp_post(&http, &url, body, sid);
-    let r = post(&initialize_request(), None).send().await.unwrap();
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
-    post(&note, Some(&sid)).send().await.unwrap();
+    let g = StubThroughGateway::open("gateway-cut").await;
 
     // A 17 MiB answer passes through both nodes until the cap, where it is cut off; the HTTP
     // request it was answering gets the refusal as its answer instead of waiting forever.
     let big = json!({ "jsonrpc": "2.0", "id": "big", "method": "tools/call",
         "params": { "name": "blob", "arguments": { "bytes": 17 << 20 } } });
-    let r = tokio::time::timeout(ANSWER_TIMEOUT, async {
-        post(&big, Some(&sid))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    })
-    .await
-    .expect("the cut request is answered");
+    let r = g.exchange(&big).await;
     let answer = r
         .lines()
         .map(|l| l.strip_prefix("data:").unwrap_or(l).trim())
@@ -359,13 +388,7 @@ async fn an_answer_cut_at_the_frame_cap_reaches_the_gateways_caller_as_an_error_
 
     // The session goes on.
     let list = json!({ "jsonrpc": "2.0", "id": "after", "method": "tools/list" });
-    let body = post(&list, Some(&sid))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = g.exchange(&list).await;
     assert!(
         body.contains(r#""id":"after""#) && body.contains("blob"),
         "{body}"
@@ -584,22 +607,13 @@ async fn upstream_failures_become_errors_of_the_band_and_header_secrets_stay_out
 
 #[tokio::test(flavor = "multi_thread")]
 async fn progress_reaches_the_stream_of_the_request_that_asked_for_it_not_the_get_stream() {
-    let (alice, bob) = two_nodes();
-    let m = marker("gateway-progress");
-    alice.serve_stub("svc", &["bob"], None, &m);
-    let gateway = Gateway::start(&bob, &[]).await;
-    let url = gateway.url("alice/svc");
-    let http = http_client();
-    let post = |body: &Value, sid: Option<&str>| mcp_post(&http, &url, body, sid);
-    let r = post(&initialize_request(), None).send().await.unwrap();
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
-    post(&note, Some(&sid)).send().await.unwrap();
+    let g = StubThroughGateway::open("gateway-progress").await;
     // A GET stream is open: messages tied to no request go there, progress does not.
-    let get = http
-        .get(&url)
+    let get = g
+        .http
+        .get(&g.url)
         .header("accept", "text/event-stream")
-        .header("mcp-session-id", &sid)
+        .header("mcp-session-id", &g.sid)
         .send()
         .await
         .unwrap();
@@ -608,17 +622,7 @@ async fn progress_reaches_the_stream_of_the_request_that_asked_for_it_not_the_ge
     let call = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": { "name": "echo", "arguments": { "text": "hi" },
                     "_meta": { "progressToken": "p-7" } } });
-    let body = tokio::time::timeout(ANSWER_TIMEOUT, async {
-        post(&call, Some(&sid))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    })
-    .await
-    .expect("the call is answered");
+    let body = g.exchange(&call).await;
     let events: Vec<Value> = body
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
