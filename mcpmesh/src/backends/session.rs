@@ -336,9 +336,6 @@ impl Host<'_> {
     }
 }
 
-/// A line the ledger let through, as the server gets it (see [`PeerStamp::apply`]). A request
-/// that cannot carry the identity is answered `-32600` here, and `refused` told so; such a
-/// notification is dropped.
 /// The serving node's watch on what the server sends: every answer ends its request's record,
 /// and an answer cut off before its id went by is taken for the one request still waiting.
 struct ServerSent<'a> {
@@ -363,6 +360,9 @@ impl Observer for ServerSent<'_> {
     }
 }
 
+/// A line the ledger let through, as the server gets it (see [`PeerStamp::apply`]). A request
+/// that cannot carry the identity is answered `-32600` here, and `refused` told so; such a
+/// notification is dropped.
 fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64)) -> Verdict {
     let error = match stamp.apply(line) {
         Ok(Some(mut line)) => {
