@@ -157,11 +157,7 @@ async fn over_limit_notifications_are_dropped_and_recorded_once_per_episode() {
     let answer = s.recv().await.unwrap();
     assert_eq!(answer["id"], 9);
     assert_eq!(answer["error"]["code"], -32053);
-    alice.json(&["down"]);
-    let records = alice.json(&["audit", "tail", "-n", "1000"])["records"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let records = alice.stop_and_audit();
     let throttled = records
         .iter()
         .filter(|r| r["event"] == "notifications_throttled")

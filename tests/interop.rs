@@ -537,9 +537,7 @@ async fn a_2026_07_28_stateless_session_opens_is_gated_audited_and_passes_byte_i
     assert_eq!(refusal["error"]["code"], -32054);
 
     // Audited: the stateless requests are on record like any others.
-    alice.json(&["down"]); // a clean stop writes every queued record
-    let tail = alice.json(&["audit", "tail", "-n", "200"]);
-    let records = tail["records"].as_array().unwrap();
+    let records = alice.stop_and_audit();
     let by = |method: &str| {
         records
             .iter()
@@ -658,15 +656,9 @@ async fn a_typescript_sdk_answer_cut_at_the_cap_still_answers_its_request() {
     assert_eq!(small["result"]["content"][0]["text"], "xxx", "{small}");
     s.close_stdin();
     s.wait_eof().await;
-    alice.json(&["down"]); // a clean stop writes every queued record
-    let records = alice.json(&["audit", "tail", "-n", "100"])["records"].clone();
-    let blobs: Vec<&Value> = records
-        .as_array()
-        .expect("records")
-        .iter()
-        .filter(|r| r["name"] == "blob")
-        .collect();
-    assert_eq!(blobs.len(), 2, "{records}");
+    let records = alice.stop_and_audit();
+    let blobs: Vec<&Value> = records.iter().filter(|r| r["name"] == "blob").collect();
+    assert_eq!(blobs.len(), 2, "{records:?}");
     assert_eq!(blobs[0]["outcome"], "error", "{}", blobs[0]);
     assert_eq!(blobs[0]["code"], -32051, "{}", blobs[0]);
     assert_eq!(blobs[1]["outcome"], "ok", "{}", blobs[1]);

@@ -456,11 +456,10 @@ async fn an_answer_over_16_mib_is_cut_at_the_cap_as_it_passes_and_the_session_su
     // The serving node's account ends the request there too.
     s.close_stdin();
     s.wait_eof().await;
-    alice.json(&["down"]); // a clean stop writes every queued record
-    let records = alice.json(&["audit", "tail", "-n", "100"])["records"].clone();
+    let records = alice.stop_and_audit();
     let record = |key: &str, value: &str| {
-        let found = records.as_array().unwrap().iter().find(|r| r[key] == value);
-        found.unwrap_or_else(|| panic!("no {key} {value} in {records}"))
+        let found = records.iter().find(|r| r[key] == value);
+        found.unwrap_or_else(|| panic!("no {key} {value} in {records:?}"))
     };
     let blob = record("name", "blob");
     assert_eq!(blob["outcome"], "error", "{blob}");

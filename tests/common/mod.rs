@@ -83,6 +83,14 @@ impl TestNode {
         parse_ok(&self.cli(&all))
     }
 
+    /// Stops the node (a clean stop writes every queued audit record) and returns its newest
+    /// audit records, oldest first.
+    pub fn stop_and_audit(&self) -> Vec<Value> {
+        self.json(&["down"]);
+        let tail = self.json(&["audit", "tail", "-n", "1000"]);
+        tail["records"].as_array().expect("audit records").clone()
+    }
+
     /// Makes this node trust `other` under `other`'s nickname, with its addresses.
     pub fn trust(&self, other: &TestNode) {
         let mut args = vec!["peers", "add", other.name.as_str(), other.id.as_str()];
