@@ -252,7 +252,8 @@ fn cut_answers(skeleton: &Skeleton, observe: &mut impl Observer) -> Option<Box<R
         skeleton.open_key(),
         Some(br#""result""#) | Some(br#""error""#)
     );
-    if answer_first && peek.method.is_none() && peek.id.is_none() {
+    // No id went by (`answers` would have named it) and no method: a response, so far.
+    if answer_first && peek.method.is_none() {
         return observe.lone_pending();
     }
     None
