@@ -185,3 +185,191 @@ async fn an_idle_connection_to_a_peer_is_closed() {
     .await;
     assert!(closed, "the idle connection stayed open");
 }
+
+/// A change made to a copy of the audit folder: (folder, newest month file, its lines).
+type Tamper = fn(&std::path::Path, &std::path::Path, &[String]);
+
+/// Kills the node with SIGKILL and waits until it is gone.
+async fn kill_9(node: &TestNode) {
+    let pid = node.daemon_pid();
+    node.signal(rustix::process::Signal::KILL);
+    assert!(wait_exit(pid, ANSWER_TIMEOUT).await, "the node did not die");
+}
+
+/// Starts `alice` again after a kill. Bob's node is restarted too, so that its next session
+/// opens on a fresh connection instead of the one the kill left dead.
+fn restart_both(alice: &TestNode, bob: &TestNode, session: McpSession) {
+    drop(session);
+    bob.json(&["down"]);
+    alice.json(&["id"]);
+}
+
+/// Runs `audit verify --json` on `home` and returns its exit code and report.
+fn verify_at(home: &std::path::Path) -> (Option<i32>, Value) {
+    let out = std::process::Command::new(MCPMESH)
+        .arg("--home")
+        .arg(home)
+        .args(["--json", "audit", "verify"])
+        .env_remove("MCPMESH_HOME")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap(),
+    )
+}
+
+/// A copy of `node`'s audit folder in a profile of its own, to tamper with.
+fn audit_copy(node: &TestNode) -> (tempfile::TempDir, std::path::PathBuf) {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("state/audit");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(node.home().join("state/audit")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    (home, dir)
+}
+
+fn audit_lines(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
+    let file = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .max()
+        .unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    (file, text.lines().map(|l| format!("{l}\n")).collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_chain_survives_kill_9_and_restarts_and_tells_every_tamper() {
+    let m = marker("auditkill");
+    let (alice, bob) = pair_with("", &m);
+    // Calls, then a kill -9 right after a burst (records still on their way to disk), a
+    // restart, more calls, then a kill -9 in the middle of a call, and a restart again.
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    for i in 0..20 {
+        s.call("echo", json!({ "text": format!("burst {i}") }))
+            .await;
+    }
+    kill_9(&alice).await;
+    restart_both(&alice, &bob, s);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    for i in 0..5 {
+        s.call("echo", json!({ "text": format!("after {i}") }))
+            .await;
+    }
+    s.start_long_call(json!("slow"), 60_000).await;
+    kill_9(&alice).await;
+    let answer = s.recv().await.expect("the pending call is answered");
+    assert_eq!(answer["error"]["code"], -32055, "{answer}");
+    restart_both(&alice, &bob, s);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.call("echo", json!({ "text": "last" })).await;
+    s.close_stdin();
+    s.wait_eof().await;
+    alice.json(&["down"]);
+
+    let (code, report) = verify_at(alice.home());
+    assert_eq!(code, Some(0), "{report}");
+    let (_, lines) = audit_lines(&alice.home().join("state/audit"));
+    assert_eq!(report["records"], lines.len() as u64, "{report}");
+    let seqs: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        (1..=lines.len() as u64).collect::<Vec<_>>(),
+        "one chain, no fork"
+    );
+    // A kill -9 loses what was still queued (up to the writer's 20 ms); what the last
+    // session did after the restarts is all there, at the end of the one chain.
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .collect();
+    let tail: Vec<(&str, &str)> = events[events.len() - 4..]
+        .iter()
+        .map(|v| {
+            (
+                v["event"].as_str().unwrap(),
+                v["method"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("session_open", ""),
+            ("request", "initialize"),
+            ("request", "tools/call"),
+            ("session_close", "")
+        ],
+        "{}",
+        lines.concat()
+    );
+
+    // Each tamper is found, and the first bad record named.
+    let n = lines.len() as u64;
+    let tampers: [(&str, Tamper, u64); 4] = [
+        (
+            "the tail truncated",
+            |_, file, l| {
+                std::fs::write(file, l[..l.len() - 3].concat()).unwrap();
+            },
+            n - 3,
+        ),
+        (
+            "the head deleted",
+            |dir, _, _| {
+                std::fs::remove_file(dir.join("audit.head")).unwrap();
+            },
+            n,
+        ),
+        (
+            "the first record deleted",
+            |_, file, l| {
+                std::fs::write(file, l[1..].concat()).unwrap();
+            },
+            2,
+        ),
+        (
+            "an earlier month file deleted",
+            |dir, file, l| {
+                // The log split over two month files verifies; without the older one it does not.
+                let older = dir.join("audit-2000-01.jsonl");
+                std::fs::write(&older, l[..10].concat()).unwrap();
+                std::fs::write(file, l[10..].concat()).unwrap();
+                assert_eq!(
+                    verify_at(dir.parent().unwrap().parent().unwrap()).0,
+                    Some(0)
+                );
+                std::fs::remove_file(older).unwrap();
+            },
+            11,
+        ),
+    ];
+    for (what, tamper, first_bad) in tampers {
+        let (home, dir) = audit_copy(&alice);
+        let (file, lines) = audit_lines(&dir);
+        tamper(&dir, &file, &lines);
+        let (code, report) = verify_at(home.path());
+        assert_eq!(code, Some(1), "{what}: {report}");
+        assert_eq!(report["ok"], false, "{what}: {report}");
+        assert_eq!(report["first_bad"]["seq"], first_bad, "{what}: {report}");
+        assert!(
+            report["first_bad"]["line"].as_u64().unwrap() >= 1,
+            "{what}: {report}"
+        );
+    }
+}

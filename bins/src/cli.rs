@@ -586,7 +586,14 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
             let report = audit::verify(&dir).context("reading the audit log")?;
             let value = serde_json::to_value(&report).context("rendering")?;
             out.print(value, || match &report.first_bad {
-                None => format!("audit log intact: {} records", report.records),
+                None if report.repairs.is_empty() => {
+                    format!("audit log intact: {} records", report.records)
+                }
+                None => format!(
+                    "audit log intact: {} records; repairs the node made after a crash:\n  {}",
+                    report.records,
+                    report.repairs.join("\n  ")
+                ),
                 Some(bad) => format!(
                     "audit log damaged at {} line {}{}: {}",
                     bad.file,
@@ -615,8 +622,7 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                     audit::unix_ms().saturating_sub(d.as_millis() as u64)
                 }
             };
-            let records = audit::read_all(&dir).context("reading the audit log")?;
-            let summary = audit::summarize(&records, since_ms);
+            let summary = audit::summarize(&dir, since_ms).context("reading the audit log")?;
             let value = serde_json::to_value(&summary).context("rendering")?;
             out.print(value, || render_summary(&summary));
             Ok(())
@@ -631,36 +637,30 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                 peer.as_deref().is_none_or(|p| v["peer"] == p)
                     && service.as_deref().is_none_or(|s| v["service"] == s)
             };
-            let records = audit::read_all(&dir).context("reading the audit log")?;
-            let mut last_seq = records.last().and_then(|v| v["seq"].as_u64()).unwrap_or(0);
-            let shown: Vec<&Value> = records.iter().filter(|v| wanted(v)).collect();
-            let last = &shown[shown.len().saturating_sub(lines)..];
+            let (last, mut cursor) =
+                audit::tail(&dir, lines, wanted).context("reading the audit log")?;
             if !follow {
                 // One JSON value when the answer is complete; JSON Lines only when streaming.
                 out.print(json!({ "records": last }), || {
                     last.iter()
-                        .map(|v| render_record(v))
+                        .map(render_record)
                         .collect::<Vec<_>>()
                         .join("\n")
                 });
                 return Ok(());
             }
-            for v in last {
+            for v in &last {
                 print_record(v, out.json);
             }
+            // Only what was added since is read, from where the last read ended.
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(250));
-                let records = audit::read_all(&dir).context("reading the audit log")?;
-                let seen = last_seq;
-                for v in records
-                    .iter()
-                    .filter(|v| v["seq"].as_u64().unwrap_or(0) > seen)
-                {
-                    last_seq = v["seq"].as_u64().unwrap_or(last_seq);
-                    if wanted(v) {
-                        print_record(v, out.json);
+                audit::follow(&dir, &mut cursor, |v| {
+                    if wanted(&v) {
+                        print_record(&v, out.json);
                     }
-                }
+                })
+                .context("reading the audit log")?;
             }
         }
     }

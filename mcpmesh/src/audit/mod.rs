@@ -1,0 +1,387 @@
+//! The audit log: who opened which service, every request and how it ended, every trust
+//! change — never arguments (only a BLAKE3 hash of them), never secrets.
+//!
+//! Records are queued by an [`AuditSink`] (never blocking the request path) and written by one
+//! thread of their own, in batches gathered over at most 20 ms, to append-only JSONL files, one
+//! per month ([`chain`]). Each record carries the hash of the previous one and a hash of
+//! itself, the chain starts at a genesis record, and a head file names the newest record, so
+//! [`verify`] finds an edited, deleted, inserted or reordered record anywhere and names the
+//! first bad one. Reading ([`read`]) streams: nothing loads the whole log.
+
+mod chain;
+mod read;
+mod refusals;
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use chain::{BadRecord, VerifyReport, month_files, verify};
+pub use read::{Cursor, Summary, Totals, follow, summarize, tail};
+pub use refusals::RefusalTally;
+
+/// Records queued for the writer; past this they are counted, and the count is itself logged.
+const QUEUE: usize = 65_536;
+
+/// One audit event. Never carries tool arguments or secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AuditEvent {
+    SessionOpen {
+        service: String,
+        principal: String,
+        peer: String,
+    },
+    SessionRefused {
+        service: String,
+        principal: String,
+        peer: String,
+        code: i64,
+    },
+    SessionClose {
+        service: String,
+        principal: String,
+        peer: String,
+        duration_ms: u64,
+        bytes_in: u64,
+        bytes_out: u64,
+        ended: String,
+    },
+    Request {
+        service: String,
+        principal: String,
+        peer: String,
+        method: String,
+        /// The tool, prompt or resource the request names.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        name: Option<String>,
+        /// BLAKE3 of the raw `params` bytes; the params themselves are never recorded.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        params_hash: Option<String>,
+        bytes_in: u64,
+        bytes_out: u64,
+        latency_us: u64,
+        /// `ok`, `error` (with `code`), `tool_error`, `refused`, `rate_limited`, `unanswered`.
+        outcome: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        code: Option<i64>,
+    },
+    /// Over-limit notifications were dropped (recorded once per throttle episode).
+    NotificationsThrottled {
+        service: String,
+        principal: String,
+        peer: String,
+    },
+    /// The queue overflowed and this many records were lost.
+    RecordsDropped { count: u64 },
+    /// A trust change: pair, unpair, grant, revoke, serve, unserve, peer added or removed.
+    Trust {
+        action: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        peer: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        service: Option<String>,
+    },
+    /// Connections from a key this node does not trust, refused before any byte was read:
+    /// one record per key and minute. Past a cap of keys in one minute, the rest are summed
+    /// into one record whose `principal` is `"*"`.
+    ConnectionsRefused {
+        principal: String,
+        count: u64,
+        /// When the first of them came (Unix ms).
+        first_ms: u64,
+    },
+    /// At start, the node cut off the end of a month file that was not a whole record (a line
+    /// torn by a crash); what was cut is kept as its length and hash.
+    AuditRepaired {
+        file: String,
+        cut_bytes: u64,
+        cut_hash: String,
+    },
+    /// At start, the node found the log damaged (its head names records the log no longer
+    /// holds, or the head is gone). `audit verify` fails at this record.
+    AuditDamaged { reason: String },
+    /// Retention deleted these months; the chain now starts at record `first_seq`, whose
+    /// `prev` is `first_prev`.
+    AuditPruned {
+        months: Vec<String>,
+        first_seq: u64,
+        first_prev: String,
+    },
+}
+
+impl AuditEvent {
+    /// The peer and service a record is about, for filtering.
+    pub fn subject(&self) -> (Option<&str>, Option<&str>) {
+        match self {
+            AuditEvent::SessionOpen { peer, service, .. }
+            | AuditEvent::SessionRefused { peer, service, .. }
+            | AuditEvent::SessionClose { peer, service, .. }
+            | AuditEvent::Request { peer, service, .. }
+            | AuditEvent::NotificationsThrottled { peer, service, .. } => {
+                (Some(peer), Some(service))
+            }
+            AuditEvent::Trust { peer, service, .. } => (peer.as_deref(), service.as_deref()),
+            AuditEvent::RecordsDropped { .. }
+            | AuditEvent::ConnectionsRefused { .. }
+            | AuditEvent::AuditRepaired { .. }
+            | AuditEvent::AuditDamaged { .. }
+            | AuditEvent::AuditPruned { .. } => (None, None),
+        }
+    }
+}
+
+/// A record as written: the event with its place in the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub seq: u64,
+    /// Unix time in milliseconds.
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub event: AuditEvent,
+    /// Hash of the previous record's line.
+    pub prev: String,
+}
+
+enum Message {
+    Event(Box<(u64, AuditEvent)>),
+    Close(oneshot::Sender<()>),
+}
+
+/// Where audit records go. Clone freely; a disabled sink drops everything at no cost.
+#[derive(Debug, Clone)]
+pub struct AuditSink {
+    tx: Option<mpsc::Sender<Message>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    live: Option<broadcast::Sender<std::sync::Arc<str>>>,
+}
+
+/// Records a watcher may fall behind by before it skips ahead.
+const LIVE_BACKLOG: usize = 1024;
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("audit message")
+    }
+}
+
+impl AuditSink {
+    /// A sink that records nothing.
+    pub fn disabled() -> Self {
+        AuditSink {
+            tx: None,
+            dropped: Default::default(),
+            live: None,
+        }
+    }
+
+    /// Every record as it is written (its JSON line), for `watch`. `None` when disabled.
+    pub fn subscribe(&self) -> Option<broadcast::Receiver<std::sync::Arc<str>>> {
+        self.live.as_ref().map(broadcast::Sender::subscribe)
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Queues an event without waiting. When the writer falls behind so far that the queue is
+    /// full, the event is counted instead, and the count is logged as soon as there is room.
+    pub fn record(&self, event: AuditEvent) {
+        use std::sync::atomic::Ordering;
+        let Some(tx) = &self.tx else { return };
+        let send = |event| {
+            tx.try_send(Message::Event(Box::new((now_ms(), event))))
+                .is_ok()
+        };
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 && !send(AuditEvent::RecordsDropped { count: dropped }) {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if !send(event) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The running writer; [`AuditLog::close`] flushes everything queued before it.
+///
+/// The writer is a thread of its own, not a task: sealing and appending records is file I/O
+/// and hashing that must never hold up the runtime the sessions' pumps run on (a slow disk
+/// would otherwise stall every session), and on a multi-core machine it runs beside them.
+#[derive(Debug)]
+pub struct AuditLog {
+    tx: mpsc::Sender<Message>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl AuditLog {
+    /// Starts the writer over `dir` (created private if needed), continuing the chain from
+    /// the last whole record on disk. `retain_months` deletes month files older than that.
+    pub fn start(dir: PathBuf, retain_months: Option<u32>) -> std::io::Result<(Self, AuditSink)> {
+        let (mut writer, found) = chain::Writer::open(dir, retain_months)?;
+        let now = now_ms();
+        for event in &found {
+            tracing::warn!("audit log: {}", describe(event));
+        }
+        writer.write(found.into_iter().map(|e| (now, e)), |_| {})?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let (live, _) = broadcast::channel(LIVE_BACKLOG);
+        let writer_live = live.clone();
+        let thread = std::thread::Builder::new()
+            .name("mcpmesh-audit".into())
+            .spawn(move || write_loop(writer, rx, writer_live))?;
+        let sink = AuditSink {
+            tx: Some(tx.clone()),
+            dropped: Default::default(),
+            live: Some(live),
+        };
+        Ok((AuditLog { tx, thread }, sink))
+    }
+
+    /// Writes everything queued so far, syncs it to disk, and stops the writer.
+    pub async fn close(self) {
+        let (done, wait) = oneshot::channel();
+        if self.tx.send(Message::Close(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+        // The writer returns right after answering; joining it cannot wait on anything else.
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
+fn describe(event: &AuditEvent) -> String {
+    match event {
+        AuditEvent::AuditRepaired {
+            file, cut_bytes, ..
+        } => format!("cut {cut_bytes} bytes of a torn last line off the end of {file}"),
+        AuditEvent::AuditDamaged { reason } => reason.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Records sealed and appended per write.
+const BATCH: usize = 1024;
+/// How long the writer lets records gather once one has come. Under load it wakes at most
+/// this often instead of once per request, and a record reaches the file at most this late; a
+/// clean stop ([`AuditLog::close`]) writes everything queued.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
+
+fn write_loop(
+    mut writer: chain::Writer,
+    mut rx: mpsc::Receiver<Message>,
+    live: broadcast::Sender<std::sync::Arc<str>>,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut caught_up = true;
+    loop {
+        if caught_up {
+            // Sleep until a record comes; senders wake this thread only then.
+            let Some(first) = rx.blocking_recv() else {
+                return;
+            };
+            let stop = matches!(first, Message::Close(_));
+            batch.push(first);
+            if !stop {
+                std::thread::sleep(GATHER);
+            }
+        }
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(msg) => batch.push(msg),
+                Err(_) => break,
+            }
+        }
+        caught_up = batch.len() < BATCH;
+        let mut closing = None;
+        let events: Vec<(u64, AuditEvent)> = batch
+            .drain(..)
+            .filter_map(|msg| match msg {
+                Message::Event(boxed) => Some(*boxed),
+                Message::Close(done) => {
+                    closing = Some(done);
+                    None
+                }
+            })
+            .collect();
+        // The head goes after the records it covers, so a crash leaves it lagging by one
+        // batch at most, never ahead.
+        let written = writer.write(events, |line| {
+            if live.receiver_count() > 0 {
+                let text = String::from_utf8_lossy(line.trim_ascii_end()).into_owned();
+                let _ = live.send(text.into());
+            }
+        });
+        if let Err(e) = written {
+            tracing::error!("cannot write the audit log: {e}");
+        }
+        if let Some(done) = closing {
+            if let Err(e) = writer.close() {
+                tracing::error!("cannot sync the audit log: {e}");
+            }
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// `2026-11-30 08:59:01` (UTC) for a Unix time in milliseconds.
+pub fn format_time(at_ms: u64) -> String {
+    let (year, month, day) = civil(at_ms);
+    let secs = (at_ms / 1000) % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// The UTC calendar date of a Unix time in milliseconds (Howard Hinnant's algorithm).
+fn civil(at_ms: u64) -> (i64, i64, i64) {
+    let days = (at_ms / 86_400_000) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    (year, month, day)
+}
+
+/// Parses `30s`, `15m`, `24h`, `7d` (or a bare number of seconds).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number.parse().ok()?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        "d" => n.checked_mul(86_400)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(secs))
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn unix_ms() -> u64 {
+    now_ms()
+}
+
+#[cfg(test)]
+mod tests;
