@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use serde_json::{Value, json};
 
@@ -140,8 +138,10 @@ async fn a_thousand_attempts_from_untrusted_keys_are_all_refused_with_memory_fla
     let (alice, _bob) = pair(&m);
     let before = rss_kib(&alice);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut strangers = std::collections::BTreeSet::new();
     for _ in 0..20 {
         let (ep, target) = raw_client(&alice, false).await;
+        strangers.insert(format!("eid:{}", ep.id()));
         tasks.spawn(async move {
             let mut answered = 0;
             for _ in 0..50 {
@@ -177,6 +177,22 @@ async fn a_thousand_attempts_from_untrusted_keys_are_all_refused_with_memory_fla
             .count()
             >= 1000
     );
+
+    // The audit log has them too, counted per key and minute: a record or two per key, not
+    // a thousand.
+    let refused: Vec<Value> = alice
+        .stop_and_audit()
+        .into_iter()
+        .filter(|r| r["event"] == "connections_refused")
+        .collect();
+    let keys: std::collections::BTreeSet<String> = refused
+        .iter()
+        .map(|r| r["principal"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, strangers, "{refused:?}");
+    let counted: u64 = refused.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert!(counted >= 1000, "{counted} refusals recorded: {refused:?}");
+    assert!(refused.len() <= 2 * strangers.len(), "{refused:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -201,11 +217,15 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
     let peers = alice.json(&["peers"]);
     assert_eq!(peers["peers"][0]["name"], "bob");
     assert_eq!(peers["peers"][0]["services"], json!(["svc"]));
+    // The killed node's child ends too: its stdin closed with the node.
+    assert!(
+        eventually(ANSWER_TIMEOUT, || procs_with(&m).is_empty()).await,
+        "the killed node's server outlived it: {:?}",
+        procs_with(&m)
+    );
     let mut again = bob.connect("alice/svc");
     assert_eq!(
         again.initialize().await["result"]["serverInfo"]["name"],
         "echo-stub"
     );
-    // Leftover children of the killed node exit on their own once their stdin closes.
-    let _ = Duration::ZERO;
 }

@@ -17,6 +17,10 @@ pub const CLOSE_SHUTDOWN: u32 = 0;
 /// cheap and must not block, because it runs on every accepted connection.
 pub trait TrustGate: Send + Sync + 'static {
     fn resolve(&self, remote: &EndpointId) -> Option<PeerIdentity>;
+
+    /// Told of every connection closed because `resolve` refused its key (for the audit
+    /// log). Must be as cheap as `resolve`: a flood of strangers calls it once each.
+    fn refused(&self, _remote: &EndpointId) {}
 }
 
 impl<F> TrustGate for F

@@ -29,6 +29,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for PingProtocol<G> {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
         if self.gate.resolve(&conn.remote_id()).is_none() {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            self.gate.refused(&conn.remote_id());
             return Ok(());
         }
         while let Ok((mut send, mut recv)) = conn.accept_bi().await {

@@ -129,6 +129,7 @@ where
         if self.gate.resolve(&remote).is_none() {
             tracing::info!(peer = %remote.fmt_short(), "refused a connection from an unknown key");
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            self.gate.refused(&remote);
             return Ok(());
         }
         self.registry.register(&conn);

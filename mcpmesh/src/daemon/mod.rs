@@ -15,14 +15,14 @@ use iroh::address_lookup::MemoryLookup;
 use iroh::protocol::Router;
 use iroh::{Endpoint, EndpointId};
 use mcpmesh_net::endpoint::{self, NetworkConfig};
-use mcpmesh_net::gate::CLOSE_SHUTDOWN;
+use mcpmesh_net::gate::{CLOSE_SHUTDOWN, TrustGate};
 use mcpmesh_net::ping::{ALPN_PING, PingProtocol};
 use mcpmesh_net::registry::ConnectionRegistry;
 use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, RefusalTally};
 use crate::config::{self, ConfigError, ConfigFile};
 use crate::control::codes;
 use crate::control::server;
@@ -144,18 +144,23 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     });
     gate.replace(initial);
     node.apply(settings);
+    let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
+    let audited = Arc::new(AuditedGate {
+        peers: gate.clone(),
+        refusals: refusals.clone(),
+    });
     let router = Router::builder(endpoint.clone())
         .accept(
             ALPN_MCP,
-            MeshProtocol::new(gate.clone(), host.clone(), registry.clone()),
+            MeshProtocol::new(audited.clone(), host.clone(), registry.clone()),
         )
-        .accept(ALPN_PING, PingProtocol::new(gate.clone()))
+        .accept(ALPN_PING, PingProtocol::new(audited))
         .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();
     let upkeep = {
-        let (node, stop) = (node.clone(), shutdown.clone());
+        let (node, stop, refusals) = (node.clone(), shutdown.clone(), refusals.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(HOUSEKEEPING);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -165,6 +170,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
                     // The first tick is immediate: pairings a crash left pending are settled
                     // as soon as the node is up.
                     _ = every.tick() => {
+                        refusals.flush();
                         node.housekeeping();
                         node.confirm_pending().await;
                     }
@@ -193,11 +199,29 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
     upkeep.abort();
+    refusals.flush();
     audit_log.close().await;
     tracing::info!("node stopped");
     // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
     Ok(())
+}
+
+/// The peer table's gate, telling the audit log of every key it refuses.
+#[derive(Debug)]
+struct AuditedGate {
+    peers: Arc<PeerGate>,
+    refusals: Arc<RefusalTally>,
+}
+
+impl TrustGate for AuditedGate {
+    fn resolve(&self, remote: &EndpointId) -> Option<mcpmesh_net::PeerIdentity> {
+        self.peers.resolve(remote)
+    }
+
+    fn refused(&self, remote: &EndpointId) {
+        self.refusals.refused(|| format!("eid:{remote}"));
+    }
 }
 
 /// Binds the endpoint, reusing the UDP port of the last run when `bind` asks for port 0, so
