@@ -1,6 +1,8 @@
 //! `mcpmesh`: the command line and the node daemon. Parses arguments, talks to the node over
 //! its control socket, renders the answer for people or, with `--json`, for scripts.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod doctor;
 mod render;

@@ -10,6 +10,8 @@
 //! policy. Those live in the `mcpmesh` crate and reach this one through [`TrustGate`] and
 //! [`session::SessionHandler`].
 
+#![forbid(unsafe_code)]
+
 pub mod endpoint;
 pub mod errors;
 pub mod gate;

@@ -8,6 +8,8 @@
 //! What it is not: the transport. QUIC, framing, gating mechanics and the error band live in
 //! `mcpmesh-net`; this crate decides *who* and *what*, that one moves the bytes.
 
+#![forbid(unsafe_code)]
+
 pub mod audit;
 pub mod backends;
 pub mod config;

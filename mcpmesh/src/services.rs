@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::socket::SocketBackend;
-use crate::backends::spawn::{BackendError, SpawnBackend, SpawnOptions};
+use crate::backends::spawn::{SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;

@@ -8,6 +8,8 @@
 //! its own stdio and CMD's, a process hop that does nothing else (the benchmark's baseline for
 //! what the mesh's two process hops cost on their own).
 
+#![forbid(unsafe_code)]
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

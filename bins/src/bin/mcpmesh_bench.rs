@@ -8,6 +8,8 @@
 //! `--only open|calls|pipelined|results|requests` runs one phase (for profiling the nodes, whose
 //! pids it prints, with `perf record -p`).
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

@@ -9,6 +9,8 @@
 //!
 //!   cargo build --release && target/release/mcpmesh-scale [--peers 50] [--sessions 10] [--calls 20]
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

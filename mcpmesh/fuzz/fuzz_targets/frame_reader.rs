@@ -1,5 +1,7 @@
 //! The line codec: whatever bytes arrive, in whatever chunks, the reader never panics, never
 //! hands out a line over the cap, and hands out every byte of every line within it, unchanged.
+
+#![forbid(unsafe_code)]
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

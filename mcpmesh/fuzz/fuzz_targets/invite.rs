@@ -1,5 +1,7 @@
 //! The invite parser: any text is decoded or refused, never panics; a decoded invite encodes
 //! back to a line that decodes to the same invite.
+
+#![forbid(unsafe_code)]
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,5 +1,7 @@
 //! The session preamble: any line parses or is refused, never panics; a parsed one names a
 //! valid service.
+
+#![forbid(unsafe_code)]
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

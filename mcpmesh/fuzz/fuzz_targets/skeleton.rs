@@ -2,6 +2,8 @@
 //! builds the same skeleton from any split of the line, and on a small JSON object (where
 //! every member is kept) tells the same id, kind and outcome as peeking at the whole line. What
 //! a JSON object cut off anywhere still tells (`so_far`) is itself a JSON object.
+
+#![forbid(unsafe_code)]
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

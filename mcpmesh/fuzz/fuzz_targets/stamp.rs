@@ -2,6 +2,8 @@
 //! passed or refused, never a panic. An edited request is JSON whose `_meta` holds exactly the
 //! node's `mcpmesh/*` member; an edited notification holds none; apart from `_meta`, every
 //! edited frame is what the caller sent.
+
+#![forbid(unsafe_code)]
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -22,8 +22,8 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::BackendError;
 use crate::backends::ledger::{Caller, Ledger};
-use crate::backends::spawn::BackendError;
 use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
 

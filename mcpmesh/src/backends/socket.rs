@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
-use crate::backends::spawn::BackendError;
 use crate::backends::stamp::PeerStamp;
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::NdjsonTransport;

@@ -18,27 +18,13 @@ use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::Semaphore;
 
 use crate::audit::AuditSink;
+use crate::backends::BackendError;
 use crate::backends::session::{GRACE, ServiceCtx, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
 
 /// Longest stderr line logged whole.
 const MAX_LOG_LINE: usize = 16 * 1024;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    #[error("cannot start `{cmd}`: {source}")]
-    Spawn { cmd: String, source: std::io::Error },
-    #[error("the service has no command")]
-    NoCommand,
-    #[error("cannot connect to {path}: {source}")]
-    Connect {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("cannot reach {url}: {message}")]
-    Upstream { url: String, message: String },
-}
 
 /// Runs `cmd` once per session. The fields are the seam the daemon (and tests) fill in.
 #[derive(Debug, Clone)]

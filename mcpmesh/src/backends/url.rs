@@ -28,8 +28,8 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
-use crate::backends::spawn::BackendError;
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
 
