@@ -172,11 +172,16 @@ async fn read_preamble(transport: &mut MeshTransport) -> Result<Preamble, ErrorF
     })
 }
 
-/// Reads a refused session's first frame and returns its id (`None` when it has none or is not
-/// JSON), bounded in time and size.
+/// The most of a refused session's first frame that is read for its id: a request that is
+/// refused anyway needs no 16 MiB read (its id is then `null`).
+pub const REFUSED_FIRST_FRAME: usize = 64 * 1024;
+
+/// Reads a refused session's first frame and returns its id (`None` when it has none, is not
+/// JSON, or is longer than [`REFUSED_FIRST_FRAME`]), bounded in time and size.
 pub async fn first_frame_id<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
 ) -> Option<Box<RawValue>> {
+    reader.set_max_frame(REFUSED_FIRST_FRAME);
     let line = tokio::time::timeout(FIRST_BYTES_TIMEOUT, reader.next_line())
         .await
         .ok()?
@@ -404,6 +409,57 @@ impl Dialer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that counts the bytes taken from it.
+    struct Counting<'a> {
+        bytes: &'a [u8],
+        taken: usize,
+    }
+
+    impl AsyncRead for Counting<'_> {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = buf.remaining().min(self.bytes.len() - self.taken).min(8192);
+            let from = self.taken;
+            buf.put_slice(&self.bytes[from..from + n]);
+            self.taken += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_session_reads_at_most_a_little_of_its_first_frame() {
+        let mut line = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"x":""#.to_vec();
+        line.resize(4 << 20, b'a');
+        line.extend_from_slice(b"\"}}\n");
+        let reader = Counting {
+            bytes: &line,
+            taken: 0,
+        };
+        let mut transport = NdjsonTransport::new(reader, Vec::new(), crate::transport::MAX_FRAME);
+        refuse(&mut transport, ErrorFrame::new(ErrorCode::Busy)).await;
+        let (reader, answer) = transport.into_parts();
+        let (counting, _) = reader.into_parts();
+        assert!(
+            counting.taken <= 2 * REFUSED_FIRST_FRAME,
+            "read {} bytes of a frame that was refused anyway",
+            counting.taken
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer["error"]["code"], -32053);
+        assert!(answer["id"].is_null(), "{answer}");
+
+        // A small first frame still has its id echoed.
+        let small = b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}\n";
+        let mut transport =
+            NdjsonTransport::new(&small[..], Vec::new(), crate::transport::MAX_FRAME);
+        refuse(&mut transport, ErrorFrame::new(ErrorCode::Busy)).await;
+        let answer: serde_json::Value = serde_json::from_slice(&transport.into_parts().1).unwrap();
+        assert_eq!(answer["id"], 7);
+    }
 
     #[test]
     fn preamble_round_trips_and_rejects_bad_input() {
