@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
@@ -19,6 +19,9 @@ use crate::limits::RateLimiter;
 
 /// A caller told "too many requests in flight" is asked to wait this long.
 const RETRY_IN_FLIGHT_MS: u64 = 100;
+/// How long a cancelled request still counts in flight when its server never answers it
+/// (servers should not answer a cancelled request, but most are still working on it).
+const CANCEL_GRACE: Duration = Duration::from_secs(30);
 /// Notifications that are protocol plumbing rather than work are never throttled.
 const UNTHROTTLED: [&str; 2] = ["notifications/initialized", "notifications/cancelled"];
 
@@ -39,6 +42,8 @@ struct Pending {
     name: Option<String>,
     params_hash: Option<String>,
     bytes_in: u64,
+    /// When the caller cancelled it: it stays in flight until its answer, or the grace ends.
+    cancelled: Option<Instant>,
 }
 
 /// The account of one session's requests.
@@ -50,6 +55,7 @@ pub struct Ledger {
     max_in_flight: usize,
     pending: HashMap<String, Pending>,
     throttling_notifications: bool,
+    cancel_grace: Duration,
 }
 
 impl Ledger {
@@ -66,6 +72,7 @@ impl Ledger {
             max_in_flight: max_in_flight.max(1),
             pending: HashMap::new(),
             throttling_notifications: false,
+            cancel_grace: CANCEL_GRACE,
         }
     }
 
@@ -86,9 +93,11 @@ impl Ledger {
             (Kind::Request, Some(id)) => self.request(line, id, &peek),
             (Kind::Notification, _) => {
                 let method = peek.method.as_deref().unwrap_or_default();
-                if let Some(cancelled) = peek.cancelled_request() {
-                    // A cancelled request may never be answered: stop counting it in flight.
-                    self.finish(&jsonrpc::id_key(cancelled), "cancelled", None, 0);
+                if let Some(cancelled) = peek.cancelled_request()
+                    && let Some(p) = self.pending.get_mut(&jsonrpc::id_key(cancelled))
+                {
+                    // The server may still be working on it: its answer frees the slot.
+                    p.cancelled.get_or_insert_with(Instant::now);
                 }
                 if UNTHROTTLED.contains(&method) || self.check_rate().is_ok() {
                     self.throttling_notifications = false;
@@ -119,7 +128,9 @@ impl Ledger {
                 .params
                 .map(|p| blake3::hash(p.get().as_bytes()).to_hex().to_string()),
             bytes_in: line.len() as u64 + 1,
+            cancelled: None,
         };
+        self.expire_cancelled();
         let refusal = if let Err(wait) = self.check_rate() {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
@@ -158,12 +169,20 @@ impl Ledger {
                 return;
             };
             let Some(id) = peek.answers() else { return };
+            let key = jsonrpc::id_key(id);
             let (outcome, code) = match peek.outcome() {
+                _ if self
+                    .pending
+                    .get(&key)
+                    .is_some_and(|p| p.cancelled.is_some()) =>
+                {
+                    ("cancelled", None)
+                }
                 Outcome::Ok => ("ok", None),
                 Outcome::Error(code) => ("error", Some(code)),
                 Outcome::ToolError => ("tool_error", None),
             };
-            self.finish(&jsonrpc::id_key(id), outcome, code, len as u64);
+            self.finish(&key, outcome, code, len as u64);
         });
     }
 
@@ -206,6 +225,20 @@ impl Ledger {
         }
     }
 
+    /// Stops counting cancelled requests whose answer did not come within the grace.
+    fn expire_cancelled(&mut self) {
+        let grace = self.cancel_grace;
+        let expired: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.cancelled.is_some_and(|at| at.elapsed() >= grace))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            self.finish(&key, "cancelled", None, 0);
+        }
+    }
+
     fn finish(&mut self, key: &str, outcome: &str, code: Option<i64>, bytes_out: u64) {
         if let Some(p) = self.pending.remove(key) {
             self.record(p, bytes_out, outcome, code);
@@ -231,5 +264,60 @@ impl Ledger {
             outcome: outcome.to_owned(),
             code,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(max_in_flight: usize) -> Ledger {
+        let caller = Caller {
+            service: "svc".into(),
+            principal: "eid:ab".into(),
+            peer: "bob".into(),
+        };
+        Ledger::new(
+            caller,
+            RateLimiter::unlimited_shared(),
+            AuditSink::disabled(),
+            max_in_flight,
+        )
+    }
+
+    fn call(id: u64) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"slow"}}}}"#)
+            .into_bytes()
+    }
+
+    fn cancel(id: u64) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#)
+            .into_bytes()
+    }
+
+    fn refused(verdict: &Verdict) -> bool {
+        matches!(verdict, Verdict::Answer(line) if String::from_utf8_lossy(line).contains("-32053"))
+    }
+
+    #[test]
+    fn a_cancelled_request_holds_its_slot_until_the_server_answers_it() {
+        let mut l = ledger(1);
+        assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
+        assert!(matches!(l.client_line(&cancel(1)), Verdict::Forward));
+        // The server is still working on request 1: a second request is over the cap.
+        assert!(refused(&l.client_line(&call(2))));
+        l.server_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n",
+        ));
+        assert!(matches!(l.client_line(&call(3)), Verdict::Forward));
+    }
+
+    #[test]
+    fn a_cancelled_request_never_answered_frees_its_slot_after_the_grace() {
+        let mut l = ledger(1);
+        l.cancel_grace = Duration::ZERO;
+        assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
+        l.client_line(&cancel(1));
+        assert!(matches!(l.client_line(&call(2)), Verdict::Forward));
     }
 }
