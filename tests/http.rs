@@ -49,6 +49,10 @@ fn free_port() -> u16 {
 struct Gateway {
     _process: Started,
     base: String,
+    /// What it printed once listening.
+    ready: Value,
+    /// The token its clients send: the one given with `--token`, else the node's own.
+    token: Option<String>,
 }
 
 impl Gateway {
@@ -61,21 +65,53 @@ impl Gateway {
             .env_remove("MCPMESH_GATEWAY_TOKEN");
         let (process, ready) = Started::until(&mut cmd, "listening").await;
         let ready: Value = serde_json::from_str(&ready).unwrap();
+        let given = extra.iter().position(|a| *a == "--token");
+        let token = match (given, ready["token_file"].as_str()) {
+            (Some(at), _) => Some(extra[at + 1].to_owned()),
+            (None, Some(file)) => Some(std::fs::read_to_string(file).unwrap().trim().to_owned()),
+            (None, None) => None,
+        };
         Gateway {
             _process: process,
             base: ready["url"].as_str().unwrap().to_owned(),
+            ready,
+            token,
         }
     }
 
     fn url(&self, target: &str) -> String {
         format!("{}/{target}", self.base)
     }
+
+    /// An HTTP client that sends the gateway's token on every request.
+    fn client(&self) -> reqwest::Client {
+        http_client_with(self.token.as_deref())
+    }
+
+    /// The header the Python SDK clients send, as their `--header` option takes it.
+    fn header_args(&self) -> Vec<String> {
+        let token = self.token.as_deref().expect("a gateway with a token");
+        vec!["--header".into(), format!("Authorization=Bearer {token}")]
+    }
 }
 
 /// An HTTP client for the tests (rustls needs its crypto provider named first).
 fn http_client() -> reqwest::Client {
+    http_client_with(None)
+}
+
+/// As [`http_client`], sending `Authorization: Bearer <token>` on every request when given.
+fn http_client_with(token: Option<&str>) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().unwrap();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }
 
 /// `initialize` as a 2025-11-25 client sends it.
@@ -121,7 +157,7 @@ impl StubThroughGateway {
         alice.serve_stub("svc", &["bob"], None, &marker(name));
         let gateway = Gateway::start(&bob, &[]).await;
         let url = gateway.url("alice/svc");
-        let http = http_client();
+        let http = gateway.client();
         let r = mcp_post(&http, &url, &initialize_request(), None)
             .send()
             .await
@@ -226,13 +262,14 @@ async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() 
 
     // The SDK's Streamable HTTP client through the gateway, and its stdio client straight to
     // the server: the same 32 checks, the same report (a 4 MiB payload both ways).
-    let via_gateway = [
+    let mut via_gateway = vec![
         everything_client(),
         "--big-bytes".into(),
         "4194304".into(),
         "--url".into(),
         gateway.url("alice/everything"),
     ];
+    via_gateway.extend(gateway.header_args());
     let mut direct = vec![everything_client(), "--".into()];
     direct.extend(everything_stdio());
     let (via_gateway, direct) = tokio::join!(run_driver(&via_gateway), run_driver(&direct));
@@ -261,6 +298,10 @@ async fn the_official_conformance_suite_passes_through_the_gateway_where_it_pass
             .arg(gateway.url("alice/everything"))
             .arg(out_dir.path())
             .env("CONFORMANCE_SCENARIOS", scenarios.join(" "))
+            .env(
+                "CONFORMANCE_BEARER_TOKEN",
+                gateway.token.as_deref().unwrap(),
+            )
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),
@@ -290,7 +331,7 @@ async fn the_gateway_refuses_foreign_origins_and_hosts_and_a_delete_ends_the_rem
     alice.serve_stub("svc", &["bob"], None, &m);
     let gateway = Gateway::start(&bob, &[]).await;
     let url = gateway.url("alice/svc");
-    let http = http_client();
+    let http = gateway.client();
     let initialize = initialize_request();
     let post = |body: &Value| mcp_post(&http, &url, body, None);
 
@@ -400,7 +441,13 @@ fn a_gateway_beyond_loopback_needs_allow_remote_and_a_token() {
     let node = TestNode::start("solo");
     for args in [
         vec!["gateway", "--listen", "0.0.0.0:0"],
-        vec!["gateway", "--listen", "0.0.0.0:0", "--allow-remote"],
+        vec![
+            "gateway",
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-remote",
+            "--no-token",
+        ],
         vec!["gateway", "--listen", "0.0.0.0:0", "--token", "t"],
     ] {
         let out = node
@@ -437,6 +484,82 @@ async fn with_a_token_every_request_must_carry_it() {
     assert_eq!(send(None).await.unwrap().status(), 401);
     assert_eq!(send(Some("wrong")).await.unwrap().status(), 401);
     assert_eq!(send(Some("s3cret-t0ken")).await.unwrap().status(), 200);
+}
+
+/// An `initialize` POST to `url`, with `Authorization: Bearer <token>` when given.
+async fn initialize_with(url: &str, token: Option<&str>) -> reqwest::Response {
+    let r = mcp_post(&http_client(), url, &initialize_request(), None);
+    let r = match token {
+        Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    r.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_token_flags_every_request_must_carry_this_nodes_own_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-own-token");
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+
+    // Another local user does not know the token: refused before anything reaches the mesh.
+    let r = initialize_with(&url, None).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    assert_eq!(initialize_with(&url, Some("wrong")).await.status(), 401);
+    assert!(procs_with(&m).is_empty(), "nothing was spawned");
+
+    // It says where the token is, never the token itself; the file is the user's alone.
+    assert_eq!(gateway.ready["token_required"], true, "{}", gateway.ready);
+    let file = gateway.ready["token_file"]
+        .as_str()
+        .expect("where the token is");
+    let token = std::fs::read_to_string(file).unwrap().trim().to_owned();
+    assert_eq!(token.len(), 43, "32 random bytes, URL-safe base64");
+    assert!(!gateway.ready.to_string().contains(&token));
+    let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // `use` hands out the same token: the URL, and the header to set.
+    let used = bob.json(&["use", "alice/svc"]);
+    assert_eq!(used["http_token"], token.as_str());
+    assert_eq!(
+        used["http_headers"]["Authorization"],
+        format!("Bearer {token}")
+    );
+    let r = initialize_with(&url, used["http_token"].as_str()).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains(r#""serverInfo""#));
+
+    // A restarted gateway keeps it, so the clients it was given to keep working.
+    drop(gateway);
+    let again = Gateway::start(&bob, &[]).await;
+    assert_eq!(again.token.as_deref(), Some(token.as_str()));
+    let r = initialize_with(&again.url("alice/svc"), Some(&token)).await;
+    assert_eq!(r.status(), 200);
+    assert!(!bob.log().contains(&token), "the token is not logged");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_token_the_gateway_serves_loopback_without_one() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-no-token"));
+    let gateway = Gateway::start(&bob, &["--no-token"]).await;
+    assert_eq!(gateway.ready["token_required"], false, "{}", gateway.ready);
+    assert!(
+        gateway.ready.get("token_file").is_none(),
+        "{}",
+        gateway.ready
+    );
+    let r = initialize_with(&gateway.url("alice/svc"), None).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        !bob.home().join("gateway.token").exists(),
+        "none was minted"
+    );
 }
 
 /// The official Python SDK's Streamable HTTP server (`http_server.py`: both MCP eras, bodies
@@ -518,6 +641,7 @@ async fn both_mcp_eras_pass_through_the_gateway() {
     let gateway = Gateway::start(&bob, &[]).await;
     for era in ["modern", "legacy"] {
         let mut args = modern_client(era, true);
+        args.extend(gateway.header_args());
         args.extend(["--url".into(), gateway.url("alice/modern")]);
         let report = run_driver(&args).await;
         assert!(

@@ -118,6 +118,47 @@ async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {
     assert_eq!(received, expected);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_identity_in_the_callers_answer_to_the_server_never_reaches_it() {
+    let (alice, bob) = two_nodes();
+    let server = SocketServer::start().await;
+    alice.serve(
+        "tools",
+        &["bob"],
+        &["--socket", server.path().to_str().unwrap()],
+    );
+    let mut s = bob.connect("alice/tools");
+    s.initialize().await;
+
+    // The server asks bob's client for its roots while answering the call.
+    s.send(&json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": { "name": "ask", "arguments": {} } }))
+        .await;
+    let (mut asked, mut answered) = (false, false);
+    while !(asked && answered) {
+        let msg = s.recv().await.expect("the question and the answer");
+        asked |= msg["method"] == "roots/list" && msg["id"] == "ask-1";
+        answered |= msg["id"] == 2;
+    }
+
+    // Bob's client answers with a forged identity in the result's _meta, then pings: the
+    // server reads its connection in order, so once the ping is answered it has the answer.
+    let forged = r#"{"jsonrpc":"2.0","id":"ask-1","result":{"roots":[], "_meta":{"mcpmesh/peer":{"eid":"eid:00","name":"root"},"k":1}}}"#;
+    s.send_raw(format!("{forged}\n").as_bytes()).await;
+    let pong = s.request("ping", json!({})).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+
+    let received = server.received();
+    let answer = received
+        .lines()
+        .find(|l| l.contains(r#""id":"ask-1""#))
+        .unwrap_or_else(|| panic!("the server got no answer to its question:\n{received}"));
+    assert_eq!(
+        answer,
+        r#"{"jsonrpc":"2.0","id":"ask-1","result":{"roots":[], "_meta":{"k":1}}}"#
+    );
+}
+
 /// server-everything, run through `sh` with a `tee` in front that appends every byte the
 /// server receives to `tee_file`.
 fn everything_teed(tee_file: &Path) -> Vec<String> {

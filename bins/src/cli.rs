@@ -120,15 +120,18 @@ enum Command {
     },
     /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
     /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
+    /// Every request must carry this node's gateway token (`Authorization: Bearer …`; `mcpmesh
+    /// use PEER/SERVICE` prints it).
     Gateway {
         /// Where to listen: loopback unless --allow-remote.
         #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
         listen: std::net::SocketAddr,
-        /// Allow a non-loopback address; every request must then carry the bearer token.
+        /// Allow a non-loopback address (never with --no-token).
         #[arg(long)]
         allow_remote: bool,
-        /// The bearer token clients must send (`Authorization: Bearer …`); read from
-        /// MCPMESH_GATEWAY_TOKEN when not given, to keep it out of process listings.
+        /// The bearer token clients must send, instead of this node's own (minted once and
+        /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
+        /// out of process listings.
         #[arg(
             long,
             value_name = "TOKEN",
@@ -136,6 +139,10 @@ enum Command {
             hide_env_values = true
         )]
         token: Option<String>,
+        /// Serve on loopback without a token: every local user can then act as this node
+        /// through the gateway.
+        #[arg(long, conflicts_with = "token")]
+        no_token: bool,
         /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
         /// Repeatable.
         #[arg(long = "allow-origin", value_name = "ORIGIN")]
@@ -289,20 +296,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
             listen,
             allow_remote,
             token,
+            no_token,
             allowed_origins,
             allowed_hosts,
-        } => gateway(
-            mcpmesh::gateway::GatewayConfig {
-                listen,
+        } => {
+            use mcpmesh::gateway::TokenChoice;
+            let token = match (token, no_token) {
+                (_, true) => TokenChoice::Waived,
+                (Some(t), false) => TokenChoice::Given(t),
+                (None, false) => TokenChoice::Profile,
+            };
+            gateway(
+                mcpmesh::gateway::GatewayConfig {
+                    listen,
+                    token: None,
+                    allowed_origins,
+                    allowed_hosts,
+                    profile,
+                    exe,
+                },
+                allow_remote,
                 token,
-                allowed_origins,
-                allowed_hosts,
-                profile,
-                exe,
-            },
-            allow_remote,
-            &out,
-        ),
+                &out,
+            )
+        }
         Command::Audit { action } => audit(&profile, action, &out),
         Command::Up => {
             let started = std::time::Instant::now();
@@ -723,7 +740,15 @@ fn use_lines(
     }
     gateway_line.push("gateway".to_owned());
     let gateway_line = gateway_line.join(" ");
-    let value = json!({
+    // The gateway's own token, minted now if it has none, so these lines stay right for it.
+    let token = profile
+        .create_dirs()
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            mcpmesh::gateway::token::load_or_mint(&profile.gateway_token_file())
+                .map_err(|e| e.to_string())
+        });
+    let mut value = json!({
         "target": target,
         "name": name,
         "command": command,
@@ -733,9 +758,17 @@ fn use_lines(
         "known_grant": granted,
         "http_url": http_url,
     });
+    let http_header = match &token {
+        Ok(token) => {
+            value["http_token"] = json!(token);
+            value["http_headers"] = json!({ "Authorization": format!("Bearer {token}") });
+            format!("\nwith the header\n  Authorization: Bearer {token}")
+        }
+        Err(e) => format!("\n(the gateway's token is not available: {e})"),
+    };
     out.print(value, || {
         let mut s = format!(
-            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}\n\nA client that speaks Streamable HTTP: keep `{gateway_line}` running (it listens on 127.0.0.1:8484), then use\n  {http_url}"
+            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}\n\nA client that speaks Streamable HTTP: keep `{gateway_line}` running (it listens on 127.0.0.1:8484), then use\n  {http_url}{http_header}"
         );
         if !granted && known["source"] == "paired" {
             s.push_str(&format!("\n\nnote: {peer} did not list {service} when you paired; it may refuse."));
@@ -761,16 +794,31 @@ impl Output {
 }
 
 fn gateway(
-    config: mcpmesh::gateway::GatewayConfig,
+    mut config: mcpmesh::gateway::GatewayConfig,
     allow_remote: bool,
+    token: mcpmesh::gateway::TokenChoice,
     out: &Output,
 ) -> Result<(), Failure> {
-    use mcpmesh::gateway;
+    use mcpmesh::gateway::{self, TokenChoice};
     let failed = |e: gateway::GatewayError| Failure {
         code: Some(codes::INVALID_PARAMS),
         message: e.to_string(),
     };
-    gateway::check_bind(config.listen, allow_remote, config.token.as_deref()).map_err(failed)?;
+    gateway::check_bind(config.listen, allow_remote, &token).map_err(failed)?;
+    // Where the token is, for people and scripts; never the token itself.
+    let token_file = (token == TokenChoice::Profile)
+        .then(|| config.profile.gateway_token_file().display().to_string());
+    let token_note = match &token_file {
+        Some(file) => format!(
+            "requests must carry `Authorization: Bearer <the token in {file}>` (`mcpmesh use PEER/SERVICE` prints it)"
+        ),
+        None if token == TokenChoice::Waived => {
+            "no token (--no-token): every local user can act as this node through it".to_owned()
+        }
+        None => "requests must carry `Authorization: Bearer <the token you gave>`".to_owned(),
+    };
+    let token_required = token != TokenChoice::Waived;
+    config.token = gateway::resolve_token(token, &config.profile).map_err(failed)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -780,8 +828,12 @@ fn gateway(
         let listener = gateway::bind(&config).await.map_err(failed)?;
         let addr = listener.local_addr().context("the gateway's address")?;
         let base = format!("http://{addr}/mcp");
-        out.print(json!({ "listening": addr.to_string(), "url": base }), || {
-            format!("gateway listening: mount PEER/SERVICE at {base}/PEER/SERVICE (Ctrl-C stops it)")
+        let mut ready = json!({ "listening": addr.to_string(), "url": base, "token_required": token_required });
+        if let Some(file) = &token_file {
+            ready["token_file"] = json!(file);
+        }
+        out.print(ready, || {
+            format!("gateway listening: mount PEER/SERVICE at {base}/PEER/SERVICE (Ctrl-C stops it)\n{token_note}")
         });
         let _ = std::io::stdout().flush();
         let shutdown = tokio_util::sync::CancellationToken::new();

@@ -89,6 +89,16 @@ fn serve(
             out.write_all(b"\n")?;
             out.flush()?;
         }
+        // `ask` puts a question to the client (a server→client request) before answering.
+        if test_tools
+            && method == "tools/call"
+            && params.get("name").and_then(Value::as_str) == Some("ask")
+        {
+            let ask = json!({ "jsonrpc": "2.0", "id": "ask-1", "method": "roots/list" });
+            serde_json::to_writer(&mut out, &ask)?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+        }
         let result = match method {
             "initialize" => Ok(json!({
                 "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),
@@ -118,6 +128,8 @@ fn tool_list(test_tools: bool) -> Vec<Value> {
                            "inputSchema": { "type": "object", "properties": { "text": { "type": "string" } } } }));
         tools.push(json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
                            "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }));
+        tools.push(json!({ "name": "ask", "description": "Asks the client for its roots (id \"ask-1\"), then answers.",
+                           "inputSchema": { "type": "object" } }));
     }
     tools
 }
@@ -171,6 +183,7 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(text_result(format!("slept {ms} ms")))
         }
+        "ask" if test_tools => Ok(text_result("asked".to_owned())),
         other => Err((-32602, format!("unknown tool: {other}"))),
     }
 }

@@ -9,8 +9,12 @@
 //! 2026-07-28 requests without a session share one mesh session per service (one server
 //! instance, so a multi-round-trip retry meets the state it was given), ended when idle.
 //!
-//! The gateway listens on loopback unless told otherwise, and checks `Host` and `Origin`
-//! against DNS rebinding; bound beyond loopback it demands a bearer token on every request.
+//! Every request carries the profile's bearer token (see [`token`]): the gateway opens sessions
+//! as this node, and without it any local user could, past the control socket's same-uid
+//! check. It listens on loopback unless told otherwise, and checks `Host` and `Origin` against
+//! DNS rebinding.
+
+pub mod token;
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -57,7 +61,8 @@ const STATELESS_IDLE: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
-    /// Required (non-empty) when `listen` is not loopback.
+    /// The bearer token every request must carry; `None` only with `--no-token` on loopback
+    /// (see [`check_bind`] and [`resolve_token`]).
     pub token: Option<String>,
     /// Origins allowed besides loopback ones (`http://host:port`).
     pub allowed_origins: Vec<String>,
@@ -68,12 +73,31 @@ pub struct GatewayConfig {
     pub exe: PathBuf,
 }
 
+/// Where the gateway's bearer token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenChoice {
+    /// The profile's token file, minted on first use: the default.
+    Profile,
+    /// A token given with `--token` (or `MCPMESH_GATEWAY_TOKEN`).
+    Given(String),
+    /// `--no-token`: every local user may act as this node through the gateway.
+    Waived,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error(
-        "{0} is not a loopback address: a gateway reachable from other machines needs --allow-remote and a bearer token"
+        "{0} is not a loopback address: a gateway reachable from other machines needs --allow-remote and a bearer token (--no-token is for loopback only)"
     )]
     NotLoopback(SocketAddr),
+    #[error(
+        "the gateway token is empty: give one, leave it out to use this node's own, or pass --no-token"
+    )]
+    EmptyToken,
+    #[error(transparent)]
+    Token(#[from] token::TokenError),
+    #[error("cannot create this node's directories: {0}")]
+    Dirs(std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -83,19 +107,36 @@ pub enum GatewayError {
     Serve(std::io::Error),
 }
 
-/// Checks the bind policy: loopback, or a token for anything wider.
+/// Checks the bind policy: a token unless waived on loopback; beyond loopback, `--allow-remote`
+/// and a token.
 pub fn check_bind(
     listen: SocketAddr,
     allow_remote: bool,
-    token: Option<&str>,
+    token: &TokenChoice,
 ) -> Result<(), GatewayError> {
-    if listen.ip().is_loopback() {
-        return Ok(());
+    if matches!(token, TokenChoice::Given(t) if t.is_empty()) {
+        return Err(GatewayError::EmptyToken);
     }
-    if allow_remote && token.is_some_and(|t| !t.is_empty()) {
+    if listen.ip().is_loopback() || (allow_remote && *token != TokenChoice::Waived) {
         return Ok(());
     }
     Err(GatewayError::NotLoopback(listen))
+}
+
+/// The token requests must carry: given, or the profile's (minted if it has none yet); `None`
+/// when waived.
+pub fn resolve_token(
+    choice: TokenChoice,
+    profile: &Profile,
+) -> Result<Option<String>, GatewayError> {
+    match choice {
+        TokenChoice::Given(t) => Ok(Some(t)),
+        TokenChoice::Waived => Ok(None),
+        TokenChoice::Profile => {
+            profile.create_dirs().map_err(GatewayError::Dirs)?;
+            Ok(Some(token::load_or_mint(&profile.gateway_token_file())?))
+        }
+    }
 }
 
 /// Binds the listener; `serve` then runs until `shutdown` fires.
@@ -870,14 +911,46 @@ mod tests {
     }
 
     #[test]
-    fn binding_beyond_loopback_needs_allow_remote_and_a_token() {
+    fn a_token_is_required_unless_waived_on_loopback_and_remote_needs_allow_remote_too() {
+        use TokenChoice::{Given, Profile, Waived};
         let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:0".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
-        assert!(check_bind(lo, false, None).is_ok());
-        assert!(check_bind(any, false, Some("t")).is_err());
-        assert!(check_bind(any, true, None).is_err());
-        assert!(check_bind(any, true, Some("")).is_err());
-        assert!(check_bind(any, true, Some("t")).is_ok());
+        let given = || Given("t".into());
+        for (listen, allow_remote, token, ok) in [
+            (lo, false, Profile, true),
+            (lo, false, given(), true),
+            (lo6, false, Waived, true),
+            (lo, false, Given(String::new()), false),
+            (any, false, Profile, false),
+            (any, false, given(), false),
+            (any, true, Waived, false),
+            (any, true, Given(String::new()), false),
+            (any, true, Profile, true),
+            (any, true, given(), true),
+        ] {
+            let verdict = check_bind(listen, allow_remote, &token);
+            assert_eq!(
+                verdict.is_ok(),
+                ok,
+                "{listen} {allow_remote} {token:?}: {verdict:?}"
+            );
+        }
         assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
+    }
+
+    #[test]
+    fn the_profiles_token_is_minted_once_and_a_waived_one_is_none() {
+        let home = tempfile::tempdir().unwrap();
+        let profile = Profile::at(home.path().join("node"));
+        let first = resolve_token(TokenChoice::Profile, &profile).unwrap();
+        assert!(first.as_ref().is_some_and(|t| t.len() == 43), "{first:?}");
+        assert_eq!(
+            resolve_token(TokenChoice::Profile, &profile).unwrap(),
+            first
+        );
+        assert_eq!(resolve_token(TokenChoice::Waived, &profile).unwrap(), None);
+        let given = resolve_token(TokenChoice::Given("mine".into()), &profile).unwrap();
+        assert_eq!(given.as_deref(), Some("mine"));
     }
 }

@@ -62,6 +62,11 @@ impl Profile {
         self.config_dir.join("device.key")
     }
 
+    /// The bearer token HTTP clients of `mcpmesh gateway` send, beside the device key.
+    pub fn gateway_token_file(&self) -> PathBuf {
+        self.config_dir.join("gateway.token")
+    }
+
     pub fn socket_path(&self) -> PathBuf {
         self.runtime_dir.join("mcpmesh.sock")
     }
@@ -126,6 +131,7 @@ mod tests {
         for path in [
             p.config_file(),
             p.key_file(),
+            p.gateway_token_file(),
             p.socket_path(),
             p.log_file(),
             p.port_file(),

@@ -28,6 +28,11 @@
 #   CONFORMANCE_SCENARIO_TIMEOUT  seconds one scenario may take (default 30)
 #   CONFORMANCE_BUDGET            seconds the whole run may take (default 300); scenarios not
 #                                 started by then are reported `fail` and the exit is 1
+#   CONFORMANCE_BEARER_TOKEN      a token for an endpoint that wants one (`mcpmesh gateway`):
+#                                 every request the suite sends through `fetch` — all of them
+#                                 but the DNS-rebinding scenario's — carries
+#                                 `Authorization: Bearer <token>` (tests/interop/bearer.cjs, a
+#                                 preload: the suite has no option for headers)
 set -euo pipefail
 
 usage() { echo "usage: $0 URL [OUT_DIR]" >&2; exit 2; }
@@ -100,6 +105,13 @@ verdict() {
     ' "$1"
 }
 
+# Options for node in front of the suite: the bearer preload when a token is given.
+preload=()
+if [[ -n "${CONFORMANCE_BEARER_TOKEN:-}" ]]; then
+    preload=(--require "$repo/tests/interop/bearer.cjs")
+    export CONFORMANCE_URL="$url"
+fi
+
 start=$SECONDS
 incomplete=0
 for s in "${scenarios[@]}"; do
@@ -113,7 +125,7 @@ for s in "${scenarios[@]}"; do
         mkdir -p "$out/$s"
         t0=$SECONDS
         rc=0
-        timeout -k 5 "$t" "$node22" "$suite" server --url "$url" --scenario "$s" -o "$out/$s" \
+        timeout -k 5 "$t" "$node22" "${preload[@]}" "$suite" server --url "$url" --scenario "$s" -o "$out/$s" \
             >"$out/$s.log" 2>&1 </dev/null || rc=$?
         took=$((SECONDS - t0))
         checks="$(find "$out/$s" -mindepth 2 -maxdepth 2 -path "$out/$s/server-*/checks.json" | sort | tail -n 1)"

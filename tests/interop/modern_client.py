@@ -2,7 +2,7 @@
 
 Usage:
     python modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]
-    python modern_client.py [--era modern|legacy] [--big BYTES] --url URL
+    python modern_client.py [--era modern|legacy] [--big BYTES] [--header NAME=VALUE]... --url URL
 
 Spawns CMD with the SDK's stdio client (`mcp.Client(StdioServerParameters(...))`) and runs a
 fixed set of checks against the tools/resource/prompt of tests/interop/modern_server.py:
@@ -19,6 +19,8 @@ as one SSE event is accepted. Cannot be combined with --transcript (that relay i
 Over HTTP a modern (2026-07-28) request is one POST carrying MCP-Protocol-Version, Mcp-Method and
 (tools/call, prompts/get, resources/read) Mcp-Name headers, no session; a legacy session is
 `initialize` -> Mcp-Session-Id, a GET stream after `notifications/initialized`, DELETE at the end.
+Each --header NAME=VALUE (repeatable, --url only) is sent on every HTTP request, e.g.
+`Authorization=Bearer <token>` for `mcpmesh gateway`.
 
 --big BYTES: one more check at the end: echo a payload of exactly BYTES UTF-8 bytes of awkward
 text (2/3/4-byte characters, combining marks, U+2028/U+2029, quotes, backslashes, control
@@ -298,18 +300,27 @@ async def run_checks(
     report: Report,
     url: str | None = None,
     big: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> None:
+    import contextlib
+
     import anyio
     import mcp_types as types
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
+    http_client = None
     if url is not None:
         from mcp.client.streamable_http import streamable_http_client
 
-        # No http_client: the SDK makes its default one (create_mcp_http_client: 30 s timeouts,
-        # 300 s read) and closes it; terminate_on_close (default) sends the DELETE of a session.
-        inner = streamable_http_client(url, max_sse_event_size=None)
+        # Without headers, no http_client: the SDK makes its default one (create_mcp_http_client:
+        # 30 s timeouts, 300 s read) and closes it; with them, the same kind of client, closed
+        # here. terminate_on_close (default) sends the DELETE of a session.
+        if headers:
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            http_client = create_mcp_http_client(headers=headers)
+        inner = streamable_http_client(url, http_client=http_client, max_sse_event_size=None)
     else:
         if transcript is not None:
             cmd = [sys.executable, os.path.abspath(__file__), "--relay", transcript, "--", *cmd]
@@ -346,8 +357,9 @@ async def run_checks(
     # scope of its own (anyio scope nesting); the connect is bounded by the caller's overall
     # fail_after plus the SDK's own timeouts (discover: 10 s, initialize: read_timeout_seconds).
     connected = False
+    own_client = http_client if http_client is not None else contextlib.nullcontext()
     try:
-        async with client:
+        async with own_client, client:
             connected = True
             await session_checks(era, client, tap, elicitations, step)
             if big is not None:
@@ -509,10 +521,12 @@ async def big_check(client: Any, size: int, step: Any) -> None:
     await step("big", big, BIG_TIMEOUT)
 
 
-def parse_args(argv: list[str]) -> tuple[str, str | None, list[str], str | None, int | None]:
+def parse_args(
+    argv: list[str],
+) -> tuple[str, str | None, list[str], str | None, int | None, dict[str, str]]:
     usage = (
         "usage: modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]\n"
-        "       modern_client.py [--era modern|legacy] [--big BYTES] --url URL"
+        "       modern_client.py [--era modern|legacy] [--big BYTES] [--header NAME=VALUE]... --url URL"
     )
     if "--" in argv:
         split = argv.index("--")
@@ -520,6 +534,7 @@ def parse_args(argv: list[str]) -> tuple[str, str | None, list[str], str | None,
     else:
         opts, cmd = argv, []
     era, transcript, url, big = "modern", None, None, None
+    headers: dict[str, str] = {}
     i = 0
     while i < len(opts):
         if opts[i] == "--era" and i + 1 < len(opts) and opts[i + 1] in ("modern", "legacy"):
@@ -528,6 +543,11 @@ def parse_args(argv: list[str]) -> tuple[str, str | None, list[str], str | None,
             transcript = opts[i + 1]
         elif opts[i] == "--url" and i + 1 < len(opts):
             url = opts[i + 1]
+        elif opts[i] == "--header" and i + 1 < len(opts) and "=" in opts[i + 1]:
+            name, _, value = opts[i + 1].partition("=")
+            if not name.strip():
+                sys.exit(usage)
+            headers[name.strip()] = value
         elif opts[i] == "--big" and i + 1 < len(opts) and opts[i + 1].isdigit() and int(opts[i + 1]) > 0:
             big = int(opts[i + 1])
         else:
@@ -536,16 +556,16 @@ def parse_args(argv: list[str]) -> tuple[str, str | None, list[str], str | None,
     if url is not None:
         if "--" in argv or transcript is not None:
             sys.exit(usage)  # --url replaces the command, and the transcript relay is stdio-only
-    elif "--" not in argv or not cmd:
-        sys.exit(usage)
-    return era, transcript, cmd, url, big
+    elif "--" not in argv or not cmd or headers:
+        sys.exit(usage)  # headers are for --url
+    return era, transcript, cmd, url, big, headers
 
 
 def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] == ["--relay"] and len(argv) >= 4 and argv[2] == "--":
         return relay_main(argv[1], argv[3:])
-    era, transcript, cmd, url, big = parse_args(argv)
+    era, transcript, cmd, url, big, headers = parse_args(argv)
 
     import anyio
 
@@ -555,7 +575,7 @@ def main() -> int:
     async def run() -> None:
         try:
             with anyio.fail_after(total):
-                await run_checks(era, cmd, transcript, report, url, big)
+                await run_checks(era, cmd, transcript, report, url, big, headers)
         except TimeoutError:
             report.fail("session", f"overall timeout {total}s")
 

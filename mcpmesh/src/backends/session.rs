@@ -191,7 +191,8 @@ impl Host<'_> {
     /// Pumps the session between the mesh `transport` and the server until either side ends
     /// (or shutdown, or a sever), then ends the client's side, runs `teardown` with how long
     /// the server may still take to go, and writes the session's records. With `stamp`, each
-    /// request carries the caller's identity in `params._meta` (the only edit to any frame).
+    /// request carries the caller's identity in `params._meta`, and no frame keeps a
+    /// caller's `mcpmesh/*` member in any `_meta` (the only edits to any frame).
     #[allow(clippy::too_many_arguments)]
     pub async fn pump<R, W, SR, SW, T, F>(
         &self,
@@ -361,8 +362,8 @@ impl Observer for ServerSent<'_> {
 }
 
 /// A line the ledger let through, as the server gets it (see [`PeerStamp::apply`]). A request
-/// that cannot carry the identity is answered `-32600` here, and `refused` told so; such a
-/// notification is dropped.
+/// that cannot carry the identity is answered `-32600` here, and `refused` told so; any other
+/// frame that cannot be cleaned is dropped (a response is not answered).
 fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64)) -> Verdict {
     let error = match stamp.apply(line) {
         Ok(Some(mut line)) => {
@@ -373,7 +374,11 @@ fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64))
         Err(e) => e,
     };
     // The rare refusal is the only path that looks at the frame a second time.
-    match jsonrpc::peek(line).and_then(|p| p.id) {
+    let peek = jsonrpc::peek(line);
+    match peek
+        .filter(|p| p.kind() == jsonrpc::Kind::Request)
+        .and_then(|p| p.id)
+    {
         Some(id) => {
             refused(id, ErrorCode::InvalidRequest.code());
             Verdict::Answer(
@@ -384,5 +389,46 @@ fn stamped(stamp: &PeerStamp, line: &[u8], refused: impl FnOnce(&RawValue, i64))
             )
         }
         None => Verdict::Answer(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp() -> PeerStamp {
+        PeerStamp::new(&PeerIdentity {
+            endpoint: [1; 32],
+            name: "carol".into(),
+            user_id: None,
+            groups: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_stamped_is_answered_and_a_response_is_dropped() {
+        let mut refused = Vec::new();
+        let verdict = stamped(
+            &stamp(),
+            br#"{"id":9,"method":"m","params":[1]}"#,
+            |id, code| {
+                refused.push((id.get().to_owned(), code));
+            },
+        );
+        let Verdict::Answer(answer) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert!(String::from_utf8_lossy(&answer).contains(r#""id":9"#));
+        assert_eq!(refused, [("9".to_owned(), -32600)]);
+
+        // A caller's broken answer to the server's request 9 is not answered back as if it
+        // were the caller's own request 9.
+        let verdict = stamped(&stamp(), br#"{"id":9,"result":{"_meta":[]}}"#, |_, _| {
+            panic!("a response is never refused as a request")
+        });
+        assert!(
+            matches!(&verdict, Verdict::Answer(a) if a.is_empty()),
+            "{verdict:?}"
+        );
     }
 }

@@ -1,16 +1,23 @@
 //! Writing the caller's identity into a request's `params._meta["mcpmesh/peer"]`: the one
 //! change the node makes to a frame (DESIGN §5, `socket` and `url` backends).
 //!
-//! A frame is edited as raw bytes: the spans of `params`, `_meta` and its members are located
-//! with borrowed [`RawValue`]s, caller-supplied `mcpmesh/*` members of `_meta` are cut out, and
-//! the node's member is spliced in. Every other byte of the frame — key order, spacing,
-//! escapes, number spellings — is left exactly as the caller wrote it.
+//! `mcpmesh/*` members of `_meta` are the node's alone, so every one the caller wrote is cut
+//! out, whatever the frame: from `params._meta` of requests, notifications and method-less
+//! frames, `result._meta` of responses and `error.data._meta` of errors. Requests then get the
+//! node's member. A frame is edited as raw bytes: the spans of `params`, `_meta` and its
+//! members are located with borrowed [`RawValue`]s, and every other byte — key order,
+//! spacing, escapes, number spellings — is left exactly as the caller wrote it.
+//!
+//! The frame is parsed once, here: the pass that tells its kind also finds `params` and walks
+//! `result` and `error` down to their `_meta`, so a response with nothing to cut costs one
+//! pass and passes as it is.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use mcpmesh_net::PeerIdentity;
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The `_meta` key the node owns.
@@ -18,18 +25,17 @@ pub const PEER_KEY: &str = "mcpmesh/peer";
 /// Every `_meta` key under this prefix is the node's; a caller's are removed.
 const RESERVED_PREFIX: &str = "mcpmesh/";
 
-/// Why a frame cannot carry the identity; answered `-32600` to the caller.
+/// Why a frame cannot be passed on; a request is answered `-32600`, anything else dropped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StampError {
     #[error("params must be an object")]
     ParamsNotObject,
-    #[error("params._meta must be an object")]
+    #[error("_meta must be an object")]
     MetaNotObject,
-    #[error("params has more than one _meta member")]
-    DuplicateMeta,
-    #[error("the request has more than one params member")]
-    DuplicateParams,
-    #[error("params is not valid JSON")]
+    /// A member a server would read only one of (which one differs between parsers).
+    #[error("{0} appears more than once")]
+    Repeated(&'static str),
+    #[error("the message is not valid JSON")]
     Malformed,
 }
 
@@ -54,11 +60,15 @@ impl PeerStamp {
     }
 
     /// `line` (one JSON object, no newline) as the server gets it: a request with its identity
-    /// member set, a notification without caller-supplied `mcpmesh/*` members; `None` when it
-    /// passes as it is (a response, or a notification with nothing to cut). The frame is
-    /// parsed once, here: what kind it is comes from the same pass that finds `params`.
+    /// member set, any other frame without caller-supplied `mcpmesh/*` members; `None` when it
+    /// passes as it is (nothing to cut from a frame that is not a request).
     pub fn apply(&self, line: &[u8]) -> Result<Option<Vec<u8>>, StampError> {
-        Ok(edit_for(line, &self.member)?.map(|e| e.apply(line)))
+        let mut edits = edits_for(line, &self.member)?;
+        if edits.is_empty() {
+            return Ok(None);
+        }
+        edits.sort_unstable_by_key(|e| e.start);
+        Ok(Some(splice(line, &edits)))
     }
 }
 
@@ -69,82 +79,103 @@ struct Edit {
     text: String,
 }
 
-impl Edit {
-    fn apply(&self, line: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(line.len() + self.text.len());
-        out.extend_from_slice(&line[..self.start]);
-        out.extend_from_slice(self.text.as_bytes());
-        out.extend_from_slice(&line[self.end..]);
-        out
+/// `line` with each of `edits` (in order, not overlapping) made.
+fn splice(line: &[u8], edits: &[Edit]) -> Vec<u8> {
+    let grown: usize = edits.iter().map(|e| e.text.len()).sum();
+    let mut out = Vec::with_capacity(line.len() + grown);
+    let mut at = 0;
+    for edit in edits {
+        out.extend_from_slice(&line[at..edit.start]);
+        out.extend_from_slice(edit.text.as_bytes());
+        at = edit.end;
     }
+    out.extend_from_slice(&line[at..]);
+    out
 }
 
-fn edit_for(line: &[u8], identity: &str) -> Result<Option<Edit>, StampError> {
+fn edits_for(line: &[u8], identity: &str) -> Result<Vec<Edit>, StampError> {
     let line = std::str::from_utf8(line).map_err(|_| StampError::Malformed)?;
-    let top = Members::parse(line)?;
-    let has = |key: &str| top.0.iter().any(|(k, _)| k == key);
-    if !has("method") {
-        return Ok(None); // a response: the caller answering the server
+    let frame: Frame = serde_json::from_str(line).map_err(|_| StampError::Malformed)?;
+    if let Some(name) = frame.repeated {
+        return Err(StampError::Repeated(name));
     }
-    // Requests carry the identity; notifications only lose forgeries.
-    let member = has("id").then_some(identity);
-    let mut all_params = top.0.iter().filter(|(k, _)| k == "params");
-    let params = all_params.next().map(|(_, v)| *v);
-    if all_params.next().is_some() {
-        return Err(StampError::DuplicateParams);
+    // Requests carry the identity; every other frame only loses forgeries.
+    let member = (frame.method && frame.id).then_some(identity);
+    let mut edits = Vec::new();
+    match (frame.params.filter(|p| p.get() != "null"), member) {
+        (Some(params), _) => edits.extend(params_edit(line, params, member)?),
+        (None, Some(member)) => edits.push(new_params(line, &frame, member)?),
+        (None, None) => {}
     }
-    let Some(params) = params.filter(|p| p.get() != "null") else {
-        let Some(member) = member else {
-            return Ok(None);
-        };
-        let text = format!("{{\"_meta\":{{{member}}}}}");
-        return Ok(Some(match params {
-            // `"params":null` becomes the object.
-            Some(null) => {
-                let start = offset_in(line, null.get());
-                Edit {
-                    start,
-                    end: start + null.get().len(),
-                    text,
-                }
+    for meta in [frame.result_meta, frame.data_meta].into_iter().flatten() {
+        edits.extend(meta_edit(line, meta, None)?);
+    }
+    Ok(edits)
+}
+
+/// A request without `params` (or with `"params":null`) gets one holding only the identity.
+fn new_params(line: &str, frame: &Frame, member: &str) -> Result<Edit, StampError> {
+    let text = format!("{{\"_meta\":{{{member}}}}}");
+    Ok(match frame.params {
+        // `"params":null` becomes the object.
+        Some(null) => {
+            let start = offset_in(line, null.get());
+            Edit {
+                start,
+                end: start + null.get().len(),
+                text,
             }
-            // No params: a member before the frame's closing brace.
-            None => {
-                let close = closing_brace(line.as_bytes()).ok_or(StampError::Malformed)?;
-                let comma = if top.0.is_empty() { "" } else { "," };
-                Edit {
-                    start: close,
-                    end: close,
-                    text: format!("{comma}\"params\":{text}"),
-                }
+        }
+        // No params: a member before the frame's closing brace.
+        None => {
+            let close = closing_brace(line.as_bytes()).ok_or(StampError::Malformed)?;
+            let comma = if frame.members == 0 { "" } else { "," };
+            Edit {
+                start: close,
+                end: close,
+                text: format!("{comma}\"params\":{text}"),
             }
-        }));
-    };
+        }
+    })
+}
+
+/// The edit of the object `params`: its `_meta` cleaned, and `member` added when given.
+fn params_edit(
+    line: &str,
+    params: &RawValue,
+    member: Option<&str>,
+) -> Result<Option<Edit>, StampError> {
     let text = params.get();
     if !text.starts_with('{') {
         return Err(StampError::ParamsNotObject);
     }
-    let base = offset_in(line, text);
-    let members = Members::parse(text)?;
-    let mut metas = members.0.iter().filter(|(k, _)| k == "_meta");
-    let meta = metas.next();
-    if metas.next().is_some() {
-        return Err(StampError::DuplicateMeta);
+    let holder: MetaOf = serde_json::from_str(text).map_err(|_| StampError::Malformed)?;
+    if holder.repeated {
+        return Err(StampError::Repeated("_meta"));
     }
-    let Some((_, meta)) = meta else {
-        let Some(member) = member else {
-            return Ok(None);
-        };
-        let comma = if members.0.is_empty() { "" } else { "," };
-        let close = base + text.len() - 1;
-        return Ok(Some(Edit {
+    if let Some(meta) = holder.meta {
+        return meta_edit(line, meta, member);
+    }
+    Ok(member.map(|member| {
+        let comma = if holder.members == 0 { "" } else { "," };
+        let close = offset_in(line, text) + text.len() - 1;
+        Edit {
             start: close,
             end: close,
             text: format!("{comma}\"_meta\":{{{member}}}"),
-        }));
-    };
+        }
+    }))
+}
+
+/// The edit of one `_meta` value: the caller's `mcpmesh/*` members cut out and `member`
+/// appended when given; `None` when there is nothing to do.
+fn meta_edit(
+    line: &str,
+    meta: &RawValue,
+    member: Option<&str>,
+) -> Result<Option<Edit>, StampError> {
     let meta_text = meta.get();
-    let meta_start = base + offset_in(text, meta_text);
+    let meta_start = offset_in(line, meta_text);
     let meta_end = meta_start + meta_text.len();
     if meta_text == "null" {
         return Ok(member.map(|m| Edit {
@@ -203,6 +234,210 @@ fn offset_in(whole: impl AsRef<[u8]>, part: &str) -> usize {
 fn closing_brace(line: &[u8]) -> Option<usize> {
     let last = line.iter().rposition(|b| !b.is_ascii_whitespace())?;
     (line[last] == b'}').then_some(last)
+}
+
+/// What the one pass over a frame finds: its kind, `params`, and the `_meta` of `result` and
+/// of `error.data`. Everything else is skipped, not kept.
+#[derive(Default)]
+struct Frame<'a> {
+    members: usize,
+    method: bool,
+    id: bool,
+    params: Option<&'a RawValue>,
+    result_meta: Option<&'a RawValue>,
+    data_meta: Option<&'a RawValue>,
+    /// The first member that appears twice where a server would read only one of them.
+    repeated: Option<&'static str>,
+}
+
+impl Frame<'_> {
+    fn note_repeated(&mut self, repeated: bool, name: &'static str) {
+        if repeated {
+            self.repeated.get_or_insert(name);
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Frame<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FrameVisitor;
+        impl<'de> Visitor<'de> for FrameVisitor {
+            type Value = Frame<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut frame = Frame::default();
+                let (mut result, mut error) = (false, false);
+                while let Some(Key(key)) = map.next_key()? {
+                    frame.members += 1;
+                    match key.as_ref() {
+                        "method" => frame.method = true,
+                        "id" => frame.id = true,
+                        "params" => {
+                            let again = frame.params.replace(map.next_value()?).is_some();
+                            frame.note_repeated(again, "params");
+                            continue;
+                        }
+                        "result" => {
+                            let holder: MetaOf = map.next_value()?;
+                            frame.result_meta = holder.meta;
+                            let again = std::mem::replace(&mut result, true);
+                            frame.note_repeated(again, "result");
+                            frame.note_repeated(holder.repeated, "_meta");
+                            continue;
+                        }
+                        "error" => {
+                            let body: ErrorOf = map.next_value()?;
+                            frame.data_meta = body.data.meta;
+                            let again = std::mem::replace(&mut error, true);
+                            frame.note_repeated(again, "error");
+                            frame.note_repeated(body.repeated, "error.data");
+                            frame.note_repeated(body.data.repeated, "_meta");
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    map.next_value::<IgnoredAny>()?;
+                }
+                Ok(frame)
+            }
+        }
+        deserializer.deserialize_map(FrameVisitor)
+    }
+}
+
+/// An object that may hold `_meta` (`params`, `result`, `error.data`), walked in the same
+/// pass as its frame. Any other value holds none.
+#[derive(Default)]
+struct MetaOf<'a> {
+    members: usize,
+    meta: Option<&'a RawValue>,
+    repeated: bool,
+}
+
+impl<'de> Deserialize<'de> for MetaOf<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MetaVisitor;
+        impl<'de> Visitor<'de> for MetaVisitor {
+            type Value = MetaOf<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut holder = MetaOf::default();
+                while let Some(Key(key)) = map.next_key()? {
+                    holder.members += 1;
+                    if key == "_meta" {
+                        let meta = map.next_value()?;
+                        holder.repeated |= holder.meta.replace(meta).is_some();
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(holder)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| MetaOf::default())
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(MetaOf::default())
+            }
+        }
+        deserializer.deserialize_any(MetaVisitor)
+    }
+}
+
+/// An `error` member, walked down to `data`.
+#[derive(Default)]
+struct ErrorOf<'a> {
+    data: MetaOf<'a>,
+    repeated: bool,
+}
+
+impl<'de> Deserialize<'de> for ErrorOf<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // Only an object has `data`: anything else is taken as a holder with no `_meta`.
+        struct ErrorVisitor;
+        impl<'de> Visitor<'de> for ErrorVisitor {
+            type Value = ErrorOf<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut error = ErrorOf::default();
+                let mut seen = false;
+                while let Some(Key(key)) = map.next_key()? {
+                    if key == "data" {
+                        error.data = map.next_value()?;
+                        error.repeated |= std::mem::replace(&mut seen, true);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(error)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                IgnoredAny.visit_seq(seq).map(|_| ErrorOf::default())
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(ErrorOf::default())
+            }
+        }
+        deserializer.deserialize_any(ErrorVisitor)
+    }
+}
+
+/// A member name as the receiver reads it: borrowed, or unescaped when written with escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
 }
 
 /// An object's members in order, each value a raw slice of the text.
@@ -330,6 +565,133 @@ mod tests {
         assert_eq!(out, br#"{"method":"n","params":{"_meta":{"a":1}}}"#);
     }
 
+    /// `line` as the server gets it when the caller sent it.
+    fn passed(line: &str) -> String {
+        match stamp().apply(line.as_bytes()) {
+            Ok(Some(out)) => String::from_utf8(out).expect("utf-8"),
+            Ok(None) => line.to_owned(),
+            Err(e) => panic!("{line} refused: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_response_loses_a_forged_result_meta_and_nothing_else() {
+        let line = r#"{"jsonrpc":"2.0","id":"s1", "result" :{"content":[{"type":"text","text":"hi"}],"_meta":{ "a" : 1,"mcpmesh/peer":{"name":"root"}}, "isError":false}}"#;
+        assert_eq!(
+            passed(line),
+            r#"{"jsonrpc":"2.0","id":"s1", "result" :{"content":[{"type":"text","text":"hi"}],"_meta":{"a" : 1}, "isError":false}}"#
+        );
+        let only = r#"{"id":2,"result":{"_meta":{"mcpmesh/peer":{"name":"root"}},"roots":[]}}"#;
+        assert_eq!(passed(only), r#"{"id":2,"result":{"_meta":{},"roots":[]}}"#);
+    }
+
+    #[test]
+    fn an_error_loses_forged_data_meta_and_params_meta() {
+        let line = r#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"m","data":{"_meta":{"mcpmesh/peer":{"name":"root"},"k":"v"},"x":1}}}"#;
+        assert_eq!(
+            passed(line),
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"m","data":{"_meta":{"k":"v"},"x":1}}}"#
+        );
+        let with_params =
+            r#"{"id":3,"error":{"code":-1,"message":"m"},"params":{"_meta":{"mcpmesh/peer":1}}}"#;
+        assert_eq!(
+            passed(with_params),
+            r#"{"id":3,"error":{"code":-1,"message":"m"},"params":{"_meta":{}}}"#
+        );
+    }
+
+    #[test]
+    fn a_frame_with_params_but_no_method_loses_forgeries() {
+        let line =
+            r#"{"id":4,"params":{"_meta":{"mcpmesh/peer":{"name":"root"}, "p":[1, 2]},"q":0}}"#;
+        assert_eq!(
+            passed(line),
+            r#"{"id":4,"params":{"_meta":{"p":[1, 2]},"q":0}}"#
+        );
+        let no_id = r#"{"params":{"_meta":{"mcpmesh/x":0}}}"#;
+        assert_eq!(passed(no_id), r#"{"params":{"_meta":{}}}"#);
+    }
+
+    #[test]
+    fn a_notification_loses_forgeries_and_keeps_its_spacing() {
+        let line = r#"{ "method" : "notifications/progress", "params" : { "progressToken" : 1, "_meta" : { "mcpmesh/peer" : { }, "t" : 2 } } }"#;
+        assert_eq!(
+            passed(line),
+            r#"{ "method" : "notifications/progress", "params" : { "progressToken" : 1, "_meta" : {"t" : 2} } }"#
+        );
+    }
+
+    #[test]
+    fn every_meta_of_one_frame_is_cleaned() {
+        let line = r#"{"id":5,"result":{"_meta":{"mcpmesh/a":1}},"error":{"data":{"_meta":{"mcpmesh/b":2,"c":3}}},"params":{"_meta":{"mcpmesh/d":4}}}"#;
+        assert_eq!(
+            passed(line),
+            r#"{"id":5,"result":{"_meta":{}},"error":{"data":{"_meta":{"c":3}}},"params":{"_meta":{}}}"#
+        );
+    }
+
+    #[test]
+    fn frames_with_nothing_to_cut_pass_as_they_are() {
+        for line in [
+            r#"{"id":1,"result":{}}"#,
+            r#"{"id":1,"result":"text"}"#,
+            r#"{"id":1,"result":[{"_meta":{"mcpmesh/peer":1}}]}"#,
+            r#"{"id":1,"result":{"_meta":{"a":1},"content":[{"_meta":{"mcpmesh/peer":1}}]}}"#,
+            r#"{"id":1,"result":{"_meta":null}}"#,
+            r#"{"id":1,"error":{"code":-1,"message":"m","data":"x"}}"#,
+            r#"{"id":1,"error":{"code":-1,"message":"m","data":{"_meta":{"b":2}}}}"#,
+            r#"{"method":"n","params":{"_meta":{"a":1}}}"#,
+        ] {
+            assert_eq!(stamp().apply(line.as_bytes()), Ok(None), "{line}");
+        }
+    }
+
+    #[test]
+    fn names_written_with_escapes_are_read_as_a_server_reads_them() {
+        let line = r#"{"id":1,"res\u0075lt":{"_m\u0065ta":{"mcpmesh\/peer":1,"a":2}}}"#;
+        assert_eq!(
+            passed(line),
+            r#"{"id":1,"res\u0075lt":{"_m\u0065ta":{"a":2}}}"#
+        );
+    }
+
+    #[test]
+    fn a_member_a_server_would_read_only_once_is_refused_when_repeated() {
+        for (line, name) in [
+            (
+                r#"{"id":1,"result":{},"result":{"_meta":{"mcpmesh/peer":1}}}"#,
+                "result",
+            ),
+            (
+                r#"{"id":1,"result":{"_meta":{},"_meta":{"mcpmesh/peer":1}}}"#,
+                "_meta",
+            ),
+            (r#"{"id":1,"error":{"code":1},"error":{"code":2}}"#, "error"),
+            (
+                r#"{"id":1,"error":{"data":{},"data":{"_meta":{}}}}"#,
+                "error.data",
+            ),
+            (
+                r#"{"id":1,"error":{"data":{"_meta":{},"_meta":{}}}}"#,
+                "_meta",
+            ),
+            (
+                r#"{"method":"n","params":{},"params":{"_meta":{}}}"#,
+                "params",
+            ),
+        ] {
+            assert_eq!(
+                stamp().apply(line.as_bytes()),
+                Err(StampError::Repeated(name)),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            stamp().apply(br#"{"id":1,"result":{"_meta":"x"}}"#),
+            Err(StampError::MetaNotObject)
+        );
+    }
+
     #[test]
     fn frames_that_cannot_carry_it_are_refused() {
         assert_eq!(
@@ -342,11 +704,11 @@ mod tests {
         );
         assert_eq!(
             stamped(r#"{"id":1,"method":"m","params":{"_meta":{},"_meta":{"mcpmesh/peer":1}}}"#),
-            Err(StampError::DuplicateMeta)
+            Err(StampError::Repeated("_meta"))
         );
         assert_eq!(
             stamped(r#"{"id":1,"method":"m","params":null,"params":{"_meta":{"mcpmesh/peer":1}}}"#),
-            Err(StampError::DuplicateParams)
+            Err(StampError::Repeated("params"))
         );
     }
 }
