@@ -510,7 +510,7 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a == "carol")
+            .any(|a| a == "peer:carol")
     );
     let mut s = bob.connect("alice/notes");
     s.initialize().await;
@@ -522,4 +522,45 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
         config.contains("KEEP"),
         "settings made by hand survive: {config}"
     );
+}
+
+fn allow_of(node: &TestNode, service: &str) -> Vec<Value> {
+    node.json(&["status"])["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == service)
+        .unwrap()["allow"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    alice.json(&["serve", "a", "--allow", "bob", "--", STUB]);
+    alice.json(&[
+        "serve",
+        "b",
+        "--allow",
+        "peer:bob",
+        "--allow",
+        "group:bob",
+        "--",
+        STUB,
+    ]);
+    alice.json(&["peers", "rename", "bob", "robert"]);
+    assert_eq!(allow_of(&alice, "a"), [json!("peer:robert")]);
+    assert_eq!(
+        allow_of(&alice, "b"),
+        [json!("peer:robert"), json!("group:bob")]
+    );
+    alice.json(&["grant", "robert", "a"]);
+    alice.json(&["revoke", "robert", "a"]);
+    assert!(allow_of(&alice, "a").is_empty());
+    alice.json(&["peers", "remove", "robert"]);
+    assert_eq!(allow_of(&alice, "b"), [json!("group:bob")]);
 }

@@ -21,8 +21,9 @@ use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
 use crate::pairing::ALPN_PAIR;
 use crate::peers::{PeerGate, PeerTable};
+use crate::principal::{Principal, is_allowed};
 use crate::proxy;
-use crate::services::{ServiceHost, ServiceTable, is_allowed};
+use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
 
 use super::DRAIN_TIMEOUT;
@@ -213,7 +214,7 @@ impl Node {
     }
 
     /// The peers an `allow` list admits, by name.
-    pub(super) fn admitted(&self, allow: &[String]) -> Vec<String> {
+    pub(super) fn admitted(&self, allow: &[Principal]) -> Vec<String> {
         self.gate
             .snapshot()
             .all()

@@ -18,6 +18,7 @@ use crate::audit::unix_ms;
 use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
+use crate::principal::{Principal, is_allowed};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
@@ -165,7 +166,7 @@ impl Node {
         }
         let r: Remove = params_of(params)?;
         let peer = self.peer_by_name(&r.name)?;
-        let principals = vec![format!("eid:{}", peer.id), r.name.clone()];
+        let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
         let is_static = self.is_static(&r.name);
         if self.stored_peer(&peer.id).is_some() {
             self.store
@@ -187,7 +188,7 @@ impl Node {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
-        self.edit(|doc| config::add_allow(doc, &g.service, &format!("eid:{}", peer.id)))?;
+        self.edit(|doc| config::add_allow(doc, &g.service, &Principal::eid(&peer.id)))?;
         self.trust_event("grant", Some(&g.peer), Some(&g.service));
         Ok(json!({ "peer": g.peer, "service": g.service, "granted": true }))
     }
@@ -196,7 +197,7 @@ impl Node {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
-        let principals = vec![format!("eid:{}", peer.id), g.peer.clone()];
+        let principals = [Principal::eid(&peer.id), Principal::peer(&g.peer)];
         let ended =
             self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
         self.trust_event("revoke", Some(&g.peer), Some(&g.service));
@@ -207,7 +208,7 @@ impl Node {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&g.service)
-            .is_some_and(|e| crate::services::is_allowed(&e.spec.allow, &identity));
+            .is_some_and(|e| is_allowed(&e.spec.allow, &identity));
         Ok(
             json!({ "peer": g.peer, "service": g.service, "granted": still, "sessions_ended": ended }),
         )
@@ -497,7 +498,7 @@ impl Node {
         services: &[String],
     ) -> PairReply {
         let me = self.endpoint.id();
-        let principal = format!("eid:{redeemer}");
+        let principal = Principal::eid(&redeemer);
         let granted = self.edit(|doc| {
             for s in services {
                 config::add_allow(doc, s, &principal)?;
