@@ -536,6 +536,72 @@ fn allow_of(node: &TestNode, service: &str) -> Vec<Value> {
         .clone()
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nickname_an_allow_list_names_gets_a_free_name_and_nothing_that_list_grants() {
+    let m = marker("nick");
+    let alice = TestNode::start("alice");
+    alice.serve_stub("notes", &[], None, &m);
+    // Written before bob exists: meant for someone else.
+    alice.serve_stub("secret", &["eng"], None, &m);
+    let bob = TestNode::start("eng");
+    bob.json(&["pair", &invite(&alice, &["notes"])]);
+
+    let peers = alice.json(&["peers"]);
+    let entry = peers["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == bob.id)
+        .cloned()
+        .unwrap();
+    assert_eq!(entry["name"], "eng-2", "{entry}");
+    assert_eq!(entry["services"], json!(["notes"]), "{entry}");
+
+    let mut notes = bob.connect("alice/notes");
+    assert_eq!(
+        notes.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+    let mut secret = bob.connect("alice/secret");
+    let refusal = secret
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    assert_eq!(refusal["error"]["code"], -32054, "{refusal}");
+}
+
+#[test]
+fn the_redeemer_never_names_the_inviter_after_an_allow_entry() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let bob = TestNode::start("bob");
+    bob.json(&["serve", "mine", "--allow", "peer:alice", "--", STUB]);
+
+    let chosen = refused(&bob.cli(&[
+        "--json",
+        "pair",
+        &invite(&alice, &["notes"]),
+        "--name",
+        "alice",
+    ]));
+    assert_eq!(chosen["error"]["code"], 1005, "{chosen}");
+    assert!(
+        chosen["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mine"),
+        "{chosen}"
+    );
+
+    let paired = bob.json(&["pair", &invite(&alice, &["notes"])]);
+    assert_eq!(paired["peer"], "alice-2", "{paired}");
+    assert_eq!(paired["mounts"], json!(["alice-2/notes"]));
+    let mine = bob.json(&["status"])["services"][0].clone();
+    assert_eq!(mine["peers"], json!([]), "{mine}");
+}
+
 #[test]
 fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
     let alice = TestNode::start("alice");

@@ -56,19 +56,31 @@ fn sanitize(name: Option<&str>, fallback: &str) -> String {
 }
 
 impl Node {
-    /// A name for `id`: its current one if known, else `wanted`, made unique.
+    /// A name for `id`: its current one if known, else `wanted` or the first free one of
+    /// `wanted-2`, `wanted-3`… Free means no peer has it and no `allow` mentions it: a new
+    /// peer under a name an `allow` already holds would get that access unasked.
     fn name_for(&self, id: &EndpointId, wanted: &str) -> String {
         let table = self.gate.snapshot();
         if let Some(p) = table.by_id(id) {
             return p.name.clone();
         }
+        let taken = |name: &str| table.by_name(name).is_some() || self.allow_naming(name).is_some();
         let mut name = wanted.to_owned();
         let mut n = 2;
-        while table.by_name(&name).is_some() {
+        while taken(&name) {
             name = format!("{wanted}-{n}");
             n += 1;
         }
         name
+    }
+
+    /// The first service whose `allow` names the peer `name` (as `NAME` or `peer:NAME`).
+    fn allow_naming(&self, name: &str) -> Option<String> {
+        self.settings()
+            .services
+            .iter()
+            .find(|s| s.allow.iter().any(|p| p.is_peer_named(name)))
+            .map(|s| s.name.clone())
     }
 
     fn peer_by_name(&self, name: &str) -> Result<crate::config::PeerSpec, ControlError> {
@@ -309,18 +321,7 @@ impl Node {
         }
         let wanted = match &r.name {
             Some(n) => {
-                check_name(n)?;
-                if self
-                    .gate
-                    .snapshot()
-                    .by_name(n)
-                    .is_some_and(|p| p.id != inviter)
-                {
-                    return Err(ControlError::new(
-                        codes::CONFLICT,
-                        format!("the name {n} is taken; pick another with --name"),
-                    ));
-                }
+                self.check_chosen_name(n, &inviter)?;
                 n.clone()
             }
             None => sanitize(invite.nick.as_deref(), "peer"),
@@ -363,6 +364,7 @@ impl Node {
             return Err(refusal(reply));
         }
         let name = if r.name.is_some() {
+            self.check_chosen_name(&wanted, &inviter)?;
             wanted
         } else {
             self.name_for(&inviter, &wanted)
@@ -415,6 +417,32 @@ impl Node {
             .map(|s| format!("{name}/{s}"))
             .collect();
         Ok(json!({ "peer": name, "code": code, "services": reply.services, "mounts": mounts }))
+    }
+
+    /// A name the user chose for the inviter with `--name`: refused when another peer has it,
+    /// or when an `allow` names it (the inviter would get that access unasked), unless it is
+    /// already the inviter's own name.
+    fn check_chosen_name(&self, name: &str, inviter: &EndpointId) -> Result<(), ControlError> {
+        check_name(name)?;
+        let table = self.gate.snapshot();
+        if table.by_id(inviter).is_some_and(|p| p.name == name) {
+            return Ok(());
+        }
+        if table.by_name(name).is_some() {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("the name {name} is taken; pick another with --name"),
+            ));
+        }
+        if let Some(service) = self.allow_naming(name) {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!(
+                    "the allow list of {service} names {name}: the inviter would be let in under that name; pick another with --name"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Settles pairings left pending by a crash: the inviter answers our ping only if it
