@@ -630,3 +630,63 @@ fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
     alice.json(&["peers", "remove", "robert"]);
     assert_eq!(allow_of(&alice, "b"), [json!("group:bob")]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_warns_of_allow_entries_that_match_nobody() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let carol = TestNode::start("carol");
+    alice.trust(&bob);
+    alice.json(&["serve", "notes", "--", STUB]);
+    carol.json(&["pair", &invite(&alice, &["notes"])]);
+    alice.json(&[
+        "serve",
+        "x",
+        "--allow",
+        "bob",
+        "--allow",
+        "group:x",
+        "--allow",
+        "peer:ghost",
+        "--allow",
+        "user:u1",
+        "--",
+        STUB,
+    ]);
+    let warned = |alice: &TestNode| -> Vec<String> {
+        let report = alice.json(&["doctor"]);
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["status"] == "warn")
+            .map(|c| c["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let running = warned(&alice);
+    // Stopped: the peers come from config and the store, once the node let go of it.
+    let pid = alice.daemon_pid();
+    alice.json(&["down"]);
+    assert!(wait_exit(pid, ANSWER_TIMEOUT).await, "the node exits");
+    for warnings in [running, warned(&alice)] {
+        for entry in ["group:x", "peer:ghost", "user:u1"] {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.contains("services.x.allow") && w.contains(entry)),
+                "{entry}: {warnings:?}"
+            );
+        }
+        assert!(
+            warnings.iter().any(|w| w.contains("roster")),
+            "{warnings:?}"
+        );
+        // bob (config) and carol (paired, by key) are real.
+        assert!(
+            !warnings
+                .iter()
+                .any(|w| w.contains("peer:bob") || w.contains("eid:")),
+            "{warnings:?}"
+        );
+    }
+}

@@ -101,6 +101,13 @@ impl Store {
         Ok(Store { db })
     }
 
+    /// The peers in the store at `path`, read without taking it over; for tools that run
+    /// beside a stopped node. Fails while a node has the store open.
+    pub fn read_peers(path: &Path) -> Result<Vec<StoredPeer>, StoreError> {
+        let db = redb::ReadOnlyDatabase::open(path).map_err(err)?;
+        all_in(&db, PEERS)
+    }
+
     pub fn peers(&self) -> Result<Vec<StoredPeer>, StoreError> {
         self.all(PEERS)
     }
@@ -271,14 +278,7 @@ impl Store {
         &self,
         def: TableDefinition<K, &'static [u8]>,
     ) -> Result<Vec<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(err)?;
-        let table = txn.open_table(def).map_err(err)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(err)? {
-            let (_, v) = row.map_err(err)?;
-            out.push(decode(v.value())?);
-        }
-        Ok(out)
+        all_in(&self.db, def)
     }
 
     fn write(
@@ -289,6 +289,21 @@ impl Store {
         f(&txn)?;
         txn.commit().map_err(err)
     }
+}
+
+/// Every value of table `def`, decoded.
+fn all_in<K: redb::Key + 'static, T: DeserializeOwned>(
+    db: &impl ReadableDatabase,
+    def: TableDefinition<K, &'static [u8]>,
+) -> Result<Vec<T>, StoreError> {
+    let txn = db.begin_read().map_err(err)?;
+    let table = txn.open_table(def).map_err(err)?;
+    let mut out = Vec::new();
+    for row in table.iter().map_err(err)? {
+        let (_, v) = row.map_err(err)?;
+        out.push(decode(v.value())?);
+    }
+    Ok(out)
 }
 
 fn insert_pairing(txn: &redb::WriteTransaction, p: &Pairing) -> Result<(), StoreError> {
