@@ -524,6 +524,51 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
     );
 }
 
+/// One pairing exchange spoken by hand, as a redeemer (honest or not) would.
+struct RawPairing {
+    conn: iroh::endpoint::Connection,
+    wire: mcpmesh_net::transport::NdjsonTransport<
+        iroh::endpoint::RecvStream,
+        iroh::endpoint::SendStream,
+    >,
+}
+
+impl RawPairing {
+    async fn open(ep: &iroh::Endpoint, inviter: iroh::EndpointId) -> Self {
+        let conn = ep
+            .connect(inviter, mcpmesh::pairing::ALPN_PAIR)
+            .await
+            .unwrap();
+        let (send, recv) = conn.open_bi().await.unwrap();
+        let wire = mcpmesh_net::transport::NdjsonTransport::new(recv, send, 4096);
+        RawPairing { conn, wire }
+    }
+
+    async fn ask(&mut self, message: Value) -> Value {
+        self.wire.send_value(message).await.unwrap();
+        tokio::time::timeout(ANSWER_TIMEOUT, self.wire.recv_value())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("an answer before the stream ends")
+    }
+
+    fn close(self) {
+        self.conn.close(0u32.into(), b"done");
+    }
+}
+
+/// A hello for `invite` from `redeemer`, proving `secret`.
+fn hello(invite: &Invite, secret: &[u8; 32], redeemer: &iroh::EndpointId, nick: &str) -> Value {
+    let inviter: iroh::EndpointId = invite.id.parse().unwrap();
+    json!({
+        "pair": 1,
+        "invite": invite.iid,
+        "proof": mcpmesh::pairing::proof(secret, &inviter, redeemer),
+        "nick": nick,
+    })
+}
+
 fn allow_of(node: &TestNode, service: &str) -> Vec<Value> {
     node.json(&["status"])["services"]
         .as_array()
@@ -689,4 +734,53 @@ async fn doctor_warns_of_allow_entries_that_match_nobody() {
             "{warnings:?}"
         );
     }
+}
+
+/// A fresh node named bob redeems `line`.
+fn bob_pairs(line: &str) {
+    let bob = TestNode::start("bob");
+    assert_eq!(bob.json(&["pair", line])["peer"], "alice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attempts_with_an_unknown_invite_write_nothing_and_a_wrong_secret_counts() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let line = invite(&alice, &["notes"]);
+    let real = Invite::decode(&line).unwrap();
+    let store = alice.home().join("state/mcpmesh.redb");
+    let before = std::fs::read(&store).unwrap();
+
+    let (ep, target) = raw_client(&alice, false).await;
+    let mut unknown = real.clone();
+    unknown.iid = "0".repeat(32);
+    for _ in 0..30 {
+        let mut attempt = RawPairing::open(&ep, target).await;
+        let reply = attempt
+            .ask(hello(&unknown, &[1; 32], &ep.id(), "stranger"))
+            .await;
+        attempt.close();
+        assert_eq!(reply["ok"], false, "{reply}");
+        assert!(
+            reply["error"].as_str().unwrap().contains("unknown invite"),
+            "{reply}"
+        );
+    }
+    assert!(
+        std::fs::read(&store).unwrap() == before,
+        "attempts with an unknown invite wrote to the store"
+    );
+
+    let mut wrong = RawPairing::open(&ep, target).await;
+    let reply = wrong
+        .ask(hello(&real, &[1; 32], &ep.id(), "stranger"))
+        .await;
+    wrong.close();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        std::fs::read(&store).unwrap() != before,
+        "a wrong secret for a real invite is counted"
+    );
+    // The invite still works: a wrong secret never burns it.
+    bob_pairs(&line);
 }

@@ -141,6 +141,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         dialer,
         shutdown: shutdown.clone(),
         audit,
+        naming: Default::default(),
     });
     gate.replace(initial);
     node.apply(settings);

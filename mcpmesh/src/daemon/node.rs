@@ -42,6 +42,8 @@ pub(super) struct Node {
     pub(super) dialer: Arc<Dialer>,
     pub(super) shutdown: CancellationToken,
     pub(super) audit: AuditSink,
+    /// Held while a pairing picks a name for a new peer and stores it.
+    pub(super) naming: tokio::sync::Mutex<()>,
 }
 
 impl Node {

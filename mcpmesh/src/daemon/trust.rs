@@ -363,6 +363,9 @@ impl Node {
         if !reply.ok {
             return Err(refusal(reply));
         }
+        // The name is chosen and taken with nothing awaited in between, so no other pairing
+        // picks it meanwhile.
+        let naming = self.naming.lock().await;
         let name = if r.name.is_some() {
             self.check_chosen_name(&wanted, &inviter)?;
             wanted
@@ -381,6 +384,7 @@ impl Node {
         };
         self.store.put_peer(&peer, None).map_err(store_err)?;
         self.refresh();
+        drop(naming);
         let done =
             tokio::time::timeout(limit, exchange.ask(&pairing::PairCommit { commit: true })).await;
         exchange.close();
@@ -479,7 +483,7 @@ impl Node {
     }
 
     /// The inviter, on the hello: the proof must hold for a live invite. Nothing is stored
-    /// but a failed attempt.
+    /// but a failed attempt. Blocking (store transactions): run it off the runtime.
     fn check_redemption(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
         let me = self.endpoint.id();
         let checked = self.store.verify(
@@ -519,25 +523,67 @@ impl Node {
     /// The inviter, on `commit`: grants first (an allow entry for a key nobody trusts is
     /// inert if a crash follows), then the peer, the pairing and the used invite in one
     /// transaction.
-    fn complete_redemption(
-        &self,
+    async fn complete_redemption(
+        self: &Arc<Self>,
         redeemer: EndpointId,
-        hello: &PairHello,
-        services: &[String],
+        hello: PairHello,
+        services: Vec<String>,
     ) -> PairReply {
-        let me = self.endpoint.id();
         let principal = Principal::eid(&redeemer);
         let granted = self.edit(|doc| {
-            for s in services {
+            for s in &services {
                 config::add_allow(doc, s, &principal)?;
             }
             Ok(())
         });
         if let Err(e) = granted {
-            tracing::error!("pairing: granting services failed: {e}");
+            tracing::error!("pairing: granting services failed: {}", e.message);
             return PairReply::refused("the inviter could not record the grants");
         }
+        // Pairings take their names one at a time: two redeemers suggesting the same nickname
+        // get two names.
+        let _naming = self.naming.lock().await;
         let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
+        let node = self.clone();
+        let peer_name = name.clone();
+        let outcome = off_runtime(move || {
+            let outcome = node.redeem(redeemer, &hello, peer_name);
+            node.update_alpns();
+            outcome
+        })
+        .await;
+        match outcome {
+            Some(Ok(Redeemed::Accepted(_))) => {
+                self.refresh();
+                self.trust_event("pair", Some(&name), None);
+                for s in &services {
+                    self.trust_event("grant", Some(&name), Some(s));
+                }
+                tracing::info!(peer = %name, "paired");
+                PairReply {
+                    ok: true,
+                    services,
+                    error: None,
+                }
+            }
+            Some(Ok(Redeemed::Refused(reason))) => PairReply::refused(reason),
+            Some(Err(e)) => {
+                tracing::error!("{e}");
+                PairReply::refused("the inviter's store failed")
+            }
+            None => PairReply::refused("the inviter's store failed"),
+        }
+    }
+
+    /// Takes a use of the invite and stores the redeemer and its pairing, in one transaction.
+    /// Blocking.
+    fn redeem(
+        &self,
+        redeemer: EndpointId,
+        hello: &PairHello,
+        name: String,
+    ) -> Result<Redeemed<StoredPeer>, crate::store::StoreError> {
+        let me = self.endpoint.id();
         let addrs: Vec<String> = hello
             .addrs
             .iter()
@@ -546,54 +592,34 @@ impl Node {
             .cloned()
             .collect();
         let now = unix_ms();
-        let outcome =
-            self.store
-                .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
-                    if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
-                        return Err("the invite's secret does not match".to_owned());
-                    }
-                    let peer = StoredPeer {
-                        id: redeemer.to_string(),
-                        name: name.clone(),
-                        addrs,
-                        mounts: Vec::new(),
-                        paired_at: now,
-                        pending: false,
-                    };
-                    let code = pairing::code(&me, &redeemer, &invite.secret);
-                    Ok((
-                        peer,
-                        Pairing {
-                            peer: name.clone(),
-                            code,
-                            at: now,
-                        },
-                        (),
-                    ))
-                });
-        let reply = match outcome {
-            Ok(Redeemed::Accepted(())) => {
-                self.refresh();
-                self.trust_event("pair", Some(&name), None);
-                for s in services {
-                    self.trust_event("grant", Some(&name), Some(s));
+        self.store
+            .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
+                if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
+                    return Err("the invite's secret does not match".to_owned());
                 }
-                tracing::info!(peer = %name, "paired");
-                PairReply {
-                    ok: true,
-                    services: services.to_vec(),
-                    error: None,
-                }
-            }
-            Ok(Redeemed::Refused(reason)) => PairReply::refused(reason),
-            Err(e) => {
-                tracing::error!("{e}");
-                PairReply::refused("the inviter's store failed")
-            }
-        };
-        self.update_alpns();
-        reply
+                let peer = StoredPeer {
+                    id: redeemer.to_string(),
+                    name: name.clone(),
+                    addrs: addrs.clone(),
+                    mounts: Vec::new(),
+                    paired_at: now,
+                    pending: false,
+                };
+                let code = pairing::code(&me, &redeemer, &invite.secret);
+                let pairing = Pairing {
+                    peer: name.clone(),
+                    code,
+                    at: now,
+                };
+                Ok((peer.clone(), pairing, peer))
+            })
     }
+}
+
+/// Runs blocking work (store transactions, which sync the disk) on the blocking pool, so the
+/// node's one runtime thread keeps serving; `None` if it panicked.
+async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
 }
 
 fn refusal(reply: PairReply) -> ControlError {
@@ -733,18 +759,24 @@ impl ProtocolHandler for PairProtocol {
         let hello = next_message(&mut wire)
             .await
             .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
-        let reply = match &hello {
-            Some(hello) if hello.pair == 1 => self.node.check_redemption(redeemer, hello),
+        let reply = match hello.clone() {
+            Some(hello) if hello.pair == 1 => {
+                let node = self.node.clone();
+                off_runtime(move || node.check_redemption(redeemer, &hello))
+                    .await
+                    .unwrap_or_else(|| PairReply::refused("the inviter's store failed"))
+            }
             _ => PairReply::refused("malformed pairing request"),
         };
         if answer(&mut wire, &reply).await && reply.ok {
             let commit = next_message(&mut wire)
                 .await
                 .and_then(|v| serde_json::from_value::<pairing::PairCommit>(v).ok());
-            if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (&hello, commit) {
+            if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (hello, commit) {
                 let done = self
                     .node
-                    .complete_redemption(redeemer, hello, &reply.services);
+                    .complete_redemption(redeemer, hello, reply.services)
+                    .await;
                 answer(&mut wire, &done).await;
             }
         }
