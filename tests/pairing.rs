@@ -736,6 +736,35 @@ async fn doctor_warns_of_allow_entries_that_match_nobody() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeem_refused_at_commit_leaves_no_grant() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let line = invite(&alice, &["notes"]);
+    let parsed = Invite::decode(&line).unwrap();
+    let secret = parsed.secret_bytes().unwrap();
+
+    // mallory proves the secret, then holds her commit back while bob takes the only use.
+    let (ep, target) = raw_client(&alice, false).await;
+    let mut mallory = RawPairing::open(&ep, target).await;
+    let first = mallory
+        .ask(hello(&parsed, &secret, &ep.id(), "mallory"))
+        .await;
+    assert_eq!(first["ok"], true, "{first}");
+    bob_pairs(&line);
+    let done = mallory.ask(json!({ "commit": true })).await;
+    mallory.close();
+    assert_eq!(done["ok"], false, "{done}");
+
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert!(
+        !config.contains(&ep.id().to_string()),
+        "a grant for the refused redeemer: {config}"
+    );
+    let peers = alice.json(&["peers"]);
+    assert_eq!(peers["peers"].as_array().unwrap().len(), 1, "{peers}");
+}
+
 /// A fresh node named bob redeems `line`.
 fn bob_pairs(line: &str) {
     let bob = TestNode::start("bob");

@@ -42,6 +42,10 @@ pub struct StoredPeer {
     /// (a crash came in between); recovery confirms it or drops it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// Services a pairing granted this peer, stored with the pairing and cleared once the
+    /// grants are in config: a crash in between leaves them here to be written at start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants_owed: Vec<String>,
 }
 
 /// An invite this node minted. The secret stays here and in the line; never in logs.
@@ -236,6 +240,22 @@ impl Store {
         Ok(outcome)
     }
 
+    /// Clears what a pairing owed peer `id` (its grants are in config now).
+    pub fn clear_grants_owed(&self, id: &str) -> Result<(), StoreError> {
+        self.write(|txn| {
+            let mut peers = txn.open_table(PEERS).map_err(err)?;
+            let peer: Option<StoredPeer> = match peers.get(id).map_err(err)? {
+                Some(v) => Some(decode(v.value())?),
+                None => None,
+            };
+            if let Some(mut peer) = peer.filter(|p| !p.grants_owed.is_empty()) {
+                peer.grants_owed.clear();
+                peers.insert(id, encode(&peer)?.as_slice()).map_err(err)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Stores a peer (and optionally its pairing) in one transaction.
     pub fn put_peer(&self, peer: &StoredPeer, pairing: Option<&Pairing>) -> Result<(), StoreError> {
         self.write(|txn| {
@@ -398,6 +418,7 @@ mod tests {
             mounts: vec![],
             paired_at: 1,
             pending: false,
+            grants_owed: vec![],
         }
     }
 
@@ -513,5 +534,31 @@ mod tests {
         assert!(matches!(r, Redeemed::Refused(_)));
         assert!(bytes(&dir) != before, "the failure was written");
         assert_eq!(store.invites().unwrap()[0].1.failures, 1);
+    }
+
+    #[test]
+    fn a_redeemed_peer_carries_the_grants_owed_until_they_are_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(1)).unwrap();
+        let owed = |_: &StoredInvite| {
+            let p = StoredPeer {
+                grants_owed: vec!["notes".into()],
+                ..peer("p1")
+            };
+            let pairing = Pairing {
+                peer: "bob".into(),
+                code: "a-b-c".into(),
+                at: 5,
+            };
+            Ok((p, pairing, ()))
+        };
+        assert!(matches!(
+            store.redeem("i1", 10, 10, owed).unwrap(),
+            Redeemed::Accepted(())
+        ));
+        assert_eq!(store.peers().unwrap()[0].grants_owed, ["notes"]);
+        store.clear_grants_owed("p1").unwrap();
+        assert!(store.peers().unwrap()[0].grants_owed.is_empty());
     }
 }

@@ -145,6 +145,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     });
     gate.replace(initial);
     node.apply(settings);
+    // Before any peer can call: grants a pairing committed just before a crash.
+    node.settle_owed_grants();
     let router = Router::builder(endpoint.clone())
         .accept(
             ALPN_MCP,
@@ -163,8 +165,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    // The first tick is immediate: pairings a crash left pending are settled
-                    // as soon as the node is up.
+                    // The first tick is immediate: pairings a crash left pending or owing
+                    // grants are settled as soon as the node is up.
                     _ = every.tick() => {
                         node.housekeeping();
                         node.confirm_pending().await;

@@ -131,10 +131,12 @@ impl Node {
         self.endpoint.set_alpns(alpns);
     }
 
-    /// Periodic upkeep: expired invites go (and with the last one the pairing ALPN), and rate
-    /// buckets of callers that went idle are dropped, so limiter memory stays bounded.
+    /// Periodic upkeep: expired invites go (and with the last one the pairing ALPN), grants a
+    /// pairing still owes are written, and rate buckets of callers that went idle are
+    /// dropped, so limiter memory stays bounded.
     pub(super) fn housekeeping(&self) {
         self.update_alpns();
+        self.settle_owed_grants();
         let table = self
             .services
             .read()

@@ -381,6 +381,7 @@ impl Node {
             mounts: reply.services.clone(),
             paired_at: unix_ms(),
             pending: true,
+            grants_owed: Vec::new(),
         };
         self.store.put_peer(&peer, None).map_err(store_err)?;
         self.refresh();
@@ -520,53 +521,47 @@ impl Node {
         reply
     }
 
-    /// The inviter, on `commit`: grants first (an allow entry for a key nobody trusts is
-    /// inert if a crash follows), then the peer, the pairing and the used invite in one
-    /// transaction.
+    /// The inviter, on `commit`: the peer, the pairing, the used invite and the grants owed
+    /// to the peer in one store transaction; only once it committed are the grants written
+    /// to config. A redeem refused at commit (the last use taken meanwhile, the invite
+    /// expired) grants nothing; a crash after the commit leaves the grants owed in the store,
+    /// and `settle_owed_grants` writes them when the node is next up.
     async fn complete_redemption(
         self: &Arc<Self>,
         redeemer: EndpointId,
         hello: PairHello,
         services: Vec<String>,
     ) -> PairReply {
-        let principal = Principal::eid(&redeemer);
-        let granted = self.edit(|doc| {
-            for s in &services {
-                config::add_allow(doc, s, &principal)?;
-            }
-            Ok(())
-        });
-        if let Err(e) = granted {
-            tracing::error!("pairing: granting services failed: {}", e.message);
-            return PairReply::refused("the inviter could not record the grants");
-        }
         // Pairings take their names one at a time: two redeemers suggesting the same nickname
         // get two names.
         let _naming = self.naming.lock().await;
         let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
         let node = self.clone();
-        let peer_name = name.clone();
+        let (peer_name, owed) = (name.clone(), services.clone());
         let outcome = off_runtime(move || {
-            let outcome = node.redeem(redeemer, &hello, peer_name);
+            let outcome = node.redeem(redeemer, &hello, peer_name, owed);
             node.update_alpns();
             outcome
         })
         .await;
         match outcome {
-            Some(Ok(Redeemed::Accepted(_))) => {
-                self.refresh();
+            Some(Ok(Redeemed::Accepted(peer))) => {
+                let granted = self.settle_grants(&peer);
                 self.trust_event("pair", Some(&name), None);
-                for s in &services {
+                for s in &granted {
                     self.trust_event("grant", Some(&name), Some(s));
                 }
                 tracing::info!(peer = %name, "paired");
                 PairReply {
                     ok: true,
-                    services,
+                    services: granted,
                     error: None,
                 }
             }
-            Some(Ok(Redeemed::Refused(reason))) => PairReply::refused(reason),
+            Some(Ok(Redeemed::Refused(reason))) => {
+                tracing::info!(peer = %redeemer.fmt_short(), "refused a pairing at commit: {reason}");
+                PairReply::refused(reason)
+            }
             Some(Err(e)) => {
                 tracing::error!("{e}");
                 PairReply::refused("the inviter's store failed")
@@ -575,13 +570,14 @@ impl Node {
         }
     }
 
-    /// Takes a use of the invite and stores the redeemer and its pairing, in one transaction.
-    /// Blocking.
+    /// Takes a use of the invite and stores the redeemer, its pairing and the grants owed to
+    /// it, in one transaction. Blocking.
     fn redeem(
         &self,
         redeemer: EndpointId,
         hello: &PairHello,
         name: String,
+        services: Vec<String>,
     ) -> Result<Redeemed<StoredPeer>, crate::store::StoreError> {
         let me = self.endpoint.id();
         let addrs: Vec<String> = hello
@@ -604,6 +600,7 @@ impl Node {
                     mounts: Vec::new(),
                     paired_at: now,
                     pending: false,
+                    grants_owed: services.clone(),
                 };
                 let code = pairing::code(&me, &redeemer, &invite.secret);
                 let pairing = Pairing {
@@ -613,6 +610,65 @@ impl Node {
                 };
                 Ok((peer.clone(), pairing, peer))
             })
+    }
+
+    /// Writes the grants a pairing owes `peer` (those of its services still served) as
+    /// `eid:` entries, then clears the debt in the store. Returns the services granted.
+    fn settle_grants(&self, peer: &StoredPeer) -> Vec<String> {
+        let Some(id) = parse_endpoint_id(&peer.id) else {
+            return Vec::new();
+        };
+        let served: Vec<String> = peer
+            .grants_owed
+            .iter()
+            .filter(|s| self.settings().services.iter().any(|x| &x.name == *s))
+            .cloned()
+            .collect();
+        if served.is_empty() {
+            self.refresh();
+            if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+                tracing::error!("{e}");
+            }
+            return served;
+        }
+        let principal = Principal::eid(&id);
+        let granted = self.edit(|doc| {
+            for s in &served {
+                config::add_allow(doc, s, &principal)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = granted {
+            // Still owed: housekeeping tries again.
+            tracing::error!(peer = %peer.name, "granting the paired services failed: {}", e.message);
+            self.refresh();
+            return Vec::new();
+        }
+        if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+            tracing::error!("{e}");
+        }
+        served
+    }
+
+    /// Writes grants that pairings committed but a crash (or a config that could not be
+    /// written) kept out of config.
+    pub(super) fn settle_owed_grants(&self) {
+        let owed: Vec<StoredPeer> = self
+            .store
+            .peers()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.grants_owed.is_empty())
+            .collect();
+        for peer in owed {
+            let granted = self.settle_grants(&peer);
+            for s in &granted {
+                self.trust_event("grant", Some(&peer.name), Some(s));
+            }
+            if !granted.is_empty() {
+                tracing::info!(peer = %peer.name, services = ?granted, "granted what a pairing owed");
+            }
+        }
     }
 }
 
