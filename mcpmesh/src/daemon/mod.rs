@@ -196,8 +196,12 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
     upkeep.abort();
+    let _ = upkeep.await;
     audit_log.close().await;
     tracing::info!("node stopped");
+    // The store goes before the lock: a node started the moment the lock is free opens it.
+    drop(router);
+    drop(node);
     // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
     Ok(())
