@@ -510,7 +510,7 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|a| a == "carol")
+            .any(|a| a == "peer:carol")
     );
     let mut s = bob.connect("alice/notes");
     s.initialize().await;
@@ -522,4 +522,294 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
         config.contains("KEEP"),
         "settings made by hand survive: {config}"
     );
+}
+
+/// One pairing exchange spoken by hand, as a redeemer (honest or not) would.
+struct RawPairing {
+    conn: iroh::endpoint::Connection,
+    wire: mcpmesh_net::transport::NdjsonTransport<
+        iroh::endpoint::RecvStream,
+        iroh::endpoint::SendStream,
+    >,
+}
+
+impl RawPairing {
+    async fn open(ep: &iroh::Endpoint, inviter: iroh::EndpointId) -> Self {
+        let conn = ep
+            .connect(inviter, mcpmesh::pairing::ALPN_PAIR)
+            .await
+            .unwrap();
+        let (send, recv) = conn.open_bi().await.unwrap();
+        let wire = mcpmesh_net::transport::NdjsonTransport::new(recv, send, 4096);
+        RawPairing { conn, wire }
+    }
+
+    async fn ask(&mut self, message: Value) -> Value {
+        self.wire.send_value(message).await.unwrap();
+        tokio::time::timeout(ANSWER_TIMEOUT, self.wire.recv_value())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("an answer before the stream ends")
+    }
+
+    fn close(self) {
+        self.conn.close(0u32.into(), b"done");
+    }
+}
+
+/// A hello for `invite` from `redeemer`, proving `secret`.
+fn hello(invite: &Invite, secret: &[u8; 32], redeemer: &iroh::EndpointId, nick: &str) -> Value {
+    let inviter: iroh::EndpointId = invite.id.parse().unwrap();
+    json!({
+        "pair": 1,
+        "invite": invite.iid,
+        "proof": mcpmesh::pairing::proof(secret, &inviter, redeemer),
+        "nick": nick,
+    })
+}
+
+fn allow_of(node: &TestNode, service: &str) -> Vec<Value> {
+    node.json(&["status"])["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == service)
+        .unwrap()["allow"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nickname_an_allow_list_names_gets_a_free_name_and_nothing_that_list_grants() {
+    let m = marker("nick");
+    let alice = TestNode::start("alice");
+    alice.serve_stub("notes", &[], None, &m);
+    // Written before bob exists: meant for someone else.
+    alice.serve_stub("secret", &["eng"], None, &m);
+    let bob = TestNode::start("eng");
+    bob.json(&["pair", &invite(&alice, &["notes"])]);
+
+    let peers = alice.json(&["peers"]);
+    let entry = peers["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == bob.id)
+        .cloned()
+        .unwrap();
+    assert_eq!(entry["name"], "eng-2", "{entry}");
+    assert_eq!(entry["services"], json!(["notes"]), "{entry}");
+
+    let mut notes = bob.connect("alice/notes");
+    assert_eq!(
+        notes.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+    let mut secret = bob.connect("alice/secret");
+    let refusal = secret
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    assert_eq!(refusal["error"]["code"], -32054, "{refusal}");
+}
+
+#[test]
+fn the_redeemer_never_names_the_inviter_after_an_allow_entry() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let bob = TestNode::start("bob");
+    bob.json(&["serve", "mine", "--allow", "peer:alice", "--", STUB]);
+
+    let chosen = refused(&bob.cli(&[
+        "--json",
+        "pair",
+        &invite(&alice, &["notes"]),
+        "--name",
+        "alice",
+    ]));
+    assert_eq!(chosen["error"]["code"], 1005, "{chosen}");
+    assert!(
+        chosen["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mine"),
+        "{chosen}"
+    );
+
+    let paired = bob.json(&["pair", &invite(&alice, &["notes"])]);
+    assert_eq!(paired["peer"], "alice-2", "{paired}");
+    assert_eq!(paired["mounts"], json!(["alice-2/notes"]));
+    let mine = bob.json(&["status"])["services"][0].clone();
+    assert_eq!(mine["peers"], json!([]), "{mine}");
+}
+
+#[test]
+fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    alice.json(&["serve", "a", "--allow", "bob", "--", STUB]);
+    alice.json(&[
+        "serve",
+        "b",
+        "--allow",
+        "peer:bob",
+        "--allow",
+        "group:bob",
+        "--",
+        STUB,
+    ]);
+    alice.json(&["peers", "rename", "bob", "robert"]);
+    assert_eq!(allow_of(&alice, "a"), [json!("peer:robert")]);
+    assert_eq!(
+        allow_of(&alice, "b"),
+        [json!("peer:robert"), json!("group:bob")]
+    );
+    alice.json(&["grant", "robert", "a"]);
+    alice.json(&["revoke", "robert", "a"]);
+    assert!(allow_of(&alice, "a").is_empty());
+    alice.json(&["peers", "remove", "robert"]);
+    assert_eq!(allow_of(&alice, "b"), [json!("group:bob")]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_warns_of_allow_entries_that_match_nobody() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let carol = TestNode::start("carol");
+    alice.trust(&bob);
+    alice.json(&["serve", "notes", "--", STUB]);
+    carol.json(&["pair", &invite(&alice, &["notes"])]);
+    alice.json(&[
+        "serve",
+        "x",
+        "--allow",
+        "bob",
+        "--allow",
+        "group:x",
+        "--allow",
+        "peer:ghost",
+        "--allow",
+        "user:u1",
+        "--",
+        STUB,
+    ]);
+    let warned = |alice: &TestNode| -> Vec<String> {
+        let report = alice.json(&["doctor"]);
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["status"] == "warn")
+            .map(|c| c["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let running = warned(&alice);
+    // Stopped: the peers come from config and the store, once the node let go of it.
+    let pid = alice.daemon_pid();
+    alice.json(&["down"]);
+    assert!(wait_exit(pid, ANSWER_TIMEOUT).await, "the node exits");
+    for warnings in [running, warned(&alice)] {
+        for entry in ["group:x", "peer:ghost", "user:u1"] {
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.contains("services.x.allow") && w.contains(entry)),
+                "{entry}: {warnings:?}"
+            );
+        }
+        assert!(
+            warnings.iter().any(|w| w.contains("roster")),
+            "{warnings:?}"
+        );
+        // bob (config) and carol (paired, by key) are real.
+        assert!(
+            !warnings
+                .iter()
+                .any(|w| w.contains("peer:bob") || w.contains("eid:")),
+            "{warnings:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redeem_refused_at_commit_leaves_no_grant() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let line = invite(&alice, &["notes"]);
+    let parsed = Invite::decode(&line).unwrap();
+    let secret = parsed.secret_bytes().unwrap();
+
+    // mallory proves the secret, then holds her commit back while bob takes the only use.
+    let (ep, target) = raw_client(&alice, false).await;
+    let mut mallory = RawPairing::open(&ep, target).await;
+    let first = mallory
+        .ask(hello(&parsed, &secret, &ep.id(), "mallory"))
+        .await;
+    assert_eq!(first["ok"], true, "{first}");
+    bob_pairs(&line);
+    let done = mallory.ask(json!({ "commit": true })).await;
+    mallory.close();
+    assert_eq!(done["ok"], false, "{done}");
+
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert!(
+        !config.contains(&ep.id().to_string()),
+        "a grant for the refused redeemer: {config}"
+    );
+    let peers = alice.json(&["peers"]);
+    assert_eq!(peers["peers"].as_array().unwrap().len(), 1, "{peers}");
+}
+
+/// A fresh node named bob redeems `line`.
+fn bob_pairs(line: &str) {
+    let bob = TestNode::start("bob");
+    assert_eq!(bob.json(&["pair", line])["peer"], "alice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn attempts_with_an_unknown_invite_write_nothing_and_a_wrong_secret_counts() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    let line = invite(&alice, &["notes"]);
+    let real = Invite::decode(&line).unwrap();
+    let store = alice.home().join("state/mcpmesh.redb");
+    let before = std::fs::read(&store).unwrap();
+
+    let (ep, target) = raw_client(&alice, false).await;
+    let mut unknown = real.clone();
+    unknown.iid = "0".repeat(32);
+    for _ in 0..30 {
+        let mut attempt = RawPairing::open(&ep, target).await;
+        let reply = attempt
+            .ask(hello(&unknown, &[1; 32], &ep.id(), "stranger"))
+            .await;
+        attempt.close();
+        assert_eq!(reply["ok"], false, "{reply}");
+        assert!(
+            reply["error"].as_str().unwrap().contains("unknown invite"),
+            "{reply}"
+        );
+    }
+    assert!(
+        std::fs::read(&store).unwrap() == before,
+        "attempts with an unknown invite wrote to the store"
+    );
+
+    let mut wrong = RawPairing::open(&ep, target).await;
+    let reply = wrong
+        .ask(hello(&real, &[1; 32], &ep.id(), "stranger"))
+        .await;
+    wrong.close();
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        std::fs::read(&store).unwrap() != before,
+        "a wrong secret for a real invite is counted"
+    );
+    // The invite still works: a wrong secret never burns it.
+    bob_pairs(&line);
 }

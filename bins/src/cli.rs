@@ -51,7 +51,8 @@ enum Command {
     Serve {
         /// The service's name, as peers will mount it (`<this node>/<NAME>`).
         name: String,
-        /// Who may use it: a peer name, `eid:<hex>`, a user or a group. Repeatable.
+        /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
+        /// `user:` and `group:` are reserved for a team roster. Repeatable.
         #[arg(long = "allow", value_name = "PRINCIPAL")]
         allow: Vec<String>,
         /// Sessions running at once (default 4).

@@ -2,7 +2,9 @@
 
 use mcpmesh::config::BackendSpec;
 use mcpmesh::control::client::ControlClient;
+use mcpmesh::control::methods;
 use mcpmesh::paths::Profile;
+use mcpmesh::principal::Principal;
 use serde_json::json;
 
 use crate::cli::{Failure, Output};
@@ -62,6 +64,7 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
         ),
         Some(_) => check("device key", "ok", "private (0600)".into()),
     }
+    let mut node = None;
     match mode_of(&profile.socket_path()) {
         None => check("node", "ok", "not running (any verb starts it)".into()),
         Some(m) if m & 0o077 != 0 => check(
@@ -73,11 +76,14 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
             ),
         ),
         Some(_) => match ControlClient::connect(profile) {
-            Ok(Some(_)) => check(
-                "node",
-                "ok",
-                "running; control socket private (0600)".into(),
-            ),
+            Ok(Some(client)) => {
+                node = Some(client);
+                check(
+                    "node",
+                    "ok",
+                    "running; control socket private (0600)".into(),
+                )
+            }
             _ => check(
                 "node",
                 "warn",
@@ -135,6 +141,30 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
                 );
             }
         }
+        let peers = match known_peers(profile, s, node.as_mut()) {
+            Ok(peers) => Some(peers),
+            Err(e) => {
+                check(
+                    "peers",
+                    "warn",
+                    format!(
+                        "cannot list the paired peers ({e}); allow entries naming peers were not checked"
+                    ),
+                );
+                None
+            }
+        };
+        for svc in &s.services {
+            for entry in &svc.allow {
+                if let Some(why) = matches_nobody(entry, peers.as_deref()) {
+                    check(
+                        &format!("service {}", svc.name),
+                        "warn",
+                        format!("services.{}.allow: {entry} {why}", svc.name),
+                    );
+                }
+            }
+        }
         match &s.network.relay {
             mcpmesh_net::endpoint::RelayPolicy::Disabled => {
                 check(
@@ -185,6 +215,61 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
             .join("\n")
     });
     if ok { Ok(()) } else { std::process::exit(1) }
+}
+
+/// The peers this node trusts, as (name, key): from the running node when there is one (it
+/// knows the paired peers), else from config and the store.
+fn known_peers(
+    profile: &Profile,
+    settings: &mcpmesh::config::Settings,
+    node: Option<&mut ControlClient>,
+) -> Result<Vec<(String, [u8; 32])>, String> {
+    if let Some(node) = node {
+        let listed = node
+            .call(methods::PEERS_LIST, json!({}))
+            .map_err(|e| e.message)?;
+        return Ok(listed["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                let id = mcpmesh::config::parse_endpoint_id(p["id"].as_str()?)?;
+                Some((p["name"].as_str()?.to_owned(), *id.as_bytes()))
+            })
+            .collect());
+    }
+    let mut peers: Vec<(String, [u8; 32])> = settings
+        .peers
+        .iter()
+        .map(|p| (p.name.clone(), *p.id.as_bytes()))
+        .collect();
+    let store = profile.store_file();
+    if store.exists() {
+        let stored = mcpmesh::store::Store::read_peers(&store).map_err(|e| e.to_string())?;
+        for p in stored {
+            if let Some(id) = mcpmesh::config::parse_endpoint_id(&p.id) {
+                peers.push((p.name, *id.as_bytes()));
+            }
+        }
+    }
+    Ok(peers)
+}
+
+/// Why an `allow` entry admits nobody, if it does not (`peers`: the trusted peers, when
+/// known).
+fn matches_nobody(entry: &Principal, peers: Option<&[(String, [u8; 32])]>) -> Option<&'static str> {
+    match (entry, peers) {
+        (Principal::User(_) | Principal::Group(_), _) => {
+            Some("matches nobody until this node joins an org roster")
+        }
+        (Principal::Peer(name), Some(peers)) if !peers.iter().any(|(n, _)| n == name) => {
+            Some("matches nobody: no peer has that name")
+        }
+        (Principal::Eid(key), Some(peers)) if !peers.iter().any(|(_, k)| k == key) => {
+            Some("matches nobody: no trusted peer has that key")
+        }
+        _ => None,
+    }
 }
 
 /// Where `program` would be found: as a path (relative to `cwd`), or on PATH.

@@ -16,6 +16,8 @@ use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
 use mcpmesh_net::session::valid_service_name;
 use serde::Deserialize;
 
+use crate::principal::Principal;
+
 /// Sessions a service runs at once unless it says otherwise.
 pub const DEFAULT_MAX_SESSIONS: u32 = 4;
 /// Requests per minute per (service, caller) unless configured otherwise.
@@ -160,7 +162,8 @@ pub struct ServiceConfig {
     /// Headers sent to `url`; `${VAR}` in a value is the node's environment variable VAR.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Principals admitted: peer nicknames, `eid:<hex>`, user ids or groups. Empty: nobody.
+    /// Principals admitted: a peer name (bare or `peer:NAME`), `eid:<hex>`, `user:<id>` or
+    /// `group:<name>` (the last two only from a roster). Empty: nobody.
     #[serde(default)]
     pub allow: Vec<String>,
     #[serde(default)]
@@ -227,7 +230,7 @@ impl BackendSpec {
 pub struct ServiceSpec {
     pub name: String,
     pub backend: BackendSpec,
-    pub allow: Vec<String>,
+    pub allow: Vec<Principal>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
     pub max_sessions: u32,
@@ -412,6 +415,11 @@ fn validate_service(
             "services.{name}.env: {bad:?} is not a variable name"
         ));
     }
+    let allow = svc
+        .allow
+        .iter()
+        .map(|a| a.parse().map_err(|e| format!("services.{name}.allow: {e}")))
+        .collect::<Result<_, _>>()?;
     let max_sessions = svc.max_sessions.unwrap_or(limits.max_sessions);
     if max_sessions == 0 {
         return Err(format!("services.{name}.max_sessions: must be at least 1"));
@@ -430,7 +438,7 @@ fn validate_service(
         max_in_flight,
         name: name.to_owned(),
         backend,
-        allow: svc.allow.clone(),
+        allow,
         env: svc.env.clone(),
         cwd: svc.cwd.clone(),
         max_sessions,
@@ -633,8 +641,11 @@ pub fn set_service(
     if entry.get("allow").is_none() {
         entry.insert("allow", toml_edit::value(toml_edit::Array::new()));
     }
-    for principal in allow {
-        add_allow(doc, name, principal)?;
+    for entry in allow {
+        let principal: Principal = entry
+            .parse()
+            .map_err(|e| format!("services.{name}.allow: {e}"))?;
+        push_allow(doc, name, &principal, entry)?;
     }
     Ok(())
 }
@@ -661,35 +672,52 @@ pub fn rename_peer(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> Re
     }
 }
 
-/// Adds `principal` to `[services.NAME] allow` (once).
+/// The principal an allow entry of the document names, if it is one.
+fn entry_principal(v: &toml_edit::Value) -> Option<Principal> {
+    v.as_str()?.parse().ok()
+}
+
+/// Adds `principal` to `[services.NAME] allow` (unless an entry already names it).
 pub fn add_allow(
     doc: &mut toml_edit::DocumentMut,
     service: &str,
-    principal: &str,
+    principal: &Principal,
+) -> Result<(), String> {
+    push_allow(doc, service, principal, &principal.to_string())
+}
+
+/// Adds `principal`, spelled `written` (as the user gave it), unless an entry names it.
+fn push_allow(
+    doc: &mut toml_edit::DocumentMut,
+    service: &str,
+    principal: &Principal,
+    written: &str,
 ) -> Result<(), String> {
     let list = allow_list(doc, service)?;
-    if !list.iter().any(|v| v.as_str() == Some(principal)) {
-        list.push(principal);
+    if !list
+        .iter()
+        .any(|v| entry_principal(v).as_ref() == Some(principal))
+    {
+        list.push(written);
     }
     Ok(())
 }
 
-/// Removes every entry of `principals` from `[services.NAME] allow`; returns how many.
+/// Removes every entry naming one of `principals` (in any spelling: `bob` and `peer:bob`
+/// alike) from `[services.NAME] allow`; returns how many.
 pub fn remove_allow(
     doc: &mut toml_edit::DocumentMut,
     service: &str,
-    principals: &[String],
+    principals: &[Principal],
 ) -> Result<usize, String> {
     let list = allow_list(doc, service)?;
     let before = list.len();
-    list.retain(|v| {
-        v.as_str()
-            .is_none_or(|s| !principals.iter().any(|p| p == s))
-    });
+    list.retain(|v| entry_principal(v).is_none_or(|p| !principals.contains(&p)));
     Ok(before - list.len())
 }
 
-/// Replaces `old` by `new` in every service's allow list (a peer was renamed).
+/// Renames the peer `old` to `new` in every service's allow list, keeping each entry's
+/// spelling (`old` becomes `new`, `peer:old` becomes `peer:new`).
 pub fn rename_allow(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> Result<(), String> {
     let names: Vec<String> = table(doc, "services")?
         .iter()
@@ -698,9 +726,12 @@ pub fn rename_allow(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> R
     for service in names {
         let list = allow_list(doc, &service)?;
         for v in list.iter_mut() {
-            if v.as_str() == Some(old) {
-                *v = toml_edit::Value::from(new);
-            }
+            let renamed = match v.as_str() {
+                Some(s) if s == old => new.to_owned(),
+                Some(s) if s.strip_prefix("peer:") == Some(old) => format!("peer:{new}"),
+                _ => continue,
+            };
+            *v = toml_edit::Value::from(renamed);
         }
     }
     Ok(())
@@ -709,7 +740,7 @@ pub fn rename_allow(doc: &mut toml_edit::DocumentMut, old: &str, new: &str) -> R
 /// Removes `principals` from every service's allow list (a peer is gone).
 pub fn remove_allow_everywhere(
     doc: &mut toml_edit::DocumentMut,
-    principals: &[String],
+    principals: &[Principal],
 ) -> Result<(), String> {
     let names: Vec<String> = table(doc, "services")?
         .iter()
@@ -834,6 +865,68 @@ addrs = ["127.0.0.1:4433"]
         );
         assert!(error_of("[services.x]\nsocket = \"rel.sock\"\n").contains("absolute"));
         assert!(error_of("[services.x]\nallow = []\n").contains("services.x.run"));
+    }
+
+    #[test]
+    fn an_allow_entry_that_is_not_a_principal_is_an_error_naming_the_key() {
+        for bad in ["foo:bar", "eid:abc", "peer:a b", "group:", "-x"] {
+            let text = format!("[services.x]\nrun = \"a\"\nallow = [{bad:?}]\n");
+            let e = error_of(&text);
+            assert!(e.contains("services.x.allow"), "{bad}: {e}");
+        }
+        let hex = "ab".repeat(32);
+        let text = format!(
+            "[services.x]\nrun = \"a\"\nallow = [\"bob\", \"peer:carol\", \"eid:{hex}\", \"user:u1\", \"group:eng\"]\n"
+        );
+        let s = Config::parse(&text, "config.toml").unwrap();
+        let shown: Vec<String> = s.services[0].allow.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "peer:bob",
+                "peer:carol",
+                &format!("eid:{hex}"),
+                "user:u1",
+                "group:eng"
+            ]
+        );
+    }
+
+    #[test]
+    fn renames_and_removals_reach_every_spelling_of_a_peer_and_nothing_else() {
+        let hex = "ab".repeat(32);
+        let text = format!(
+            "[services.x]\nrun = \"a\"\nallow = [\"bob\", \"peer:bob\", \"group:bob\", \"user:bob\", \"eid:{hex}\", \"bobby\"]\n"
+        );
+        let allow = |doc: &toml_edit::DocumentMut| -> Vec<String> {
+            doc["services"]["x"]["allow"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
+        rename_allow(&mut doc, "bob", "robert").unwrap();
+        assert_eq!(
+            allow(&doc),
+            [
+                "robert",
+                "peer:robert",
+                "group:bob",
+                "user:bob",
+                &format!("eid:{hex}"),
+                "bobby"
+            ]
+        );
+        let gone = [
+            Principal::peer("robert"),
+            format!("eid:{hex}").parse().unwrap(),
+        ];
+        assert_eq!(remove_allow(&mut doc, "x", &gone).unwrap(), 3);
+        assert_eq!(allow(&doc), ["group:bob", "user:bob", "bobby"]);
+        add_allow(&mut doc, "x", &Principal::peer("bobby")).unwrap();
+        assert_eq!(allow(&doc).len(), 3, "already there as a bare name");
     }
 
     #[test]

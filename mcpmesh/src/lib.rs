@@ -23,6 +23,7 @@ pub mod memory;
 pub mod pairing;
 pub mod paths;
 pub mod peers;
+pub mod principal;
 pub mod proxy;
 pub mod services;
 pub mod store;

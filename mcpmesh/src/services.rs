@@ -18,21 +18,7 @@ use crate::backends::spawn::{SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
-
-/// A caller's principal set: `{eid:<hex>, nickname, user_id?} ∪ groups`. The one definition
-/// every authorization site uses.
-pub fn principal_set(peer: &PeerIdentity) -> Vec<String> {
-    let mut set = vec![peer.principal(), peer.name.clone()];
-    set.extend(peer.user_id.iter().cloned());
-    set.extend(peer.groups.iter().cloned());
-    set
-}
-
-/// Whether `allow` admits `peer`. An empty list admits nobody (local use only).
-pub fn is_allowed(allow: &[String], peer: &PeerIdentity) -> bool {
-    let principals = principal_set(peer);
-    allow.iter().any(|a| principals.iter().any(|p| p == a))
-}
+use crate::principal::is_allowed;
 
 /// A served service with the state that outlives a config reload: its session semaphore and
 /// its rate limiter.
@@ -277,30 +263,5 @@ impl SessionHandler for ServiceHost {
         if let Err(e) = self.sessions.track_future(run).await {
             tracing::warn!(peer = %peer.name, %service, "session ended with an error: {e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn peer() -> PeerIdentity {
-        PeerIdentity {
-            endpoint: [1; 32],
-            name: "bob".into(),
-            user_id: Some("u-bob".into()),
-            groups: vec!["eng".into()],
-        }
-    }
-
-    #[test]
-    fn allow_matches_any_principal_and_empty_admits_nobody() {
-        let p = peer();
-        assert!(is_allowed(&["bob".into()], &p));
-        assert!(is_allowed(&[p.principal()], &p));
-        assert!(is_allowed(&["u-bob".into()], &p));
-        assert!(is_allowed(&["eng".into()], &p));
-        assert!(!is_allowed(&["alice".into(), "ops".into()], &p));
-        assert!(!is_allowed(&[], &p));
     }
 }

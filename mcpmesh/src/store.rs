@@ -42,6 +42,10 @@ pub struct StoredPeer {
     /// (a crash came in between); recovery confirms it or drops it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// Services a pairing granted this peer, stored with the pairing and cleared once the
+    /// grants are in config: a crash in between leaves them here to be written at start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants_owed: Vec<String>,
 }
 
 /// An invite this node minted. The secret stays here and in the line; never in logs.
@@ -101,6 +105,13 @@ impl Store {
         Ok(Store { db })
     }
 
+    /// The peers in the store at `path`, read without taking it over; for tools that run
+    /// beside a stopped node. Fails while a node has the store open.
+    pub fn read_peers(path: &Path) -> Result<Vec<StoredPeer>, StoreError> {
+        let db = redb::ReadOnlyDatabase::open(path).map_err(err)?;
+        all_in(&db, PEERS)
+    }
+
     pub fn peers(&self) -> Result<Vec<StoredPeer>, StoreError> {
         self.all(PEERS)
     }
@@ -154,89 +165,95 @@ impl Store {
     }
 
     /// Checks a redemption of invite `id` without consuming it: a wrong proof (`check` says
-    /// `Err`) is counted as a failed attempt (the invite dies after `max_failures`).
+    /// `Err`) is counted as a failed attempt (the invite dies after `max_failures`). An
+    /// unknown invite or a proof that holds writes nothing.
     pub fn verify<T>(
         &self,
         id: &str,
         now: u64,
         max_failures: u32,
-        check: impl FnOnce(&StoredInvite) -> Result<T, String>,
+        check: impl Fn(&StoredInvite) -> Result<T, String>,
     ) -> Result<Redeemed<T>, StoreError> {
         self.redeem_inner(id, now, max_failures, |i| check(i).map(|v| (None, v)))
     }
 
     /// Redeems invite `id` in one transaction: `check` sees the invite and decides; on
     /// `Ok`, a use is taken and `peer` and the pairing are stored with it; on `Err`, a failed
-    /// attempt is counted (the invite dies after `max_failures`).
+    /// attempt is counted (the invite dies after `max_failures`). `check` may be called
+    /// twice (once on a read, once in the write), so it must have no effects.
     pub fn redeem<T>(
         &self,
         id: &str,
         now: u64,
         max_failures: u32,
-        check: impl FnOnce(&StoredInvite) -> Result<(StoredPeer, Pairing, T), String>,
+        check: impl Fn(&StoredInvite) -> Result<(StoredPeer, Pairing, T), String>,
     ) -> Result<Redeemed<T>, StoreError> {
         self.redeem_inner(id, now, max_failures, |i| {
             check(i).map(|(p, r, v)| (Some((p, r)), v))
         })
     }
 
+    /// Decides on a read transaction first and opens a write transaction (which syncs the
+    /// disk) only when a real invite's state changes: anyone who can reach the pairing
+    /// protocol can send attempts, and an unknown invite id must cost them a lookup, not a
+    /// disk sync.
     #[allow(clippy::type_complexity)]
     fn redeem_inner<T>(
         &self,
         id: &str,
         now: u64,
         max_failures: u32,
-        check: impl FnOnce(&StoredInvite) -> Result<(Option<(StoredPeer, Pairing)>, T), String>,
+        check: impl Fn(&StoredInvite) -> Result<(Option<(StoredPeer, Pairing)>, T), String>,
     ) -> Result<Redeemed<T>, StoreError> {
+        let seen = {
+            let txn = self.db.begin_read().map_err(err)?;
+            let invites = txn.open_table(INVITES).map_err(err)?;
+            invite_in(&invites, id)?
+        };
+        match step(seen, now, max_failures, &check) {
+            Step::Unchanged(outcome) => return Ok(outcome),
+            Step::Change(..) => {}
+        }
         let txn = self.db.begin_write().map_err(err)?;
         let outcome = {
             let mut invites = txn.open_table(INVITES).map_err(err)?;
-            let invite: Option<StoredInvite> = match invites.get(id).map_err(err)? {
-                Some(v) => Some(decode(v.value())?),
-                None => None,
-            };
-            match invite {
-                None => Redeemed::Refused(
-                    "unknown invite (it may have been used up or withdrawn)".into(),
-                ),
-                Some(i) if i.expires_at <= now => {
-                    invites.remove(id).map_err(err)?;
-                    Redeemed::Refused("the invite expired".into())
-                }
-                Some(i) if i.uses_left == 0 || i.failures >= max_failures => {
-                    invites.remove(id).map_err(err)?;
-                    Redeemed::Refused("the invite is used up".into())
-                }
-                Some(mut i) => match check(&i) {
-                    Ok((None, value)) => Redeemed::Accepted(value),
-                    Ok((Some((peer, pairing)), value)) => {
-                        i.uses_left -= 1;
-                        if i.uses_left == 0 {
-                            invites.remove(id).map_err(err)?;
-                        } else {
-                            invites.insert(id, encode(&i)?.as_slice()).map_err(err)?;
-                        }
+            // Decided again on what the write sees: another attempt may have come between.
+            match step(invite_in(&invites, id)?, now, max_failures, &check) {
+                Step::Unchanged(outcome) => return Ok(outcome),
+                Step::Change(invite, stored, outcome) => {
+                    match invite {
+                        Some(i) => invites.insert(id, encode(&i)?.as_slice()).map_err(err)?,
+                        None => invites.remove(id).map_err(err)?,
+                    };
+                    if let Some((peer, pairing)) = stored {
                         txn.open_table(PEERS)
                             .map_err(err)?
                             .insert(peer.id.as_str(), encode(&peer)?.as_slice())
                             .map_err(err)?;
                         insert_pairing(&txn, &pairing)?;
-                        Redeemed::Accepted(value)
                     }
-                    Err(reason) => {
-                        i.failures += 1;
-                        if i.failures >= max_failures {
-                            invites.remove(id).map_err(err)?;
-                        } else {
-                            invites.insert(id, encode(&i)?.as_slice()).map_err(err)?;
-                        }
-                        Redeemed::Refused(reason)
-                    }
-                },
+                    outcome
+                }
             }
         };
         txn.commit().map_err(err)?;
         Ok(outcome)
+    }
+
+    /// Clears what a pairing owed peer `id` (its grants are in config now).
+    pub fn clear_grants_owed(&self, id: &str) -> Result<(), StoreError> {
+        self.write(|txn| {
+            let mut peers = txn.open_table(PEERS).map_err(err)?;
+            let peer: Option<StoredPeer> = match peers.get(id).map_err(err)? {
+                Some(v) => Some(decode(v.value())?),
+                None => None,
+            };
+            if let Some(mut peer) = peer.filter(|p| !p.grants_owed.is_empty()) {
+                peer.grants_owed.clear();
+                peers.insert(id, encode(&peer)?.as_slice()).map_err(err)?;
+            }
+            Ok(())
+        })
     }
 
     /// Stores a peer (and optionally its pairing) in one transaction.
@@ -271,14 +288,7 @@ impl Store {
         &self,
         def: TableDefinition<K, &'static [u8]>,
     ) -> Result<Vec<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(err)?;
-        let table = txn.open_table(def).map_err(err)?;
-        let mut out = Vec::new();
-        for row in table.iter().map_err(err)? {
-            let (_, v) = row.map_err(err)?;
-            out.push(decode(v.value())?);
-        }
-        Ok(out)
+        all_in(&self.db, def)
     }
 
     fn write(
@@ -289,6 +299,76 @@ impl Store {
         f(&txn)?;
         txn.commit().map_err(err)
     }
+}
+
+/// What one redemption attempt does to an invite. Lives for one attempt, so its size does
+/// not matter.
+#[allow(clippy::large_enum_variant)]
+enum Step<T> {
+    /// Nothing to write.
+    Unchanged(Redeemed<T>),
+    /// The invite's new state (`None`: it goes), what to store with it, and the outcome.
+    Change(
+        Option<StoredInvite>,
+        Option<(StoredPeer, Pairing)>,
+        Redeemed<T>,
+    ),
+}
+
+fn step<T>(
+    invite: Option<StoredInvite>,
+    now: u64,
+    max_failures: u32,
+    check: impl Fn(&StoredInvite) -> Result<(Option<(StoredPeer, Pairing)>, T), String>,
+) -> Step<T> {
+    let refused = |reason: &str| Redeemed::Refused(reason.to_owned());
+    match invite {
+        None => Step::Unchanged(refused(
+            "unknown invite (it may have been used up or withdrawn)",
+        )),
+        Some(i) if i.expires_at <= now => Step::Change(None, None, refused("the invite expired")),
+        Some(i) if i.uses_left == 0 || i.failures >= max_failures => {
+            Step::Change(None, None, refused("the invite is used up"))
+        }
+        Some(mut i) => match check(&i) {
+            Ok((None, value)) => Step::Unchanged(Redeemed::Accepted(value)),
+            Ok((Some(stored), value)) => {
+                i.uses_left -= 1;
+                let left = (i.uses_left > 0).then_some(i);
+                Step::Change(left, Some(stored), Redeemed::Accepted(value))
+            }
+            Err(reason) => {
+                i.failures += 1;
+                let left = (i.failures < max_failures).then_some(i);
+                Step::Change(left, None, Redeemed::Refused(reason))
+            }
+        },
+    }
+}
+
+fn invite_in(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+) -> Result<Option<StoredInvite>, StoreError> {
+    match table.get(id).map_err(err)? {
+        Some(v) => Ok(Some(decode(v.value())?)),
+        None => Ok(None),
+    }
+}
+
+/// Every value of table `def`, decoded.
+fn all_in<K: redb::Key + 'static, T: DeserializeOwned>(
+    db: &impl ReadableDatabase,
+    def: TableDefinition<K, &'static [u8]>,
+) -> Result<Vec<T>, StoreError> {
+    let txn = db.begin_read().map_err(err)?;
+    let table = txn.open_table(def).map_err(err)?;
+    let mut out = Vec::new();
+    for row in table.iter().map_err(err)? {
+        let (_, v) = row.map_err(err)?;
+        out.push(decode(v.value())?);
+    }
+    Ok(out)
 }
 
 fn insert_pairing(txn: &redb::WriteTransaction, p: &Pairing) -> Result<(), StoreError> {
@@ -338,12 +418,13 @@ mod tests {
             mounts: vec![],
             paired_at: 1,
             pending: false,
+            grants_owed: vec![],
         }
     }
 
     fn accept(
         id: &str,
-    ) -> impl FnOnce(&StoredInvite) -> Result<(StoredPeer, Pairing, ()), String> + '_ {
+    ) -> impl Fn(&StoredInvite) -> Result<(StoredPeer, Pairing, ()), String> + '_ {
         move |_| {
             Ok((
                 peer(id),
@@ -419,5 +500,65 @@ mod tests {
         );
         store.put_invite("i2", &invite(1)).unwrap();
         assert_eq!(store.prune_invites(2_000).unwrap(), 0);
+    }
+
+    /// The store file's bytes: any committed write transaction changes them.
+    fn bytes(dir: &tempfile::TempDir) -> Vec<u8> {
+        std::fs::read(dir.path().join("s.redb")).unwrap()
+    }
+
+    #[test]
+    fn unknown_invites_and_good_proofs_are_checked_without_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(2)).unwrap();
+        let before = bytes(&dir);
+        for _ in 0..50 {
+            let r = store.verify("nope", 10, 10, |_| Ok(())).unwrap();
+            assert!(matches!(r, Redeemed::Refused(_)));
+        }
+        assert!(matches!(
+            store.verify("i1", 10, 10, |_| Ok(())).unwrap(),
+            Redeemed::Accepted(())
+        ));
+        assert!(matches!(
+            store.redeem("nope", 10, 10, accept("p1")).unwrap(),
+            Redeemed::Refused(_)
+        ));
+        assert!(bytes(&dir) == before, "nothing was written");
+
+        // A wrong proof for a real invite is counted.
+        let r = store
+            .verify("i1", 10, 10, |_| Err::<(), _>("wrong secret".into()))
+            .unwrap();
+        assert!(matches!(r, Redeemed::Refused(_)));
+        assert!(bytes(&dir) != before, "the failure was written");
+        assert_eq!(store.invites().unwrap()[0].1.failures, 1);
+    }
+
+    #[test]
+    fn a_redeemed_peer_carries_the_grants_owed_until_they_are_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        store.put_invite("i1", &invite(1)).unwrap();
+        let owed = |_: &StoredInvite| {
+            let p = StoredPeer {
+                grants_owed: vec!["notes".into()],
+                ..peer("p1")
+            };
+            let pairing = Pairing {
+                peer: "bob".into(),
+                code: "a-b-c".into(),
+                at: 5,
+            };
+            Ok((p, pairing, ()))
+        };
+        assert!(matches!(
+            store.redeem("i1", 10, 10, owed).unwrap(),
+            Redeemed::Accepted(())
+        ));
+        assert_eq!(store.peers().unwrap()[0].grants_owed, ["notes"]);
+        store.clear_grants_owed("p1").unwrap();
+        assert!(store.peers().unwrap()[0].grants_owed.is_empty());
     }
 }

@@ -141,9 +141,12 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         dialer,
         shutdown: shutdown.clone(),
         audit,
+        naming: Default::default(),
     });
     gate.replace(initial);
     node.apply(settings);
+    // Before any peer can call: grants a pairing committed just before a crash.
+    node.settle_owed_grants();
     let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
     let audited = Arc::new(AuditedGate {
         peers: gate.clone(),
@@ -167,8 +170,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    // The first tick is immediate: pairings a crash left pending are settled
-                    // as soon as the node is up.
+                    // The first tick is immediate: pairings a crash left pending or owing
+                    // grants are settled as soon as the node is up.
                     _ = every.tick() => {
                         refusals.flush();
                         node.housekeeping();
@@ -199,9 +202,13 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = control.await;
     let _ = std::fs::remove_file(&socket_path);
     upkeep.abort();
+    let _ = upkeep.await;
     refusals.flush();
     audit_log.close().await;
     tracing::info!("node stopped");
+    // The store goes before the lock: a node started the moment the lock is free opens it.
+    drop(router);
+    drop(node);
     // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
     Ok(())

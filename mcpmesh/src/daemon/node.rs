@@ -21,8 +21,9 @@ use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
 use crate::pairing::ALPN_PAIR;
 use crate::peers::{PeerGate, PeerTable};
+use crate::principal::{Principal, is_allowed};
 use crate::proxy;
-use crate::services::{ServiceHost, ServiceTable, is_allowed};
+use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
 
 use super::DRAIN_TIMEOUT;
@@ -41,6 +42,8 @@ pub(super) struct Node {
     pub(super) dialer: Arc<Dialer>,
     pub(super) shutdown: CancellationToken,
     pub(super) audit: AuditSink,
+    /// Held while a pairing picks a name for a new peer and stores it.
+    pub(super) naming: tokio::sync::Mutex<()>,
 }
 
 impl Node {
@@ -128,10 +131,12 @@ impl Node {
         self.endpoint.set_alpns(alpns);
     }
 
-    /// Periodic upkeep: expired invites go (and with the last one the pairing ALPN), and rate
-    /// buckets of callers that went idle are dropped, so limiter memory stays bounded.
+    /// Periodic upkeep: expired invites go (and with the last one the pairing ALPN), grants a
+    /// pairing still owes are written, and rate buckets of callers that went idle are
+    /// dropped, so limiter memory stays bounded.
     pub(super) fn housekeeping(&self) {
         self.update_alpns();
+        self.settle_owed_grants();
         let table = self
             .services
             .read()
@@ -213,7 +218,7 @@ impl Node {
     }
 
     /// The peers an `allow` list admits, by name.
-    pub(super) fn admitted(&self, allow: &[String]) -> Vec<String> {
+    pub(super) fn admitted(&self, allow: &[Principal]) -> Vec<String> {
         self.gate
             .snapshot()
             .all()

@@ -18,6 +18,7 @@ use crate::audit::unix_ms;
 use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
+use crate::principal::{Principal, is_allowed};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
@@ -55,19 +56,31 @@ fn sanitize(name: Option<&str>, fallback: &str) -> String {
 }
 
 impl Node {
-    /// A name for `id`: its current one if known, else `wanted`, made unique.
+    /// A name for `id`: its current one if known, else `wanted` or the first free one of
+    /// `wanted-2`, `wanted-3`… Free means no peer has it and no `allow` mentions it: a new
+    /// peer under a name an `allow` already holds would get that access unasked.
     fn name_for(&self, id: &EndpointId, wanted: &str) -> String {
         let table = self.gate.snapshot();
         if let Some(p) = table.by_id(id) {
             return p.name.clone();
         }
+        let taken = |name: &str| table.by_name(name).is_some() || self.allow_naming(name).is_some();
         let mut name = wanted.to_owned();
         let mut n = 2;
-        while table.by_name(&name).is_some() {
+        while taken(&name) {
             name = format!("{wanted}-{n}");
             n += 1;
         }
         name
+    }
+
+    /// The first service whose `allow` names the peer `name` (as `NAME` or `peer:NAME`).
+    fn allow_naming(&self, name: &str) -> Option<String> {
+        self.settings()
+            .services
+            .iter()
+            .find(|s| s.allow.iter().any(|p| p.is_peer_named(name)))
+            .map(|s| s.name.clone())
     }
 
     fn peer_by_name(&self, name: &str) -> Result<crate::config::PeerSpec, ControlError> {
@@ -165,7 +178,7 @@ impl Node {
         }
         let r: Remove = params_of(params)?;
         let peer = self.peer_by_name(&r.name)?;
-        let principals = vec![format!("eid:{}", peer.id), r.name.clone()];
+        let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
         let is_static = self.is_static(&r.name);
         if self.stored_peer(&peer.id).is_some() {
             self.store
@@ -187,7 +200,7 @@ impl Node {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
-        self.edit(|doc| config::add_allow(doc, &g.service, &format!("eid:{}", peer.id)))?;
+        self.edit(|doc| config::add_allow(doc, &g.service, &Principal::eid(&peer.id)))?;
         self.trust_event("grant", Some(&g.peer), Some(&g.service));
         Ok(json!({ "peer": g.peer, "service": g.service, "granted": true }))
     }
@@ -196,7 +209,7 @@ impl Node {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
-        let principals = vec![format!("eid:{}", peer.id), g.peer.clone()];
+        let principals = [Principal::eid(&peer.id), Principal::peer(&g.peer)];
         let ended =
             self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
         self.trust_event("revoke", Some(&g.peer), Some(&g.service));
@@ -207,7 +220,7 @@ impl Node {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&g.service)
-            .is_some_and(|e| crate::services::is_allowed(&e.spec.allow, &identity));
+            .is_some_and(|e| is_allowed(&e.spec.allow, &identity));
         Ok(
             json!({ "peer": g.peer, "service": g.service, "granted": still, "sessions_ended": ended }),
         )
@@ -308,18 +321,7 @@ impl Node {
         }
         let wanted = match &r.name {
             Some(n) => {
-                check_name(n)?;
-                if self
-                    .gate
-                    .snapshot()
-                    .by_name(n)
-                    .is_some_and(|p| p.id != inviter)
-                {
-                    return Err(ControlError::new(
-                        codes::CONFLICT,
-                        format!("the name {n} is taken; pick another with --name"),
-                    ));
-                }
+                self.check_chosen_name(n, &inviter)?;
                 n.clone()
             }
             None => sanitize(invite.nick.as_deref(), "peer"),
@@ -361,7 +363,11 @@ impl Node {
         if !reply.ok {
             return Err(refusal(reply));
         }
+        // The name is chosen and taken with nothing awaited in between, so no other pairing
+        // picks it meanwhile.
+        let naming = self.naming.lock().await;
         let name = if r.name.is_some() {
+            self.check_chosen_name(&wanted, &inviter)?;
             wanted
         } else {
             self.name_for(&inviter, &wanted)
@@ -375,9 +381,11 @@ impl Node {
             mounts: reply.services.clone(),
             paired_at: unix_ms(),
             pending: true,
+            grants_owed: Vec::new(),
         };
         self.store.put_peer(&peer, None).map_err(store_err)?;
         self.refresh();
+        drop(naming);
         let done =
             tokio::time::timeout(limit, exchange.ask(&pairing::PairCommit { commit: true })).await;
         exchange.close();
@@ -416,6 +424,32 @@ impl Node {
         Ok(json!({ "peer": name, "code": code, "services": reply.services, "mounts": mounts }))
     }
 
+    /// A name the user chose for the inviter with `--name`: refused when another peer has it,
+    /// or when an `allow` names it (the inviter would get that access unasked), unless it is
+    /// already the inviter's own name.
+    fn check_chosen_name(&self, name: &str, inviter: &EndpointId) -> Result<(), ControlError> {
+        check_name(name)?;
+        let table = self.gate.snapshot();
+        if table.by_id(inviter).is_some_and(|p| p.name == name) {
+            return Ok(());
+        }
+        if table.by_name(name).is_some() {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("the name {name} is taken; pick another with --name"),
+            ));
+        }
+        if let Some(service) = self.allow_naming(name) {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!(
+                    "the allow list of {service} names {name}: the inviter would be let in under that name; pick another with --name"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Settles pairings left pending by a crash: the inviter answers our ping only if it
     /// stored the pairing (confirm), and refuses it if not (drop). Unreachable: ask later.
     pub(super) async fn confirm_pending(&self) {
@@ -450,7 +484,7 @@ impl Node {
     }
 
     /// The inviter, on the hello: the proof must hold for a live invite. Nothing is stored
-    /// but a failed attempt.
+    /// but a failed attempt. Blocking (store transactions): run it off the runtime.
     fn check_redemption(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
         let me = self.endpoint.id();
         let checked = self.store.verify(
@@ -487,28 +521,65 @@ impl Node {
         reply
     }
 
-    /// The inviter, on `commit`: grants first (an allow entry for a key nobody trusts is
-    /// inert if a crash follows), then the peer, the pairing and the used invite in one
-    /// transaction.
-    fn complete_redemption(
+    /// The inviter, on `commit`: the peer, the pairing, the used invite and the grants owed
+    /// to the peer in one store transaction; only once it committed are the grants written
+    /// to config. A redeem refused at commit (the last use taken meanwhile, the invite
+    /// expired) grants nothing; a crash after the commit leaves the grants owed in the store,
+    /// and `settle_owed_grants` writes them when the node is next up.
+    async fn complete_redemption(
+        self: &Arc<Self>,
+        redeemer: EndpointId,
+        hello: PairHello,
+        services: Vec<String>,
+    ) -> PairReply {
+        // Pairings take their names one at a time: two redeemers suggesting the same nickname
+        // get two names.
+        let _naming = self.naming.lock().await;
+        let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
+        let node = self.clone();
+        let (peer_name, owed) = (name.clone(), services.clone());
+        let outcome = off_runtime(move || {
+            let outcome = node.redeem(redeemer, &hello, peer_name, owed);
+            node.update_alpns();
+            outcome
+        })
+        .await;
+        match outcome {
+            Some(Ok(Redeemed::Accepted(peer))) => {
+                let granted = self.settle_grants(&peer);
+                self.trust_event("pair", Some(&name), None);
+                for s in &granted {
+                    self.trust_event("grant", Some(&name), Some(s));
+                }
+                tracing::info!(peer = %name, "paired");
+                PairReply {
+                    ok: true,
+                    services: granted,
+                    error: None,
+                }
+            }
+            Some(Ok(Redeemed::Refused(reason))) => {
+                tracing::info!(peer = %redeemer.fmt_short(), "refused a pairing at commit: {reason}");
+                PairReply::refused(reason)
+            }
+            Some(Err(e)) => {
+                tracing::error!("{e}");
+                PairReply::refused("the inviter's store failed")
+            }
+            None => PairReply::refused("the inviter's store failed"),
+        }
+    }
+
+    /// Takes a use of the invite and stores the redeemer, its pairing and the grants owed to
+    /// it, in one transaction. Blocking.
+    fn redeem(
         &self,
         redeemer: EndpointId,
         hello: &PairHello,
-        services: &[String],
-    ) -> PairReply {
+        name: String,
+        services: Vec<String>,
+    ) -> Result<Redeemed<StoredPeer>, crate::store::StoreError> {
         let me = self.endpoint.id();
-        let principal = format!("eid:{redeemer}");
-        let granted = self.edit(|doc| {
-            for s in services {
-                config::add_allow(doc, s, &principal)?;
-            }
-            Ok(())
-        });
-        if let Err(e) = granted {
-            tracing::error!("pairing: granting services failed: {e}");
-            return PairReply::refused("the inviter could not record the grants");
-        }
-        let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
         let addrs: Vec<String> = hello
             .addrs
             .iter()
@@ -517,54 +588,94 @@ impl Node {
             .cloned()
             .collect();
         let now = unix_ms();
-        let outcome =
-            self.store
-                .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
-                    if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
-                        return Err("the invite's secret does not match".to_owned());
-                    }
-                    let peer = StoredPeer {
-                        id: redeemer.to_string(),
-                        name: name.clone(),
-                        addrs,
-                        mounts: Vec::new(),
-                        paired_at: now,
-                        pending: false,
-                    };
-                    let code = pairing::code(&me, &redeemer, &invite.secret);
-                    Ok((
-                        peer,
-                        Pairing {
-                            peer: name.clone(),
-                            code,
-                            at: now,
-                        },
-                        (),
-                    ))
-                });
-        let reply = match outcome {
-            Ok(Redeemed::Accepted(())) => {
-                self.refresh();
-                self.trust_event("pair", Some(&name), None);
-                for s in services {
-                    self.trust_event("grant", Some(&name), Some(s));
+        self.store
+            .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
+                if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
+                    return Err("the invite's secret does not match".to_owned());
                 }
-                tracing::info!(peer = %name, "paired");
-                PairReply {
-                    ok: true,
-                    services: services.to_vec(),
-                    error: None,
-                }
-            }
-            Ok(Redeemed::Refused(reason)) => PairReply::refused(reason),
-            Err(e) => {
-                tracing::error!("{e}");
-                PairReply::refused("the inviter's store failed")
-            }
-        };
-        self.update_alpns();
-        reply
+                let peer = StoredPeer {
+                    id: redeemer.to_string(),
+                    name: name.clone(),
+                    addrs: addrs.clone(),
+                    mounts: Vec::new(),
+                    paired_at: now,
+                    pending: false,
+                    grants_owed: services.clone(),
+                };
+                let code = pairing::code(&me, &redeemer, &invite.secret);
+                let pairing = Pairing {
+                    peer: name.clone(),
+                    code,
+                    at: now,
+                };
+                Ok((peer.clone(), pairing, peer))
+            })
     }
+
+    /// Writes the grants a pairing owes `peer` (those of its services still served) as
+    /// `eid:` entries, then clears the debt in the store. Returns the services granted.
+    fn settle_grants(&self, peer: &StoredPeer) -> Vec<String> {
+        let Some(id) = parse_endpoint_id(&peer.id) else {
+            return Vec::new();
+        };
+        let served: Vec<String> = peer
+            .grants_owed
+            .iter()
+            .filter(|s| self.settings().services.iter().any(|x| &x.name == *s))
+            .cloned()
+            .collect();
+        if served.is_empty() {
+            self.refresh();
+            if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+                tracing::error!("{e}");
+            }
+            return served;
+        }
+        let principal = Principal::eid(&id);
+        let granted = self.edit(|doc| {
+            for s in &served {
+                config::add_allow(doc, s, &principal)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = granted {
+            // Still owed: housekeeping tries again.
+            tracing::error!(peer = %peer.name, "granting the paired services failed: {}", e.message);
+            self.refresh();
+            return Vec::new();
+        }
+        if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+            tracing::error!("{e}");
+        }
+        served
+    }
+
+    /// Writes grants that pairings committed but a crash (or a config that could not be
+    /// written) kept out of config.
+    pub(super) fn settle_owed_grants(&self) {
+        let owed: Vec<StoredPeer> = self
+            .store
+            .peers()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.grants_owed.is_empty())
+            .collect();
+        for peer in owed {
+            let granted = self.settle_grants(&peer);
+            for s in &granted {
+                self.trust_event("grant", Some(&peer.name), Some(s));
+            }
+            if !granted.is_empty() {
+                tracing::info!(peer = %peer.name, services = ?granted, "granted what a pairing owed");
+            }
+        }
+    }
+}
+
+/// Runs blocking work (store transactions, which sync the disk) on the blocking pool, so the
+/// node's one runtime thread keeps serving; `None` if it panicked.
+async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
 }
 
 fn refusal(reply: PairReply) -> ControlError {
@@ -704,18 +815,24 @@ impl ProtocolHandler for PairProtocol {
         let hello = next_message(&mut wire)
             .await
             .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
-        let reply = match &hello {
-            Some(hello) if hello.pair == 1 => self.node.check_redemption(redeemer, hello),
+        let reply = match hello.clone() {
+            Some(hello) if hello.pair == 1 => {
+                let node = self.node.clone();
+                off_runtime(move || node.check_redemption(redeemer, &hello))
+                    .await
+                    .unwrap_or_else(|| PairReply::refused("the inviter's store failed"))
+            }
             _ => PairReply::refused("malformed pairing request"),
         };
         if answer(&mut wire, &reply).await && reply.ok {
             let commit = next_message(&mut wire)
                 .await
                 .and_then(|v| serde_json::from_value::<pairing::PairCommit>(v).ok());
-            if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (&hello, commit) {
+            if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (hello, commit) {
                 let done = self
                     .node
-                    .complete_redemption(redeemer, hello, &reply.services);
+                    .complete_redemption(redeemer, hello, reply.services)
+                    .await;
                 answer(&mut wire, &done).await;
             }
         }
