@@ -5,10 +5,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use mcpmesh::control::client::ControlClient;
-use mcpmesh::control::{Attach, ControlError, codes, methods};
+use mcpmesh::control::{Attach, codes, methods};
 use mcpmesh::paths::Profile;
 
 use crate::doctor::doctor;
+use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
 use serde_json::{Value, json};
 
@@ -206,30 +207,6 @@ enum PeersAction {
     Rename { old: String, new: String },
     /// Stop trusting a peer: its grants go and its live connections end at once.
     Remove { name: String },
-}
-
-/// A failure as the user sees it: a stable code (when there is one) and a message.
-pub struct Failure {
-    pub code: Option<i64>,
-    pub message: String,
-}
-
-impl From<ControlError> for Failure {
-    fn from(e: ControlError) -> Self {
-        Failure {
-            code: Some(e.code),
-            message: e.message,
-        }
-    }
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure {
-            code: None,
-            message: format!("{e:#}"),
-        }
-    }
 }
 
 pub fn main() -> ExitCode {
@@ -455,7 +432,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             uses,
             ttl,
         } => {
-            let ttl = mcpmesh::audit::parse_duration(&ttl).ok_or_else(|| Failure {
+            let ttl = mcpmesh::time::parse_duration(&ttl).ok_or_else(|| Failure {
                 code: Some(codes::INVALID_PARAMS),
                 message: format!("{ttl:?} is not a duration like 30m, 24h or 7d"),
             })?;
@@ -473,7 +450,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     v["invite"].as_str().unwrap_or_default(),
                     uses,
                     if uses == 1 { "" } else { "s" },
-                    mcpmesh::audit::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
+                    mcpmesh::time::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
                     took.as_secs_f64() * 1e3
                 )
             });
@@ -633,11 +610,11 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
             let since_ms = match since {
                 None => 0,
                 Some(text) => {
-                    let d = audit::parse_duration(&text).ok_or_else(|| Failure {
+                    let d = mcpmesh::time::parse_duration(&text).ok_or_else(|| Failure {
                         code: Some(codes::INVALID_PARAMS),
                         message: format!("{text:?} is not a duration like 30m, 24h or 7d"),
                     })?;
-                    audit::unix_ms().saturating_sub(d.as_millis() as u64)
+                    mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
                 }
             };
             let summary = audit::summarize(&dir, since_ms).context("reading the audit log")?;
@@ -777,21 +754,6 @@ fn use_lines(
         s
     });
     Ok(())
-}
-
-pub struct Output {
-    pub json: bool,
-}
-
-impl Output {
-    pub fn print(&self, value: Value, human: impl FnOnce() -> String) {
-        let mut stdout = std::io::stdout().lock();
-        let _ = if self.json {
-            writeln!(stdout, "{value}")
-        } else {
-            writeln!(stdout, "{}", human())
-        };
-    }
 }
 
 fn gateway(

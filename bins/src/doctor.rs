@@ -7,7 +7,7 @@ use mcpmesh::paths::Profile;
 use mcpmesh::principal::Principal;
 use serde_json::json;
 
-use crate::cli::{Failure, Output};
+use crate::output::{Failure, Output};
 
 /// `mcpmesh doctor`: checks that need no running node, and a few that do. Exit 1 on errors.
 pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {

@@ -5,6 +5,7 @@
 
 mod cli;
 mod doctor;
+mod output;
 mod render;
 mod stub_server;
 

@@ -41,7 +41,7 @@ pub fn render_record(v: &Value) -> String {
     };
     format!(
         "{} {:<12} {:<12} {detail}",
-        mcpmesh::audit::format_time(v["at_ms"].as_u64().unwrap_or(0)),
+        mcpmesh::time::format_time(v["at_ms"].as_u64().unwrap_or(0)),
         s("peer"),
         s("service"),
     )
@@ -176,7 +176,7 @@ pub fn render_status(v: &Value) -> String {
                 "  {} → {} since {}\n",
                 x["peer"].as_str().unwrap_or_default(),
                 x["service"].as_str().unwrap_or_default(),
-                mcpmesh::audit::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+                mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
             ));
         }
     }
@@ -188,7 +188,7 @@ pub fn render_status(v: &Value) -> String {
                 "  {:<16} code {:<24} {}\n",
                 p["peer"].as_str().unwrap_or_default(),
                 p["code"].as_str().unwrap_or_default(),
-                mcpmesh::audit::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
+                mcpmesh::time::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
             ));
         }
     }

@@ -5,9 +5,7 @@
 //! survive), validates the result, and replaces the file atomically.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +14,7 @@ use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
 use mcpmesh_net::session::valid_service_name;
 use serde::Deserialize;
 
+use crate::files::write_atomically;
 use crate::principal::Principal;
 
 /// Sessions a service runs at once unless it says otherwise.
@@ -389,7 +388,7 @@ fn validate_service(
         for (header, template) in &svc.headers {
             reqwest::header::HeaderName::from_bytes(header.as_bytes())
                 .map_err(|_| format!("services.{name}.headers: {header:?} is not a header name"))?;
-            crate::backends::url::expand(template, |_| Some(String::new()))
+            crate::template::expand(template, |_| Some(String::new()))
                 .map_err(|e| format!("services.{name}.headers.{header}: {e}"))?;
         }
         BackendSpec::Url {
@@ -544,31 +543,6 @@ impl ConfigFile {
     fn shown(&self) -> String {
         self.path.display().to_string()
     }
-}
-
-/// Writes `bytes` to a new file beside `path` and renames it over `path`: a reader sees the
-/// old file or the new one, never half of either.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 /// Sets `[peers.NAME]`.

@@ -202,7 +202,7 @@ impl SessionHandler for ServiceHost {
                 peer: peer.endpoint,
                 peer_name: peer.name.clone(),
                 service: service.clone(),
-                since: crate::audit::unix_ms(),
+                since: crate::time::unix_ms(),
                 sever: sever.clone(),
             },
         );

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{AuditEvent, AuditRecord, civil};
+use super::{AuditEvent, AuditRecord};
+use crate::time::civil;
 
 /// The `prev` of the very first record.
 pub(super) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -54,7 +55,7 @@ fn read_head(dir: &Path) -> std::io::Result<Option<Head>> {
 fn write_head(dir: &Path, head: &Head, durable: bool) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(head).map_err(std::io::Error::other)?;
     if durable {
-        return crate::config::write_atomically(&dir.join(HEAD_FILE), &bytes);
+        return crate::files::write_atomically(&dir.join(HEAD_FILE), &bytes);
     }
     let tmp = dir.join(format!(".{HEAD_FILE}.tmp"));
     std::fs::OpenOptions::new()
@@ -349,7 +350,7 @@ impl Writer {
             first_seq: first.0,
             first_prev: first.1,
         };
-        let mut line = self.seal_next(super::now_ms(), event, each);
+        let mut line = self.seal_next(crate::time::unix_ms(), event, each);
         self.flush(&mut line)?;
         if let Some((_, f)) = &self.file {
             f.sync_all()?;

@@ -13,10 +13,11 @@ mod read;
 mod refusals;
 
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::time::unix_ms as now_ms;
 
 pub use chain::{BadRecord, VerifyReport, month_files, verify};
 pub use read::{Cursor, Summary, Totals, follow, summarize, tail};
@@ -205,12 +206,6 @@ impl AuditSink {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The running writer; [`AuditLog::close`] flushes everything queued before it.
 ///
 /// The writer is a thread of its own, not a task: sealing and appending records is file I/O
@@ -331,56 +326,6 @@ fn write_loop(
             return;
         }
     }
-}
-
-/// `2026-11-30 08:59:01` (UTC) for a Unix time in milliseconds.
-pub fn format_time(at_ms: u64) -> String {
-    let (year, month, day) = civil(at_ms);
-    let secs = (at_ms / 1000) % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
-}
-
-/// The UTC calendar date of a Unix time in milliseconds (Howard Hinnant's algorithm).
-fn civil(at_ms: u64) -> (i64, i64, i64) {
-    let days = (at_ms / 86_400_000) as i64;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    (year, month, day)
-}
-
-/// Parses `30s`, `15m`, `24h`, `7d` (or a bare number of seconds).
-pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
-    let text = text.trim();
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number.parse().ok()?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n.checked_mul(60)?,
-        "h" => n.checked_mul(3600)?,
-        "d" => n.checked_mul(86_400)?,
-        _ => return None,
-    };
-    Some(std::time::Duration::from_secs(secs))
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub fn unix_ms() -> u64 {
-    now_ms()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, RefusalTally};
-use crate::config::{self, ConfigError, ConfigFile};
+use crate::config::{ConfigError, ConfigFile};
 use crate::control::codes;
 use crate::control::server;
 use crate::keys;
@@ -263,7 +263,8 @@ async fn bind_endpoint(
     if let Some(port) = endpoint.bound_sockets().first().map(SocketAddr::port)
         && remembered != Some(port)
     {
-        let _ = config::write_atomically(&profile.port_file(), format!("{port}\n").as_bytes());
+        let _ =
+            crate::files::write_atomically(&profile.port_file(), format!("{port}\n").as_bytes());
     }
     Ok(endpoint)
 }

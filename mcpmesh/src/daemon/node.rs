@@ -122,7 +122,7 @@ impl Node {
     pub(super) fn update_alpns(&self) {
         let live = self
             .store
-            .prune_invites(crate::audit::unix_ms() / 1000)
+            .prune_invites(crate::time::unix_ms() / 1000)
             .unwrap_or(0);
         let mut alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec()];
         if live > 0 {

@@ -14,12 +14,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::audit::unix_ms;
 use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
 use crate::principal::{Principal, is_allowed};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
+use crate::time::unix_ms;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
 use super::node::{Node, params_of};
@@ -315,7 +315,7 @@ impl Node {
                 codes::REFUSED,
                 format!(
                     "this invite expired at {} UTC; ask for a new one",
-                    crate::audit::format_time(invite.exp * 1000)
+                    crate::time::format_time(invite.exp * 1000)
                 ),
             ));
         }
