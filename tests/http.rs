@@ -291,37 +291,51 @@ async fn the_official_conformance_suite_passes_through_the_gateway_where_it_pass
     let baseline = std::fs::read_to_string(interop_script("conformance-baseline.txt")).unwrap();
     let scenarios: Vec<&str> = baseline.split_whitespace().collect();
     assert!(scenarios.len() >= 10, "{baseline}");
+    // The same scenarios against server-everything's own Streamable HTTP, in the same run.
+    let direct = EverythingHttp::start().await;
+    let token = gateway.token.clone().unwrap();
+    let mounted = gateway.url("alice/everything");
+    let (through, straight) = tokio::join!(
+        conformance(&mounted, &scenarios, Some(&token)),
+        conformance(&direct.url, &scenarios, None),
+    );
+    for scenario in scenarios {
+        let pass = format!("pass {scenario}");
+        assert!(
+            straight.lines().any(|l| l == pass),
+            "{scenario} no longer passes against server-everything directly; update the baseline:\n{straight}"
+        );
+        assert!(
+            through.lines().any(|l| l == pass),
+            "{scenario} passes against server-everything directly but not through the gateway:\n{through}"
+        );
+    }
+}
+
+/// Runs the conformance suite's `scenarios` against `url`; its verdict lines.
+async fn conformance(url: &str, scenarios: &[&str], token: Option<&str>) -> String {
     let out_dir = tempfile::tempdir().unwrap();
-    let out = tokio::time::timeout(
-        Duration::from_secs(400),
-        Command::new(interop_script("conformance.sh"))
-            .arg(gateway.url("alice/everything"))
-            .arg(out_dir.path())
-            .env("CONFORMANCE_SCENARIOS", scenarios.join(" "))
-            .env(
-                "CONFORMANCE_BEARER_TOKEN",
-                gateway.token.as_deref().unwrap(),
-            )
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the conformance run finishes in time")
-    .unwrap();
+    let mut cmd = Command::new(interop_script("conformance.sh"));
+    cmd.arg(url)
+        .arg(out_dir.path())
+        .env("CONFORMANCE_SCENARIOS", scenarios.join(" "))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(token) = token {
+        cmd.env("CONFORMANCE_BEARER_TOKEN", token);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(400), cmd.output())
+        .await
+        .expect("the conformance run finishes in time")
+        .unwrap();
     let verdicts = String::from_utf8_lossy(&out.stdout).into_owned();
-    println!("{verdicts}");
+    println!("{url}:\n{verdicts}");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for scenario in scenarios {
-        assert!(
-            verdicts.lines().any(|l| l == format!("pass {scenario}")),
-            "{scenario} passes against server-everything directly but not through the gateway:\n{verdicts}"
-        );
-    }
+    verdicts
 }
 
 #[tokio::test(flavor = "multi_thread")]
