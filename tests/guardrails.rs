@@ -222,6 +222,7 @@ fn verify_at(home: &std::path::Path) -> (Option<i32>, Value) {
 /// A copy of `node`'s audit folder in a profile of its own, to tamper with.
 fn audit_copy(node: &TestNode) -> (tempfile::TempDir, std::path::PathBuf) {
     let home = tempfile::tempdir().unwrap();
+    std::fs::write(home.path().join("config.toml"), HERMETIC).unwrap();
     let dir = home.path().join("state/audit");
     std::fs::create_dir_all(&dir).unwrap();
     for entry in std::fs::read_dir(node.home().join("state/audit")).unwrap() {
@@ -372,4 +373,74 @@ async fn the_audit_chain_survives_kill_9_and_restarts_and_tells_every_tamper() {
             "{what}: {report}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_folder_and_head_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let m = marker("auditmode");
+    let (alice, bob) = pair_with("", &m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    s.close_stdin();
+    s.wait_eof().await;
+    alice.json(&["down"]);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let dir = alice.home().join("state/audit");
+    assert_eq!(mode(&dir), 0o700);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+}
+
+/// Bytes a process has read so far (`rchar` of /proc/PID/io).
+fn bytes_read(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_tail_follow_reads_only_what_was_added() {
+    // A 4 MiB log; following it must not read it again for each new record.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(home.path().join("config.toml"), HERMETIC).unwrap();
+    let dir = home.path().join("state/audit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("audit-2026-01.jsonl");
+    let line = |seq: u64| {
+        format!(
+            "{{\"seq\":{seq},\"at_ms\":{seq},\"event\":\"trust\",\"action\":\"grant\",\"peer\":\"p{seq}\",\"pad\":\"{}\"}}\n",
+            "x".repeat(180)
+        )
+    };
+    let text: String = (1..=20_000).map(line).collect();
+    std::fs::write(&file, &text).unwrap();
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(home.path())
+        .args(["--json", "audit", "tail", "-n", "1", "--follow"])
+        .env_remove("MCPMESH_HOME");
+    let (mut follow, first) = Started::until(&mut cmd, "\"seq\":20000").await;
+    assert!(first.contains("p20000"), "{first}");
+    let pid = follow.child.id().unwrap();
+    let before = bytes_read(pid);
+    for seq in 20_001..=20_003 {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap();
+        std::io::Write::write_all(&mut f, line(seq).as_bytes()).unwrap();
+        let shown = follow.wait_for(&format!("\"seq\":{seq}")).await;
+        assert!(shown.contains(&format!("p{seq}")), "{shown}");
+    }
+    let read = bytes_read(pid) - before;
+    assert!(
+        read < text.len() as u64 / 4,
+        "following three new records read {read} bytes of a {} byte log",
+        text.len()
+    );
 }
