@@ -269,6 +269,19 @@ fn doctor_flags_a_missing_command_and_a_loose_key() {
 }
 
 #[test]
+fn an_invite_wrapped_and_quoted_by_a_mail_client_still_pairs() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.serve_stub("notes", &[], None, &marker("wrapped"));
+    let line = invite(&alice, &["notes"]);
+    let (head, tail) = line.split_at(line.len() / 2);
+    let delivered = format!("\"{head}\n  {tail}\"\n");
+    let paired = bob.json(&["pair", &delivered]);
+    assert_eq!(paired["peer"], "alice");
+    assert_eq!(paired["mounts"], json!(["alice/notes"]));
+}
+
+#[test]
 fn every_verb_prints_one_json_value() {
     let alice = TestNode::start("alice");
     let bob = TestNode::start("bob");
