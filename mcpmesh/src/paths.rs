@@ -54,6 +54,11 @@ impl Profile {
         }
     }
 
+    /// Whether this profile was ever created: it has a config file or a device key.
+    pub fn exists(&self) -> bool {
+        self.config_file().exists() || self.key_file().exists()
+    }
+
     pub fn config_file(&self) -> PathBuf {
         self.config_dir.join("config.toml")
     }
