@@ -241,7 +241,12 @@ async fn revoke_ends_that_services_sessions_and_grant_applies_without_a_restart(
 fn doctor_flags_a_missing_command_and_a_loose_key() {
     use std::os::unix::fs::PermissionsExt;
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "ghost", "--", "/nonexistent/mcp-server"]);
+    // A command that was there when it was served and is gone now.
+    let server = alice.home().join("mcp-server");
+    std::fs::write(&server, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
+    alice.json(&["serve", "ghost", "--", server.to_str().unwrap()]);
+    std::fs::remove_file(&server).unwrap();
     std::fs::set_permissions(
         alice.home().join("device.key"),
         std::fs::Permissions::from_mode(0o644),
@@ -504,7 +509,15 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
     alice.signal(rustix::process::Signal::HUP);
     let m2 = marker("reserve2");
     alice.json(&[
-        "serve", "notes", "--allow", "carol", "--", STUB, "--marker", &m2,
+        "serve",
+        "notes",
+        "--replace",
+        "--allow",
+        "carol",
+        "--",
+        STUB,
+        "--marker",
+        &m2,
     ]);
     let notes = alice.json(&["status"])["services"]
         .as_array()
