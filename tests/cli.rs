@@ -641,3 +641,42 @@ fn a_home_that_holds_no_profile_is_refused_not_made_into_a_new_identity() {
         .unwrap();
     assert!(down.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_under_json_writes_only_a_failures_json_line_on_stderr() {
+    use tokio::io::AsyncReadExt;
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    // (target, what stderr must be): a refused open, and a session the peer then refuses.
+    for target in ["nobody/notes", "alice/notes"] {
+        let mut cmd = tokio::process::Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(bob.home())
+            .args(["--json", "connect", target])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut s = McpSession::spawn(cmd);
+        let mut stderr = s.child.stderr.take().unwrap();
+        let answer = s.initialize().await;
+        assert_eq!(answer["error"]["code"], -32054, "{target}: {answer}");
+        s.close_stdin();
+        s.wait_eof().await;
+        let mut text = String::new();
+        tokio::time::timeout(ANSWER_TIMEOUT, stderr.read_to_string(&mut text))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!text.contains("session open"), "{target}: {text}");
+        if target.starts_with("nobody") {
+            let line: Value =
+                serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("{text}"));
+            assert_eq!(line["error"]["code"], -32054, "{line}");
+        } else {
+            assert_eq!(text, "", "{target}");
+        }
+    }
+}
