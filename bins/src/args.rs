@@ -313,3 +313,44 @@ pub fn wants_json(args: &[std::ffi::OsString]) -> bool {
         .take_while(|a| *a != "--")
         .any(|a| a == "--json")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every visible verb has an example, and every argument of it a description.
+    #[test]
+    fn every_verb_has_an_example_and_every_argument_a_description() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_name() != "help" && !sub.has_subcommands() {
+                    let after = sub.get_after_help().map(|h| h.to_string());
+                    assert!(
+                        after.is_some_and(|h| h.contains("Examples:\n  mcpmesh ")),
+                        "{path} has no example"
+                    );
+                }
+                for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+                    assert!(
+                        arg.get_help().is_some(),
+                        "{path}: {} has no description",
+                        arg.get_id()
+                    );
+                }
+                walk(sub, &path);
+            }
+        }
+        walk(&Cli::command(), "mcpmesh");
+    }
+
+    #[test]
+    fn json_is_seen_anywhere_before_a_double_dash() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(wants_json(&args(&["mcpmesh", "peers", "add", "--json"])));
+        assert!(!wants_json(&args(&[
+            "mcpmesh", "serve", "x", "--", "srv", "--json"
+        ])));
+    }
+}
