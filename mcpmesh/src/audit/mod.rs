@@ -164,11 +164,11 @@ pub struct AuditSink {
 }
 
 /// Each service's latest failure to start or reach its server, for `status`.
-type Failures = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Failure>>>;
+type Failures = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, BackendFailure>>>;
 
 /// A service's server could not be started or reached: when, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Failure {
+pub struct BackendFailure {
     pub at_ms: u64,
     pub peer: String,
     pub reason: String,
@@ -205,7 +205,7 @@ impl AuditSink {
 
     /// The latest time `service`'s server could not be started or reached, since it was
     /// last (re)served.
-    pub fn last_failure(&self, service: &str) -> Option<Failure> {
+    pub fn last_failure(&self, service: &str) -> Option<BackendFailure> {
         self.failures_map().get(service).cloned()
     }
 
@@ -216,7 +216,7 @@ impl AuditSink {
 
     fn failures_map(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Failure>> {
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, BackendFailure>> {
         self.failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -231,7 +231,7 @@ impl AuditSink {
             ..
         } = &event
         {
-            let failure = Failure {
+            let failure = BackendFailure {
                 at_ms: now_ms(),
                 peer: peer.clone(),
                 reason: reason.clone(),

@@ -281,6 +281,7 @@ impl Node {
                 format!("no service named {:?}", u.name),
             ));
         }
+        self.audit.forget_failure(&u.name);
         self.trust_event("unserve", None, Some(&u.name));
         Ok(json!({ "service": u.name, "serving": false, "sessions_ended": ended }))
     }
