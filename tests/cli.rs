@@ -184,18 +184,27 @@ async fn down_stops_every_child_the_node_spawned() {
 fn serve_socket_writes_an_absolute_path_replaces_run_and_doctor_checks_it() {
     let alice = TestNode::start("alice");
     alice.json(&["serve", "tools", "--", "cat"]);
+    // A socket file nobody listens on any more (its server stopped).
+    let sock = alice.home().join("srv.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     // A relative path is resolved where the command runs, and `run` gives way to `socket`.
     let out = alice
-        .command(&["--json", "serve", "tools", "--socket", "srv.sock"])
+        .command(&[
+            "--json",
+            "serve",
+            "tools",
+            "--replace",
+            "--socket",
+            "srv.sock",
+        ])
         .current_dir(alice.home())
         .output()
         .unwrap();
     assert_eq!(
         parse_ok(&out),
-        json!({ "service": "tools", "serving": true })
+        json!({ "service": "tools", "serving": true, "replaced": { "run": ["cat"] }, "allowed_peers": [] })
     );
     let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
-    let sock = alice.home().join("srv.sock");
     assert!(
         config.contains(&format!("socket = \"{}\"", sock.display())),
         "{config}"
@@ -209,6 +218,7 @@ fn serve_socket_writes_an_absolute_path_replaces_run_and_doctor_checks_it() {
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("nothing accepts connections on"), "{text}");
+    std::fs::remove_file(&sock).unwrap();
     let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     let doctor = parse_ok(&alice.cli(&["--json", "doctor"]));
     let service = doctor["checks"]
@@ -223,4 +233,450 @@ fn serve_socket_writes_an_absolute_path_replaces_run_and_doctor_checks_it() {
     // Both at once is refused before anything is written.
     let out = alice.cli(&["serve", "tools", "--socket", "/x.sock", "--", "cat"]);
     assert!(!out.status.success());
+}
+
+#[test]
+fn serving_a_name_again_is_refused_unless_replace_which_says_who_keeps_access() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let carol = TestNode::start("carol");
+    alice.trust(&bob);
+    alice.trust(&carol);
+    alice.serve("notes", &["bob", "carol"], &["--", "cat"]);
+
+    let refused = error_line(&alice.cli(&["--json", "serve", "notes", "--", "sh"]));
+    assert_eq!(refused["error"]["code"], 1005, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("--replace"), "{message}");
+    assert!(message.contains("bob, carol"), "{message}");
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert!(
+        config.contains("run = [\"cat\"]"),
+        "nothing changed: {config}"
+    );
+
+    let replaced = alice.json(&["serve", "notes", "--replace", "--", "sh"]);
+    assert_eq!(replaced["replaced"], json!({ "run": ["cat"] }));
+    assert_eq!(replaced["allowed_peers"], json!(["bob", "carol"]));
+    let human = alice.cli(&["serve", "notes", "--replace", "--", "cat"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("replaced notes (it was run = [\"sh\"]); bob, carol keep access"),
+        "{text}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_command_or_socket_that_is_not_there() {
+    let alice = TestNode::start("alice");
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--", "no-such-mcp-server-anywhere"],
+            "not found on the node's PATH",
+        ),
+        (&["--", "/nonexistent/mcp-server"], "does not exist"),
+        (&["--socket", "/nonexistent/srv.sock"], "does not exist"),
+        (&["--socket", "/etc/hostname"], "is not a socket"),
+    ];
+    for (backend, why) in cases {
+        let mut args = vec!["--json", "serve", "ghost"];
+        args.extend_from_slice(backend);
+        let err = error_line(&alice.cli(&args));
+        assert_eq!(err["error"]["code"], -32602, "{err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(why),
+            "{backend:?}: {err}"
+        );
+    }
+    let status = alice.json(&["status"]);
+    assert_eq!(status["services"], json!([]), "nothing was served");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_cannot_start_is_explained_to_the_owner_and_briefly_to_the_caller() {
+    use std::os::unix::fs::PermissionsExt;
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    let script = alice.home().join("notes-server.sh");
+    std::fs::write(&script, format!("#!/bin/sh\nexec {STUB}\n")).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    alice.serve("notes", &["bob"], &["--", script.to_str().unwrap()]);
+    std::fs::remove_file(&script).unwrap();
+
+    let mut watch = tokio::process::Command::new(MCPMESH);
+    watch
+        .arg("--home")
+        .arg(alice.home())
+        .args(["--json", "watch"]);
+    let (mut watch, _) = Started::until(&mut watch, "watching").await;
+
+    let mut s = bob.connect("alice/notes");
+    let answer = s
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": { "name": "t", "version": "0" } }),
+        )
+        .await;
+    assert_eq!(answer["error"]["code"], -32055, "{answer}");
+    let told = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        told.contains("the service could not be started: its command was not found"),
+        "{told}"
+    );
+    assert!(
+        !told.contains("notes-server.sh"),
+        "no path of alice's: {told}"
+    );
+
+    let event: Value = serde_json::from_str(&watch.wait_for("session_refused").await).unwrap();
+    assert_eq!(event["code"], -32055);
+    assert_eq!(event["peer"], "bob");
+    assert!(
+        event["reason"]
+            .as_str()
+            .unwrap()
+            .contains("notes-server.sh"),
+        "{event}"
+    );
+    let status = alice.json(&["status"]);
+    let failure = &status["services"][0]["last_failure"];
+    assert_eq!(failure["peer"], "bob", "{status}");
+    assert!(
+        failure["reason"]
+            .as_str()
+            .unwrap()
+            .contains("notes-server.sh")
+    );
+    let human = String::from_utf8_lossy(&alice.cli(&["status"]).stdout).into_owned();
+    assert!(human.contains("could not serve bob"), "{human}");
+
+    let records = alice.stop_and_audit();
+    assert!(
+        records.iter().any(|r| r["event"] == "session_refused"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|w| w.contains("notes-server.sh"))),
+        "{records:?}"
+    );
+}
+
+#[test]
+fn every_failure_under_json_is_one_json_line_on_stderr_with_a_code() {
+    let alice = TestNode::start("alice");
+    // The one-line rule, and nothing on stdout.
+    let only_error = |out: &std::process::Output| -> Value {
+        let err = error_line(out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "{:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(err["error"]["code"].is_i64(), "{err}");
+        err
+    };
+    let usage = only_error(&alice.cli(&["--json", "peers", "add", "bob"]));
+    assert_eq!(usage["error"]["code"], 1008);
+    let usage = only_error(&alice.cli(&["no-such-verb", "--json"]));
+    assert_eq!(usage["error"]["code"], 1008);
+
+    let daemon = alice.cli(&["--json", "daemon"]);
+    assert_eq!(only_error(&daemon)["error"]["code"], 1005);
+
+    let local = std::process::Command::new(MCPMESH)
+        .args(["--home", "/proc/mcpmesh-nope", "--json", "init"])
+        .output()
+        .unwrap();
+    assert_eq!(only_error(&local)["error"]["code"], 1009);
+
+    let completions = alice.json(&["completions", "bash"]);
+    assert_eq!(completions["shell"], "bash");
+    assert!(completions["script"].as_str().unwrap().contains("mcpmesh"));
+
+    // A failing check: the report is the answer on stdout, and the failure its one line.
+    std::fs::set_permissions(
+        alice.home().join("device.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let doctor = alice.cli(&["--json", "doctor"]);
+    let err = error_line(&doctor);
+    assert_eq!(err["error"]["code"], 1010, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("device key")
+    );
+    let report: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+
+    alice.serve("notes", &[], &["--", "cat"]);
+    alice.json(&["down"]);
+    let month = std::fs::read_dir(alice.home().join("state/audit"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .expect("an audit file");
+    let text = std::fs::read_to_string(&month).unwrap();
+    std::fs::write(&month, text.replacen("\"notes\"", "\"n0tes\"", 1)).unwrap();
+    let verify = alice.cli(&["--json", "audit", "verify"]);
+    let err = error_line(&verify);
+    assert_eq!(err["error"]["code"], 1010, "{err}");
+    let report: Value = serde_json::from_slice(&verify.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+}
+
+#[test]
+fn use_prints_a_complete_valid_block_for_each_client() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    bob.trust(&alice);
+    let v = bob.json(&["use", "alice/notes"]);
+    // Existing keys stay; one entry per client.
+    for key in ["claude_code", "mcpServers", "http_url", "command", "args"] {
+        assert!(!v[key].is_null(), "{key}: {v}");
+    }
+    let clients = &v["clients"];
+    let vscode = &clients["vscode"]["config"]["servers"]["alice-notes"];
+    assert_eq!(vscode["type"], "stdio", "{v}");
+    assert_eq!(vscode["args"], v["args"]);
+    assert_eq!(
+        clients["claude_desktop"]["config"]["mcpServers"]["alice-notes"]["command"],
+        v["command"]
+    );
+    assert_eq!(clients["cursor"], clients["claude_desktop"]);
+    assert!(
+        clients["claude_code"]["command_line"]
+            .as_str()
+            .unwrap()
+            .starts_with("claude mcp add alice-notes -- ")
+    );
+    assert_eq!(
+        clients["http"]["config"]["servers"]["alice-notes"]["type"],
+        "http"
+    );
+    // Added by id, not paired: nobody can tell whether alice serves it, and `use` says so.
+    assert!(
+        v["warning"].as_str().unwrap().contains("cannot tell"),
+        "{v}"
+    );
+
+    // Every JSON block of the human output parses on its own.
+    let out = bob.cli(&["use", "alice/notes"]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("warning: "), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match (&mut current, line) {
+            (None, "  {") => current = Some("{".into()),
+            (Some(block), "  }") => {
+                block.push('}');
+                blocks.push(serde_json::from_str::<Value>(block).unwrap());
+                current = None;
+            }
+            (Some(block), l) => block.push_str(l),
+            (None, _) => {}
+        }
+    }
+    assert_eq!(blocks.len(), 3, "{text}");
+    assert_eq!(blocks[0], clients["claude_desktop"]["config"]);
+    assert_eq!(blocks[1], clients["vscode"]["config"]);
+    assert_eq!(blocks[2], clients["http"]["config"]);
+
+    let unknown = error_line(&bob.cli(&["--json", "use", "carol/notes"]));
+    assert_eq!(unknown["error"]["code"], 1006);
+}
+
+#[test]
+fn peers_add_takes_the_eid_form_and_a_host_name() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let port = bob.addrs[0].rsplit_once(':').unwrap().1;
+    let added = alice.json(&[
+        "peers",
+        "add",
+        "bob",
+        &format!("eid:{}", bob.id),
+        "--addr",
+        &format!("localhost:{port}"),
+    ]);
+    assert_eq!(added["id"], bob.id);
+    let peers = alice.json(&["peers"]);
+    let addrs = peers["peers"][0]["addrs"].as_array().unwrap();
+    assert!(
+        addrs
+            .iter()
+            .any(|a| a == &json!(format!("127.0.0.1:{port}"))),
+        "{peers}"
+    );
+    let no_port = error_line(&alice.cli(&[
+        "--json", "peers", "add", "carol", &bob.id, "--addr", "bob.lan",
+    ]));
+    assert!(
+        no_port["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expected HOST:PORT or IP:PORT"),
+        "{no_port}"
+    );
+}
+
+#[test]
+fn every_verb_has_an_example_and_the_top_level_help_speaks_to_users() {
+    let top = String::from_utf8(
+        std::process::Command::new(MCPMESH)
+            .arg("--help")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(!top.contains("suites"), "{top}");
+    assert!(top.contains("Get started:"), "{top}");
+    let verbs = [
+        "init",
+        "id",
+        "up",
+        "down",
+        "daemon",
+        "peers",
+        "peers add",
+        "peers rename",
+        "peers remove",
+        "serve",
+        "unserve",
+        "invite",
+        "pair",
+        "grant",
+        "revoke",
+        "use",
+        "status",
+        "watch",
+        "doctor",
+        "completions",
+        "connect",
+        "gateway",
+        "audit",
+        "audit tail",
+        "audit verify",
+        "audit summary",
+        "demo",
+    ];
+    for verb in verbs {
+        let mut args: Vec<&str> = verb.split(' ').collect();
+        args.push("--help");
+        let out = std::process::Command::new(MCPMESH)
+            .args(&args)
+            .output()
+            .unwrap();
+        let help = String::from_utf8(out.stdout).unwrap();
+        assert!(help.contains("Examples:\n  mcpmesh "), "{verb}: {help}");
+        // Every positional argument is described: no bare `<NAME>` line in its list.
+        if let Some(list) = help.split("Arguments:\n").nth(1) {
+            for line in list.lines().take_while(|l| !l.is_empty()) {
+                let line = line.trim();
+                if line.starts_with('<') || line.starts_with('[') {
+                    assert!(line.contains("  "), "{verb}: {line:?} has no description");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_home_that_holds_no_profile_is_refused_not_made_into_a_new_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("mesh-tset");
+    for verb in [
+        &["status"][..],
+        &["serve", "notes", "--", "cat"],
+        &["peers"],
+    ] {
+        let mut args = vec!["--home", typo.to_str().unwrap(), "--json"];
+        args.extend_from_slice(verb);
+        let out = std::process::Command::new(MCPMESH)
+            .args(&args)
+            .env_remove("MCPMESH_HOME")
+            .output()
+            .unwrap();
+        let err = error_line(&out);
+        assert_eq!(err["error"]["code"], 1006, "{verb:?}: {err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains("init"),
+            "{err}"
+        );
+        assert!(!typo.exists(), "{verb:?} created {}", typo.display());
+    }
+    // `init --loopback` makes a hermetic one; a second `init` leaves it alone.
+    let home = dir.path().join("mesh");
+    let init = |extra: &[&str]| {
+        let mut args = vec!["--home", home.to_str().unwrap(), "--json", "init"];
+        args.extend_from_slice(extra);
+        std::process::Command::new(MCPMESH)
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let made = parse_ok(&init(&["--loopback", "--nickname", "tester"]));
+    assert!(
+        made["addrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a.as_str().unwrap().starts_with("127.0.0.1:")),
+        "{made}"
+    );
+    assert_eq!(error_line(&init(&[]))["error"]["code"], 1005);
+    let down = std::process::Command::new(MCPMESH)
+        .args(["--home", home.to_str().unwrap(), "down"])
+        .output()
+        .unwrap();
+    assert!(down.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_under_json_writes_only_a_failures_json_line_on_stderr() {
+    use tokio::io::AsyncReadExt;
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    // (target, what stderr must be): a refused open, and a session the peer then refuses.
+    for target in ["nobody/notes", "alice/notes"] {
+        let mut cmd = tokio::process::Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(bob.home())
+            .args(["--json", "connect", target])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut s = McpSession::spawn(cmd);
+        let mut stderr = s.child.stderr.take().unwrap();
+        let answer = s.initialize().await;
+        assert_eq!(answer["error"]["code"], -32054, "{target}: {answer}");
+        s.close_stdin();
+        s.wait_eof().await;
+        let mut text = String::new();
+        tokio::time::timeout(ANSWER_TIMEOUT, stderr.read_to_string(&mut text))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!text.contains("session open"), "{target}: {text}");
+        if target.starts_with("nobody") {
+            let line: Value =
+                serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("{text}"));
+            assert_eq!(line["error"]["code"], -32054, "{line}");
+        } else {
+            assert_eq!(text, "", "{target}");
+        }
+    }
 }

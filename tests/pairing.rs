@@ -241,7 +241,12 @@ async fn revoke_ends_that_services_sessions_and_grant_applies_without_a_restart(
 fn doctor_flags_a_missing_command_and_a_loose_key() {
     use std::os::unix::fs::PermissionsExt;
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "ghost", "--", "/nonexistent/mcp-server"]);
+    // A command that was there when it was served and is gone now.
+    let server = alice.home().join("mcp-server");
+    std::fs::write(&server, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
+    alice.json(&["serve", "ghost", "--", server.to_str().unwrap()]);
+    std::fs::remove_file(&server).unwrap();
     std::fs::set_permissions(
         alice.home().join("device.key"),
         std::fs::Permissions::from_mode(0o644),
@@ -266,6 +271,19 @@ fn doctor_flags_a_missing_command_and_a_loose_key() {
         errors.iter().any(|c| c["check"] == "device key"),
         "{report}"
     );
+}
+
+#[test]
+fn an_invite_wrapped_and_quoted_by_a_mail_client_still_pairs() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.serve_stub("notes", &[], None, &marker("wrapped"));
+    let line = invite(&alice, &["notes"]);
+    let (head, tail) = line.split_at(line.len() / 2);
+    let delivered = format!("\"{head}\n  {tail}\"\n");
+    let paired = bob.json(&["pair", &delivered]);
+    assert_eq!(paired["peer"], "alice");
+    assert_eq!(paired["mounts"], json!(["alice/notes"]));
 }
 
 #[test]
@@ -491,7 +509,15 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
     alice.signal(rustix::process::Signal::HUP);
     let m2 = marker("reserve2");
     alice.json(&[
-        "serve", "notes", "--allow", "carol", "--", STUB, "--marker", &m2,
+        "serve",
+        "notes",
+        "--replace",
+        "--allow",
+        "carol",
+        "--",
+        STUB,
+        "--marker",
+        &m2,
     ]);
     let notes = alice.json(&["status"])["services"]
         .as_array()

@@ -1,232 +1,55 @@
+//! What each verb does: one function per verb, each parsing nothing (clap did, in `args`)
+//! and rendering its answer through `Output`.
+
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use mcpmesh::control::client::ControlClient;
 use mcpmesh::control::{Attach, codes, methods};
 use mcpmesh::paths::Profile;
+use serde_json::{Value, json};
 
+use crate::args::{AuditAction, Cli, Command, PeersAction, wants_json};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
-use serde_json::{Value, json};
-
-/// Share MCP servers between machines, peer to peer.
-#[derive(Debug, Parser)]
-#[command(name = "mcpmesh", version, about, propagate_version = true)]
-struct Cli {
-    /// Keep all of this node's state under DIR (same as MCPMESH_HOME).
-    #[arg(long, global = true, value_name = "DIR")]
-    home: Option<PathBuf>,
-    /// Print one JSON value on stdout (errors as one JSON line on stderr).
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Show this node's endpoint id and dialable addresses (starts the node if needed).
-    Id,
-    /// Start the node in the background.
-    Up,
-    /// Stop the node and every server it spawned.
-    Down,
-    /// Run the node in the foreground.
-    Daemon {
-        /// Report readiness or failure as one JSON line on stdout (for whoever started us).
-        #[arg(long, hide = true)]
-        notify: bool,
-    },
-    /// List trusted peers, or add one.
-    Peers {
-        #[command(subcommand)]
-        action: Option<PeersAction>,
-    },
-    /// Serve an MCP server to peers: a stdio command spawned once per session
-    /// (`serve NAME -- CMD…`), a long-running server on a Unix socket (`--socket PATH`), or a
-    /// Streamable HTTP server (`--url URL`).
-    Serve {
-        /// The service's name, as peers will mount it (`<this node>/<NAME>`).
-        name: String,
-        /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
-        /// `user:` and `group:` are reserved for a team roster. Repeatable.
-        #[arg(long = "allow", value_name = "PRINCIPAL")]
-        allow: Vec<String>,
-        /// Sessions running at once (default 4).
-        #[arg(long, value_name = "N")]
-        max_sessions: Option<u32>,
-        /// A Unix socket a running MCP server listens on; one connection per session, the
-        /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
-        #[arg(long, value_name = "PATH", conflicts_with_all = ["cmd", "url"])]
-        socket: Option<PathBuf>,
-        /// A Streamable HTTP MCP server (http:// or https://); one upstream session per mesh
-        /// session, the caller's identity in each request's `_meta` as for `--socket`.
-        #[arg(long, value_name = "URL", conflicts_with = "cmd")]
-        url: Option<String>,
-        /// A header sent to `--url`, as NAME=VALUE; `${VAR}` in VALUE is read from the node's
-        /// environment when a session starts (for tokens). Repeatable.
-        #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
-        headers: Vec<String>,
-        /// The server command and its arguments.
-        #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
-        cmd: Vec<String>,
-    },
-    /// Stop serving a service (its live sessions end).
-    Unserve { name: String },
-    /// Mint a one-line invite that shares services with whoever redeems it.
-    Invite {
-        /// The services to share.
-        #[arg(required = true)]
-        services: Vec<String>,
-        /// How many times it may be redeemed (1 to 64).
-        #[arg(long, default_value_t = 1)]
-        uses: u32,
-        /// How long it stays valid (e.g. 30m, 24h, 7d; at most 7d).
-        #[arg(long, default_value = "24h")]
-        ttl: String,
-    },
-    /// Redeem an invite: both nodes trust each other and you can mount the shared services.
-    Pair {
-        /// The `mcpmesh-invite:…` line.
-        invite: String,
-        /// What to call the inviter here (default: the name it suggests).
-        #[arg(long)]
-        name: Option<String>,
-    },
-    /// Let a peer use one of your services.
-    Grant { peer: String, service: String },
-    /// Take a peer's access to a service away (its live sessions to it end).
-    Revoke { peer: String, service: String },
-    /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
-    Use {
-        /// PEER/SERVICE
-        target: String,
-    },
-    /// What this node serves and to whom, its peers, live sessions, recent pairings.
-    Status,
-    /// Follow the node live: sessions opening and closing, each request's latency and bytes,
-    /// trust changes (with --json, one JSON event per line).
-    Watch,
-    /// Check config, key and socket permissions, service commands and network settings.
-    Doctor,
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
-    Completions { shell: clap_complete::Shell },
-    /// Be the stdio MCP server for a peer's service (what AI clients launch).
-    Connect {
-        /// PEER/SERVICE
-        target: String,
-    },
-    /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
-    /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
-    /// Every request must carry this node's gateway token (`Authorization: Bearer …`; `mcpmesh
-    /// use PEER/SERVICE` prints it).
-    Gateway {
-        /// Where to listen: loopback unless --allow-remote.
-        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
-        listen: std::net::SocketAddr,
-        /// Allow a non-loopback address (never with --no-token).
-        #[arg(long)]
-        allow_remote: bool,
-        /// The bearer token clients must send, instead of this node's own (minted once and
-        /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
-        /// out of process listings.
-        #[arg(
-            long,
-            value_name = "TOKEN",
-            env = "MCPMESH_GATEWAY_TOKEN",
-            hide_env_values = true
-        )]
-        token: Option<String>,
-        /// Serve on loopback without a token: every local user can then act as this node
-        /// through the gateway.
-        #[arg(long, conflicts_with = "token")]
-        no_token: bool,
-        /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
-        /// Repeatable.
-        #[arg(long = "allow-origin", value_name = "ORIGIN")]
-        allowed_origins: Vec<String>,
-        /// A Host name accepted besides loopback names (for a loopback bind reached through a
-        /// local proxy). Repeatable.
-        #[arg(long = "allow-host", value_name = "NAME")]
-        allowed_hosts: Vec<String>,
-    },
-    /// Read the audit log: recent records, totals, or a check of its integrity.
-    Audit {
-        #[command(subcommand)]
-        action: AuditAction,
-    },
-    /// Two nodes on this machine share a tool, end to end: no network, no accounts.
-    Demo,
-    /// The demo's built-in stdio MCP server.
-    #[command(hide = true)]
-    DemoServer,
-}
-
-#[derive(Debug, Subcommand)]
-enum AuditAction {
-    /// The most recent records (with --json, one JSON record per line).
-    Tail {
-        /// How many records.
-        #[arg(short = 'n', long = "lines", default_value_t = 20)]
-        lines: usize,
-        /// Keep printing records as they are written.
-        #[arg(long, short)]
-        follow: bool,
-        /// Only records about this peer.
-        #[arg(long)]
-        peer: Option<String>,
-        /// Only records about this service.
-        #[arg(long)]
-        service: Option<String>,
-    },
-    /// Check the hash chain; exits 1 if any record was edited, removed, inserted or moved.
-    Verify,
-    /// Sessions, requests, errors, latency and bytes per peer and per service.
-    Summary {
-        /// Only records this recent (30m, 24h, 7d).
-        #[arg(long, value_name = "DURATION")]
-        since: Option<String>,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum PeersAction {
-    /// Trust a peer by its endpoint id (static trust, no ceremony).
-    Add {
-        name: String,
-        id: String,
-        /// An address the peer can be reached at (HOST:PORT). Repeatable.
-        #[arg(long = "addr", value_name = "HOST:PORT")]
-        addrs: Vec<String>,
-    },
-    /// Give a peer another name (its grants follow).
-    Rename { old: String, new: String },
-    /// Stop trusting a peer: its grants go and its live connections end at once.
-    Remove { name: String },
-}
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let json_mode = cli.json;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json_mode = wants_json(&argv);
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        // Help and version are answers, not failures.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) if json_mode => {
+            Failure::new(codes::USAGE, usage_message(&e)).report(true);
+            return ExitCode::FAILURE;
+        }
+        Err(e) => e.exit(),
+    };
     init_logging(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            if json_mode {
-                eprintln!(
-                    "{}",
-                    json!({ "error": { "code": f.code, "message": f.message } })
-                );
-            } else {
-                eprintln!("mcpmesh: {}", f.message);
-            }
+            f.report(json_mode);
             ExitCode::FAILURE
         }
     }
+}
+
+/// A clap error as one line: what is wrong, without the usage block clap appends.
+fn usage_message(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let what = text.split("\n\nUsage:").next().unwrap_or_default();
+    let what = what.trim().trim_start_matches("error: ");
+    let what = what.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("{what} (see `mcpmesh --help`)")
 }
 
 fn init_logging(command: &Command) {
@@ -246,30 +69,53 @@ fn init_logging(command: &Command) {
         .try_init();
 }
 
+/// Whether a verb may create the profile it is pointed at. Every other verb refuses a
+/// `--home` (or `MCPMESH_HOME`) that holds no profile: a mistyped directory would otherwise
+/// become a new identity.
+fn creates_profile(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Init { .. }
+            | Command::Up
+            | Command::Id
+            | Command::Daemon { .. }
+            | Command::Demo
+            | Command::DemoServer
+            | Command::Completions { .. }
+    )
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     let profile = Profile::resolve(cli.home.clone()).context("locating the node's files")?;
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
+    if let Some(home) = &profile.home
+        && !creates_profile(&cli.command)
+        && !profile.exists()
+    {
+        return Err(Failure::new(
+            codes::NOT_FOUND,
+            format!(
+                "no mcpmesh profile in {} (is the directory right?). To make one there: mcpmesh --home {} init",
+                home.display(),
+                home.display()
+            ),
+        ));
+    }
+    let ctx = Ctx {
+        profile: &profile,
+        exe: &exe,
+        out: &out,
+    };
     match cli.command {
-        Command::Daemon { notify } => daemon(profile, notify || out.json),
+        Command::Init { loopback, nickname } => init(&ctx, loopback, nickname.as_deref()),
+        Command::Daemon { notify } => daemon(profile.clone(), notify, out.json),
         Command::DemoServer => {
             crate::stub_server::serve_stdio("mcpmesh-demo", false).context("demo server")?;
             Ok(())
         }
-        Command::Demo => {
-            if out.json {
-                let report =
-                    mcpmesh::demo::run(&exe, &mut std::io::sink()).context("demo failed")?;
-                out.print(
-                    serde_json::to_value(&report).context("rendering")?,
-                    String::new,
-                );
-            } else {
-                mcpmesh::demo::run(&exe, &mut std::io::stdout().lock()).context("demo failed")?;
-            }
-            Ok(())
-        }
-        Command::Connect { target } => connect(&profile, &exe, &target),
+        Command::Demo => demo(&ctx),
+        Command::Connect { target } => connect(&profile, &exe, &target, out.json),
         Command::Gateway {
             listen,
             allow_remote,
@@ -290,8 +136,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     token: None,
                     allowed_origins,
                     allowed_hosts,
-                    profile,
-                    exe,
+                    profile: profile.clone(),
+                    exe: exe.clone(),
                 },
                 allow_remote,
                 token,
@@ -299,278 +145,454 @@ fn run(cli: Cli) -> Result<(), Failure> {
             )
         }
         Command::Audit { action } => audit(&profile, action, &out),
-        Command::Up => {
-            let started = std::time::Instant::now();
-            ControlClient::connect_or_start(&profile, &exe)?;
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            let socket = profile.socket_path().display().to_string();
-            out.print(
-                json!({ "socket": socket, "ms": (ms * 10.0).round() / 10.0 }),
-                || format!("node is up in {ms:.0} ms (control socket {socket})"),
-            );
-            Ok(())
-        }
-        Command::Down => {
-            let was_running = ControlClient::shutdown(&profile)?;
-            out.print(
-                json!({ "stopped": true, "was_running": was_running }),
-                || {
-                    if was_running {
-                        "node stopped".into()
-                    } else {
-                        "no node was running".into()
-                    }
-                },
-            );
-            Ok(())
-        }
-        Command::Id => {
-            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
-            let v = client.call(methods::NODE_ID, json!({}))?;
-            out.print(v.clone(), || {
-                let addrs: Vec<&str> = v["addrs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                format!(
-                    "{}\naddresses: {}",
-                    v["id"].as_str().unwrap_or_default(),
-                    addrs.join(" ")
-                )
-            });
-            Ok(())
-        }
-        Command::Peers { action: None } => {
-            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
-            let v = client.call(methods::PEERS_LIST, json!({}))?;
-            out.print(v.clone(), || render_peers(&v));
-            Ok(())
-        }
+        Command::Up => up(&ctx),
+        Command::Down => down(&ctx),
+        Command::Id => id(&ctx),
+        Command::Peers { action: None } => peers_list(&ctx),
         Command::Peers {
             action: Some(PeersAction::Add { name, id, addrs }),
-        } => {
-            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
-            let v = client.call(
-                methods::PEERS_ADD,
-                json!({ "name": name, "id": id, "addrs": addrs }),
-            )?;
-            out.print(json!({ "peer": v["peer"], "id": v["id"] }), || {
-                format!("trusting {name}. Next: mcpmesh serve SERVICE --allow {name} -- COMMAND…, or mcpmesh connect {name}/SERVICE")
-            });
-            Ok(())
-        }
+        } => peers_add(&ctx, &name, &id, &addrs),
         Command::Peers {
             action: Some(PeersAction::Rename { old, new }),
-        } => {
-            let v = call(
-                &profile,
-                &exe,
-                methods::PEERS_RENAME,
-                json!({ "old": old, "new": new }),
-            )?;
-            out.print(v, || format!("{old} is now {new}; its grants followed"));
-            Ok(())
-        }
+        } => peers_rename(&ctx, &old, &new),
         Command::Peers {
             action: Some(PeersAction::Remove { name }),
-        } => {
-            let v = call(
-                &profile,
-                &exe,
-                methods::PEERS_REMOVE,
-                json!({ "name": name }),
-            )?;
-            out.print(v, || {
-                format!("{name} removed: no longer trusted, its connections closed")
-            });
-            Ok(())
-        }
-        Command::Unserve { name } => {
-            let v = call(
-                &profile,
-                &exe,
-                methods::SERVICES_UNSERVE,
-                json!({ "name": name }),
-            )?;
-            let ended = v["sessions_ended"].as_u64().unwrap_or(0);
-            out.print(v, || {
-                format!("no longer serving {name} ({ended} live sessions ended)")
-            });
-            Ok(())
-        }
-        Command::Grant { peer, service } => {
-            let v = call(
-                &profile,
-                &exe,
-                methods::GRANT,
-                json!({ "peer": peer, "service": service }),
-            )?;
-            out.print(v, || format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"));
-            Ok(())
-        }
-        Command::Revoke { peer, service } => {
-            let v = call(
-                &profile,
-                &exe,
-                methods::REVOKE,
-                json!({ "peer": peer, "service": service }),
-            )?;
-            let still = v["granted"] == json!(true);
-            out.print(v, || {
-                if still {
-                    format!("revoked the grant, but {peer} is still admitted to {service} by another allow entry (see config.toml)")
-                } else {
-                    format!("{peer} may no longer use {service}")
-                }
-            });
-            Ok(())
-        }
+        } => peers_remove(&ctx, &name),
+        Command::Unserve { name } => unserve(&ctx, &name),
+        Command::Grant { peer, service } => grant(&ctx, &peer, &service),
+        Command::Revoke { peer, service } => revoke(&ctx, &peer, &service),
         Command::Invite {
             services,
             uses,
             ttl,
-        } => {
-            let ttl = mcpmesh::time::parse_duration(&ttl).ok_or_else(|| Failure {
-                code: Some(codes::INVALID_PARAMS),
-                message: format!("{ttl:?} is not a duration like 30m, 24h or 7d"),
-            })?;
-            let started = std::time::Instant::now();
-            let v = call(
-                &profile,
-                &exe,
-                methods::INVITE,
-                json!({ "services": services, "uses": uses, "ttl_secs": ttl.as_secs() }),
-            )?;
-            let took = started.elapsed();
-            out.print(v.clone(), || {
-                format!(
-                    "{}\n\nSend this line to the person you are sharing with ({} use{}, valid until {} UTC). They run:\n  mcpmesh pair '<the line>'\n(minted in {:.0} ms)",
-                    v["invite"].as_str().unwrap_or_default(),
-                    uses,
-                    if uses == 1 { "" } else { "s" },
-                    mcpmesh::time::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
-                    took.as_secs_f64() * 1e3
-                )
-            });
-            Ok(())
-        }
-        Command::Pair { invite, name } => {
-            let started = std::time::Instant::now();
-            let v = call(
-                &profile,
-                &exe,
-                methods::PAIR,
-                json!({ "invite": invite, "name": name }),
-            )?;
-            let took = started.elapsed();
-            out.print(v.clone(), || {
-                let peer = v["peer"].as_str().unwrap_or_default();
-                let mounts: Vec<&str> = v["mounts"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                let mut s = format!(
-                    "paired with {peer} in {:.0} ms. Check that {peer} sees the same code: {}\n",
-                    took.as_secs_f64() * 1e3,
-                    v["code"].as_str().unwrap_or_default()
-                );
-                for m in &mounts {
-                    s.push_str(&format!("you can mount {m}: mcpmesh use {m}\n"));
-                }
-                s.trim_end().to_owned()
-            });
-            Ok(())
-        }
-        Command::Use { target } => use_lines(&profile, &exe, &target, &out),
-        Command::Status => {
-            let v = call(&profile, &exe, methods::STATUS, json!({}))?;
-            out.print(v.clone(), || render_status(&v));
-            Ok(())
-        }
+        } => invite(&ctx, &services, uses, &ttl),
+        Command::Pair { invite, name } => pair(&ctx, &invite, name.as_deref()),
+        Command::Use { target } => crate::mount::use_lines(&profile, &exe, &target, &out),
+        Command::Status => status(&ctx),
         Command::Doctor => doctor(&profile, &out),
-        Command::Watch => {
-            let events = ControlClient::connect_or_start(&profile, &exe)?.watch()?;
-            // Printed once subscribed: every event after this line is shown.
-            if out.json {
-                println!("{}", json!({ "watching": true }));
-            } else {
-                println!(
-                    "watching {} (Ctrl-C to stop)",
-                    profile.socket_path().display()
-                );
-            }
-            for event in events {
-                match event["method"].as_str() {
-                    Some("event") => print_record(&event["params"], out.json),
-                    Some("lagged") if !out.json => println!(
-                        "… {} events skipped (too fast to show)",
-                        event["params"]["missed"]
-                    ),
-                    _ if out.json => print_record(&event, true),
-                    _ => {}
-                }
-            }
-            Ok(())
-        }
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "mcpmesh",
-                &mut std::io::stdout(),
-            );
-            Ok(())
-        }
+        Command::Watch => watch(&ctx),
+        Command::Completions { shell } => completions(shell, &out),
         Command::Serve {
             name,
             allow,
             max_sessions,
+            replace,
             socket,
             url,
             headers,
             cmd,
         } => {
-            let mut params = json!({ "name": name, "allow": allow, "max_sessions": max_sessions });
-            if let Some(path) = socket {
-                let path = std::path::absolute(&path)
-                    .with_context(|| format!("socket path {}", path.display()))?;
-                params["socket"] = json!(path);
-            } else if let Some(url) = url {
-                let mut map = serde_json::Map::new();
-                for h in &headers {
-                    let (k, v) = h
-                        .split_once('=')
-                        .with_context(|| format!("--header {h:?}: expected NAME=VALUE"))?;
-                    map.insert(k.trim().to_owned(), json!(v));
-                }
-                params["url"] = json!(url);
-                params["headers"] = Value::Object(map);
-            } else {
-                params["run"] = json!(cmd);
-            }
-            let mut client = ControlClient::connect_or_start(&profile, &exe)?;
-            let v = client.call(methods::SERVICES_SERVE, params)?;
-            let node = client.node_id().to_owned();
-            out.print(json!({ "service": v["service"], "serving": true }), || {
-                let peers: Vec<&str> = v["allowed_peers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-                if peers.is_empty() {
-                    format!("serving {name}, to nobody yet. Next: mcpmesh invite {name}  (a one-line invite to send to whoever should use it)")
-                } else {
-                    format!(
-                        "serving {name} to {} (this node is {}…). To share it with someone new: mcpmesh invite {name}",
-                        peers.join(", "),
-                        node.get(..12).unwrap_or_default()
-                    )
-                }
-            });
-            Ok(())
+            let backend = match (socket, url) {
+                (Some(path), _) => Backend::Socket(path),
+                (None, Some(url)) => Backend::Url(url, headers),
+                (None, None) => Backend::Run(cmd),
+            };
+            serve(
+                &ctx,
+                Serve {
+                    name,
+                    allow,
+                    max_sessions,
+                    replace,
+                    backend,
+                },
+            )
         }
     }
+}
+
+/// What every verb that talks to the node needs.
+struct Ctx<'a> {
+    profile: &'a Profile,
+    exe: &'a Path,
+    out: &'a Output,
+}
+
+impl Ctx<'_> {
+    /// One request to the node (started if needed).
+    fn call(&self, method: &str, params: Value) -> Result<Value, Failure> {
+        call(self.profile, self.exe, method, params)
+    }
+}
+
+fn init(ctx: &Ctx, loopback: bool, nickname: Option<&str>) -> Result<(), Failure> {
+    let profile = ctx.profile;
+    let config = profile.config_file();
+    if profile.exists() {
+        return Err(Failure::new(
+            codes::CONFLICT,
+            format!(
+                "a profile already exists here ({}); `mcpmesh id` shows its identity",
+                config.display()
+            ),
+        ));
+    }
+    profile
+        .create_dirs()
+        .context("creating the profile's directories")?;
+    let mut text = String::new();
+    if let Some(nick) = nickname {
+        text.push_str(&format!("[identity]\nnickname = {}\n\n", json!(nick)));
+    }
+    if loopback {
+        text.push_str("[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n");
+    }
+    std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+    let mut client = ControlClient::connect_or_start(profile, ctx.exe)?;
+    let v = client.call(methods::NODE_ID, json!({}))?;
+    let mut value = v.clone();
+    value["config"] = json!(config.display().to_string());
+    ctx.out.print(value, || {
+        format!(
+            "created a profile in {}\nthis node is {}{}\nNext: mcpmesh serve NAME -- COMMAND…",
+            config.parent().unwrap_or(&config).display(),
+            v["id"].as_str().unwrap_or_default(),
+            if loopback {
+                " (loopback only, no relays)"
+            } else {
+                ""
+            }
+        )
+    });
+    Ok(())
+}
+
+fn demo(ctx: &Ctx) -> Result<(), Failure> {
+    if ctx.out.json {
+        let report = mcpmesh::demo::run(ctx.exe, &mut std::io::sink()).context("demo failed")?;
+        ctx.out.print(
+            serde_json::to_value(&report).context("rendering")?,
+            String::new,
+        );
+    } else {
+        mcpmesh::demo::run(ctx.exe, &mut std::io::stdout().lock()).context("demo failed")?;
+    }
+    Ok(())
+}
+
+fn up(ctx: &Ctx) -> Result<(), Failure> {
+    let started = std::time::Instant::now();
+    ControlClient::connect_or_start(ctx.profile, ctx.exe)?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let socket = ctx.profile.socket_path().display().to_string();
+    ctx.out.print(
+        json!({ "socket": socket, "ms": (ms * 10.0).round() / 10.0 }),
+        || format!("node is up in {ms:.0} ms (control socket {socket})"),
+    );
+    Ok(())
+}
+
+fn down(ctx: &Ctx) -> Result<(), Failure> {
+    let was_running = ControlClient::shutdown(ctx.profile)?;
+    ctx.out.print(
+        json!({ "stopped": true, "was_running": was_running }),
+        || {
+            if was_running {
+                "node stopped".into()
+            } else {
+                "no node was running".into()
+            }
+        },
+    );
+    Ok(())
+}
+
+fn id(ctx: &Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::NODE_ID, json!({}))?;
+    ctx.out.print(v.clone(), || {
+        let addrs: Vec<&str> = v["addrs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        format!(
+            "{}\naddresses: {}",
+            v["id"].as_str().unwrap_or_default(),
+            addrs.join(" ")
+        )
+    });
+    Ok(())
+}
+
+fn peers_list(ctx: &Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::PEERS_LIST, json!({}))?;
+    ctx.out.print(v.clone(), || render_peers(&v));
+    Ok(())
+}
+
+fn peers_add(ctx: &Ctx, name: &str, id: &str, addrs: &[String]) -> Result<(), Failure> {
+    let addrs = resolve_addrs(addrs)?;
+    let v = ctx.call(
+        methods::PEERS_ADD,
+        json!({ "name": name, "id": id, "addrs": addrs }),
+    )?;
+    ctx.out.print(json!({ "peer": v["peer"], "id": v["id"] }), || {
+        format!("trusting {name}. Next: mcpmesh serve SERVICE --allow {name} -- COMMAND…, or mcpmesh connect {name}/SERVICE")
+    });
+    Ok(())
+}
+
+/// `--addr` values as IP:PORT: an IP address is kept, a host name is resolved now (to every
+/// address it has).
+fn resolve_addrs(addrs: &[String]) -> Result<Vec<String>, Failure> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    let mut resolved = Vec::new();
+    for a in addrs {
+        if let Ok(addr) = a.parse::<SocketAddr>() {
+            resolved.push(addr.to_string());
+            continue;
+        }
+        let has_port = a
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !has_port {
+            return Err(Failure::new(
+                codes::INVALID_PARAMS,
+                format!(
+                    "--addr {a:?}: expected HOST:PORT or IP:PORT, like 192.0.2.7:4433 or bob.lan:4433 (`mcpmesh id` on the peer prints its addresses)"
+                ),
+            ));
+        }
+        let found: Vec<SocketAddr> = a
+            .to_socket_addrs()
+            .map_err(|e| {
+                Failure::new(
+                    codes::INVALID_PARAMS,
+                    format!("--addr {a:?}: the host name could not be resolved ({e})"),
+                )
+            })?
+            .collect();
+        if found.is_empty() {
+            return Err(Failure::new(
+                codes::INVALID_PARAMS,
+                format!("--addr {a:?}: the host name has no address"),
+            ));
+        }
+        resolved.extend(found.iter().map(SocketAddr::to_string));
+    }
+    Ok(resolved)
+}
+
+fn peers_rename(ctx: &Ctx, old: &str, new: &str) -> Result<(), Failure> {
+    let v = ctx.call(methods::PEERS_RENAME, json!({ "old": old, "new": new }))?;
+    ctx.out
+        .print(v, || format!("{old} is now {new}; its grants followed"));
+    Ok(())
+}
+
+fn peers_remove(ctx: &Ctx, name: &str) -> Result<(), Failure> {
+    let v = ctx.call(methods::PEERS_REMOVE, json!({ "name": name }))?;
+    ctx.out.print(v, || {
+        format!("{name} removed: no longer trusted, its connections closed")
+    });
+    Ok(())
+}
+
+fn unserve(ctx: &Ctx, name: &str) -> Result<(), Failure> {
+    let v = ctx.call(methods::SERVICES_UNSERVE, json!({ "name": name }))?;
+    let ended = v["sessions_ended"].as_u64().unwrap_or(0);
+    ctx.out.print(v, || {
+        format!("no longer serving {name} ({ended} live sessions ended)")
+    });
+    Ok(())
+}
+
+fn grant(ctx: &Ctx, peer: &str, service: &str) -> Result<(), Failure> {
+    let v = ctx.call(methods::GRANT, json!({ "peer": peer, "service": service }))?;
+    ctx.out.print(v, || format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"));
+    Ok(())
+}
+
+fn revoke(ctx: &Ctx, peer: &str, service: &str) -> Result<(), Failure> {
+    let v = ctx.call(methods::REVOKE, json!({ "peer": peer, "service": service }))?;
+    let still = v["granted"] == json!(true);
+    ctx.out.print(v, || {
+        if still {
+            format!("revoked the grant, but {peer} is still admitted to {service} by another allow entry (see config.toml)")
+        } else {
+            format!("{peer} may no longer use {service}")
+        }
+    });
+    Ok(())
+}
+
+fn invite(ctx: &Ctx, services: &[String], uses: u32, ttl: &str) -> Result<(), Failure> {
+    let ttl = mcpmesh::time::parse_duration(ttl).ok_or_else(|| {
+        Failure::new(
+            codes::INVALID_PARAMS,
+            format!("{ttl:?} is not a duration like 30m, 24h or 7d"),
+        )
+    })?;
+    let started = std::time::Instant::now();
+    let v = ctx.call(
+        methods::INVITE,
+        json!({ "services": services, "uses": uses, "ttl_secs": ttl.as_secs() }),
+    )?;
+    let took = started.elapsed();
+    ctx.out.print(v.clone(), || {
+        format!(
+            "{}\n\nSend this line to the person you are sharing with ({} use{}, valid until {} UTC). They run:\n  mcpmesh pair '<the line>'\n(minted in {:.0} ms)",
+            v["invite"].as_str().unwrap_or_default(),
+            uses,
+            if uses == 1 { "" } else { "s" },
+            mcpmesh::time::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
+            took.as_secs_f64() * 1e3
+        )
+    });
+    Ok(())
+}
+
+fn pair(ctx: &Ctx, invite: &str, name: Option<&str>) -> Result<(), Failure> {
+    let started = std::time::Instant::now();
+    let v = ctx.call(methods::PAIR, json!({ "invite": invite, "name": name }))?;
+    let took = started.elapsed();
+    ctx.out.print(v.clone(), || {
+        let peer = v["peer"].as_str().unwrap_or_default();
+        let mounts: Vec<&str> = v["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let mut s = format!(
+            "paired with {peer} in {:.0} ms. Check that {peer} sees the same code: {}\n",
+            took.as_secs_f64() * 1e3,
+            v["code"].as_str().unwrap_or_default()
+        );
+        for m in &mounts {
+            s.push_str(&format!("you can mount {m}: mcpmesh use {m}\n"));
+        }
+        s.trim_end().to_owned()
+    });
+    Ok(())
+}
+
+fn status(ctx: &Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::STATUS, json!({}))?;
+    ctx.out.print(v.clone(), || render_status(&v));
+    Ok(())
+}
+
+fn watch(ctx: &Ctx) -> Result<(), Failure> {
+    let events = ControlClient::connect_or_start(ctx.profile, ctx.exe)?.watch()?;
+    // Printed once subscribed: every event after this line is shown.
+    if ctx.out.json {
+        println!("{}", json!({ "watching": true }));
+    } else {
+        println!(
+            "watching {} (Ctrl-C to stop)",
+            ctx.profile.socket_path().display()
+        );
+    }
+    for event in events {
+        match event["method"].as_str() {
+            Some("event") => print_record(&event["params"], ctx.out.json),
+            Some("lagged") if !ctx.out.json => println!(
+                "… {} events skipped (too fast to show)",
+                event["params"]["missed"]
+            ),
+            _ if ctx.out.json => print_record(&event, true),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn completions(shell: clap_complete::Shell, out: &Output) -> Result<(), Failure> {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "mcpmesh", &mut script);
+    let script = String::from_utf8(script).context("rendering the completion script")?;
+    out.print(
+        json!({ "shell": shell.to_string(), "script": script }),
+        || script.trim_end().to_owned(),
+    );
+    Ok(())
+}
+
+enum Backend {
+    Run(Vec<String>),
+    Socket(std::path::PathBuf),
+    Url(String, Vec<String>),
+}
+
+struct Serve {
+    name: String,
+    allow: Vec<String>,
+    max_sessions: Option<u32>,
+    replace: bool,
+    backend: Backend,
+}
+
+fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
+    let Serve {
+        name,
+        allow,
+        max_sessions,
+        replace,
+        backend,
+    } = serve;
+    let mut params =
+        json!({ "name": name, "allow": allow, "max_sessions": max_sessions, "replace": replace });
+    match backend {
+        Backend::Socket(path) => {
+            let path = std::path::absolute(&path)
+                .with_context(|| format!("socket path {}", path.display()))?;
+            params["socket"] = json!(path);
+        }
+        Backend::Url(url, headers) => {
+            let mut map = serde_json::Map::new();
+            for h in &headers {
+                let (k, v) = h.split_once('=').ok_or_else(|| {
+                    Failure::new(
+                        codes::INVALID_PARAMS,
+                        format!("--header {h:?}: expected NAME=VALUE"),
+                    )
+                })?;
+                map.insert(k.trim().to_owned(), json!(v));
+            }
+            params["url"] = json!(url);
+            params["headers"] = Value::Object(map);
+        }
+        Backend::Run(cmd) => params["run"] = json!(cmd),
+    }
+    let mut client = ControlClient::connect_or_start(ctx.profile, ctx.exe)?;
+    let v = client.call(methods::SERVICES_SERVE, params)?;
+    let node = client.node_id().to_owned();
+    let peers: Vec<&str> = v["allowed_peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut answer = json!({ "service": v["service"], "serving": true });
+    if !v["replaced"].is_null() {
+        answer["replaced"] = v["replaced"].clone();
+        answer["allowed_peers"] = v["allowed_peers"].clone();
+    }
+    ctx.out.print(answer, || {
+        let mut s = String::new();
+        if let Some((key, old)) = v["replaced"].as_object().and_then(|o| o.iter().next()) {
+            let keep = if peers.is_empty() {
+                "nobody has access yet".to_owned()
+            } else {
+                format!("{} keep access", peers.join(", "))
+            };
+            s.push_str(&format!("replaced {name} (it was {key} = {old}); {keep}\n"));
+        }
+        if peers.is_empty() {
+            s.push_str(&format!("serving {name}, to nobody yet. Next: mcpmesh invite {name}  (a one-line invite to send to whoever should use it)"));
+        } else {
+            s.push_str(&format!(
+                "serving {name} to {} (this node is {}…). To share it with someone new: mcpmesh invite {name}",
+                peers.join(", "),
+                node.get(..12).unwrap_or_default()
+            ));
+        }
+        s
+    });
+    Ok(())
 }
 
 fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Failure> {
@@ -599,20 +621,27 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                     bad.reason
                 ),
             });
-            if report.ok {
-                Ok(())
-            } else {
-                // The report is the answer; the exit status tells scripts it is a bad one.
-                std::process::exit(1)
+            match &report.first_bad {
+                None => Ok(()),
+                // The report is the answer (on stdout); the failure says it is a bad one.
+                Some(bad) => Err(Failure::new(
+                    codes::CHECK_FAILED,
+                    format!(
+                        "the audit log is damaged at {} line {}: {}",
+                        bad.file, bad.line, bad.reason
+                    ),
+                )),
             }
         }
         AuditAction::Summary { since } => {
             let since_ms = match since {
                 None => 0,
                 Some(text) => {
-                    let d = mcpmesh::time::parse_duration(&text).ok_or_else(|| Failure {
-                        code: Some(codes::INVALID_PARAMS),
-                        message: format!("{text:?} is not a duration like 30m, 24h or 7d"),
+                    let d = mcpmesh::time::parse_duration(&text).ok_or_else(|| {
+                        Failure::new(
+                            codes::INVALID_PARAMS,
+                            format!("{text:?} is not a duration like 30m, 24h or 7d"),
+                        )
                     })?;
                     mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
                 }
@@ -662,7 +691,7 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
 }
 
 /// One request to the node (started if needed).
-fn call(
+pub(crate) fn call(
     profile: &Profile,
     exe: &std::path::Path,
     method: &str,
@@ -672,90 +701,6 @@ fn call(
     Ok(client.call(method, params)?)
 }
 
-/// `mcpmesh use PEER/SERVICE`: the lines that mount it in common AI clients.
-fn use_lines(
-    profile: &Profile,
-    exe: &std::path::Path,
-    target: &str,
-    out: &Output,
-) -> Result<(), Failure> {
-    let (peer, service) = target.split_once('/').ok_or_else(|| Failure {
-        code: Some(codes::INVALID_PARAMS),
-        message: format!("expected PEER/SERVICE, got {target:?}"),
-    })?;
-    let peers = call(profile, exe, methods::PEERS_LIST, json!({}))?;
-    let known = peers["peers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["name"] == peer);
-    let Some(known) = known else {
-        return Err(Failure {
-            code: Some(codes::NOT_FOUND),
-            message: format!("no peer named {peer:?}; see `mcpmesh peers`"),
-        });
-    };
-    let mut args: Vec<String> = Vec::new();
-    if let Some(home) = &profile.home {
-        args.extend(["--home".to_owned(), home.display().to_string()]);
-    }
-    args.extend(["connect".to_owned(), target.to_owned()]);
-    let command = exe.display().to_string();
-    let name = format!("{peer}-{service}");
-    let shell_line = std::iter::once(command.clone())
-        .chain(args.iter().cloned())
-        .collect::<Vec<_>>()
-        .join(" ");
-    let claude = format!("claude mcp add {name} -- {shell_line}");
-    let entry = json!({ "command": command, "args": args });
-    let granted = known["mounts"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|s| s == service));
-    let http_url = format!("http://127.0.0.1:8484/mcp/{target}");
-    let mut gateway_line = vec![command.clone()];
-    if let Some(home) = &profile.home {
-        gateway_line.extend(["--home".to_owned(), home.display().to_string()]);
-    }
-    gateway_line.push("gateway".to_owned());
-    let gateway_line = gateway_line.join(" ");
-    // The gateway's own token, minted now if it has none, so these lines stay right for it.
-    let token = profile
-        .create_dirs()
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            mcpmesh::gateway::token::load_or_mint(&profile.gateway_token_file())
-                .map_err(|e| e.to_string())
-        });
-    let mut value = json!({
-        "target": target,
-        "name": name,
-        "command": command,
-        "args": args,
-        "claude_code": claude,
-        "mcpServers": { name.clone(): entry.clone() },
-        "known_grant": granted,
-        "http_url": http_url,
-    });
-    let http_header = match &token {
-        Ok(token) => {
-            value["http_token"] = json!(token);
-            value["http_headers"] = json!({ "Authorization": format!("Bearer {token}") });
-            format!("\nwith the header\n  Authorization: Bearer {token}")
-        }
-        Err(e) => format!("\n(the gateway's token is not available: {e})"),
-    };
-    out.print(value, || {
-        let mut s = format!(
-            "Claude Code:\n  {claude}\n\nClaude Desktop, Cursor, VS Code (\"mcpServers\" in their MCP settings):\n  \"{name}\": {entry}\n\nAny other stdio MCP client: run\n  {shell_line}\n\nA client that speaks Streamable HTTP: keep `{gateway_line}` running (it listens on 127.0.0.1:8484), then use\n  {http_url}{http_header}"
-        );
-        if !granted && known["source"] == "paired" {
-            s.push_str(&format!("\n\nnote: {peer} did not list {service} when you paired; it may refuse."));
-        }
-        s
-    });
-    Ok(())
-}
-
 fn gateway(
     mut config: mcpmesh::gateway::GatewayConfig,
     allow_remote: bool,
@@ -763,10 +708,7 @@ fn gateway(
     out: &Output,
 ) -> Result<(), Failure> {
     use mcpmesh::gateway::{self, TokenChoice};
-    let failed = |e: gateway::GatewayError| Failure {
-        code: Some(codes::INVALID_PARAMS),
-        message: e.to_string(),
-    };
+    let failed = |e: gateway::GatewayError| Failure::new(codes::INVALID_PARAMS, e.to_string());
     gateway::check_bind(config.listen, allow_remote, &token).map_err(failed)?;
     // Where the token is, for people and scripts; never the token itself.
     let token_file = (token == TokenChoice::Profile)
@@ -813,7 +755,10 @@ fn gateway(
     })
 }
 
-fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
+/// `notify` is the starter's protocol (readiness or failure as one JSON line on stdout, the
+/// log on stderr); `json` is a person's `--json`: the ready line as JSON, a failure only as
+/// the JSON line on stderr.
+fn daemon(profile: Profile, notify: bool, json: bool) -> Result<(), Failure> {
     if let Some(mut tuned) = mcpmesh::memory::restart_tuned() {
         // Started by hand without the allocator setting: become the same node with it.
         use std::os::unix::process::CommandExt;
@@ -828,7 +773,7 @@ fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
         // One line on stdout once ready; logs go to stderr.
         let id = ready.id.to_string();
         let socket = ready.socket.display().to_string();
-        let line = if notify {
+        let line = if notify || json {
             json!({ "ready": true, "id": id, "socket": socket }).to_string()
         } else {
             format!("node {id} is up; control socket {socket}")
@@ -838,11 +783,8 @@ fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
         let _ = stdout.flush();
     }));
     let Err(e) = result else { return Ok(()) };
-    let failure = Failure {
-        code: Some(e.code()),
-        message: e.to_string(),
-    };
-    if notify {
+    let failure = Failure::new(e.code(), e.to_string());
+    if notify && !json {
         // Whoever started us learns why, on the line it waits for.
         println!(
             "{}",
@@ -852,10 +794,13 @@ fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
     Err(failure)
 }
 
-fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(), Failure> {
-    let (peer, service) = target.split_once('/').ok_or_else(|| Failure {
-        code: Some(codes::INVALID_PARAMS),
-        message: format!("expected PEER/SERVICE, got {target:?}"),
+/// With `json`, stderr carries nothing but a failure's JSON line.
+fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<(), Failure> {
+    let (peer, service) = target.split_once('/').ok_or_else(|| {
+        Failure::new(
+            codes::INVALID_PARAMS,
+            format!("expected PEER/SERVICE, got {target:?}"),
+        )
     })?;
     let attach = if mcpmesh::proxy::stdio_passable() {
         Attach::Fds
@@ -870,11 +815,13 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
             // One line for the client's log: how long the mesh took to be ready (node start,
             // dial and session included).
             // One write: stderr is unbuffered, and a formatted eprintln! is one write per piece.
-            let note = format!(
-                "mcpmesh connect {target}: session open in {:.1} ms\n",
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            let _ = std::io::stderr().write_all(note.as_bytes());
+            if !json {
+                let note = format!(
+                    "mcpmesh connect {target}: session open in {:.1} ms\n",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                let _ = std::io::stderr().write_all(note.as_bytes());
+            }
             match attach {
                 Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
                 Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),
@@ -884,7 +831,11 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
         }
         Err(e) => {
             // The client gets a JSON-RPC error for its request, and the reason goes to stderr.
-            eprintln!("mcpmesh connect {target}: {}", e.message);
+            if json {
+                Failure::from(e.clone()).report(true);
+            } else {
+                eprintln!("mcpmesh connect {target}: {}", e.message);
+            }
             mcpmesh::proxy::answer_failed_open(e.code, &e.message).context("connect")?;
             Ok(())
         }

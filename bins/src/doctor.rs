@@ -2,7 +2,7 @@
 
 use mcpmesh::config::BackendSpec;
 use mcpmesh::control::client::ControlClient;
-use mcpmesh::control::methods;
+use mcpmesh::control::{codes, methods};
 use mcpmesh::paths::Profile;
 use mcpmesh::principal::Principal;
 use serde_json::json;
@@ -214,7 +214,24 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
             .collect::<Vec<_>>()
             .join("\n")
     });
-    if ok { Ok(()) } else { std::process::exit(1) }
+    if ok {
+        return Ok(());
+    }
+    // The report is the answer (on stdout); the failure names what failed.
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|(_, status, _)| *status == "error")
+        .map(|(name, _, _)| name.as_str())
+        .collect();
+    Err(Failure::new(
+        codes::CHECK_FAILED,
+        format!(
+            "doctor found {} problem{}: {}",
+            failed.len(),
+            if failed.len() == 1 { "" } else { "s" },
+            failed.join(", ")
+        ),
+    ))
 }
 
 /// The peers this node trusts, as (name, key): from the running node when there is one (it

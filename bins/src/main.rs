@@ -3,8 +3,10 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod cli;
 mod doctor;
+mod mount;
 mod output;
 mod render;
 mod stub_server;

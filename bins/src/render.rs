@@ -36,6 +36,10 @@ pub fn render_record(v: &Value) -> String {
             v["duration_ms"]
         ),
         Some("trust") => format!("trust: {}", s("action")),
+        Some("session_refused") => match v["reason"].as_str() {
+            Some(reason) => format!("session refused ({}): {reason}", v["code"]),
+            None => format!("session refused ({})", v["code"]),
+        },
         Some(other) => other.replace('_', " "),
         None => String::new(),
     };
@@ -165,6 +169,13 @@ pub fn render_status(v: &Value) -> String {
             },
             svc["sessions"]
         ));
+        if let Some(reason) = svc["last_failure"]["reason"].as_str() {
+            s.push_str(&format!(
+                "  ! could not serve {} at {}: {reason}\n",
+                svc["last_failure"]["peer"].as_str().unwrap_or_default(),
+                mcpmesh::time::format_time(svc["last_failure"]["at_ms"].as_u64().unwrap_or(0))
+            ));
+        }
     }
     s.push('\n');
     s.push_str(&render_peers(&json!({ "peers": v["peers"] })));

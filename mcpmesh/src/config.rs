@@ -478,9 +478,11 @@ fn validate_peer(name: &str, peer: &PeerConfig) -> Result<PeerSpec, String> {
     })
 }
 
-/// Parses an endpoint id given as hex (or iroh's base32).
+/// Parses an endpoint id given as hex, `eid:<hex>` (or iroh's base32).
 pub fn parse_endpoint_id(text: &str) -> Option<EndpointId> {
-    text.trim().parse().ok()
+    let text = text.trim();
+    // `eid:<hex>` is how the tool itself prints a key.
+    text.strip_prefix("eid:").unwrap_or(text).parse().ok()
 }
 
 /// The config file of a profile: read, and edited in place.

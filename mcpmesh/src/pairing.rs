@@ -83,6 +83,19 @@ pub enum InviteError {
     Version(u32),
 }
 
+/// `text` without the quotes around it, however many layers (`'…'`, `"…"`, `` `…` ``, `<…>`).
+fn unquote(mut text: &str) -> &str {
+    loop {
+        let inner = [('\'', '\''), ('"', '"'), ('`', '`'), ('<', '>')]
+            .iter()
+            .find_map(|&(open, close)| text.strip_prefix(open)?.strip_suffix(close));
+        match inner {
+            Some(inner) => text = inner,
+            None => return text,
+        }
+    }
+}
+
 impl Invite {
     /// The one-line form, `mcpmesh-invite:<base64url(json ‖ checksum)>`.
     pub fn encode(&self) -> String {
@@ -93,9 +106,15 @@ impl Invite {
     }
 
     /// Parses a line, rejecting anything malformed or altered.
+    /// Decodes an invite line as people paste it: mail and chat clients wrap long lines and
+    /// quote them, so whitespace anywhere (line breaks included) and surrounding quotes
+    /// (`'`, `"`, a backtick, `<…>`) are dropped first; the invite alphabet has none of them.
     pub fn decode(line: &str) -> Result<Self, InviteError> {
-        let body = line
-            .trim()
+        if line.len() > 64 * 1024 {
+            return Err(InviteError::Damaged);
+        }
+        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+        let body = unquote(&compact)
             .strip_prefix(INVITE_PREFIX)
             .ok_or(InviteError::NotAnInvite)?;
         if body.len() > 8 * 1024 {
@@ -308,6 +327,33 @@ mod tests {
         assert_eq!(
             Invite::decode("mcpmesh-invite:!!!"),
             Err(InviteError::Damaged)
+        );
+    }
+
+    #[test]
+    fn a_line_wrapped_or_quoted_invite_decodes_as_delivered() {
+        let invite = sample();
+        let line = invite.encode();
+        let (head, tail) = line.split_at(40);
+        let (middle, end) = tail.split_at(30);
+        for delivered in [
+            format!("{head}\n{middle}\r\n  {end}\n"),
+            format!("'{line}'"),
+            format!("\"{head} {tail}\""),
+            format!("`{line}`"),
+            format!("<{head}\n{tail}>"),
+            format!("  \"'{line}'\"  "),
+        ] {
+            assert_eq!(
+                Invite::decode(&delivered),
+                Ok(invite.clone()),
+                "{delivered:?}"
+            );
+        }
+        assert_eq!(
+            Invite::decode(&format!("'{line}\"")),
+            Err(InviteError::NotAnInvite),
+            "quotes that do not pair are not stripped"
         );
     }
 

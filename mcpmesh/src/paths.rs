@@ -54,6 +54,12 @@ impl Profile {
         }
     }
 
+    /// Whether this profile was ever created: it has a config file, a device key or a state
+    /// directory (an audit log copied aside for checking is one).
+    pub fn exists(&self) -> bool {
+        self.config_file().exists() || self.key_file().exists() || self.state_dir.is_dir()
+    }
+
     pub fn config_file(&self) -> PathBuf {
         self.config_dir.join("config.toml")
     }

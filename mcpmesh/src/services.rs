@@ -188,6 +188,7 @@ impl SessionHandler for ServiceHost {
                 principal: peer.principal(),
                 peer: peer.name,
                 code: ErrorCode::UnknownService.code(),
+                reason: None,
             });
             refuse(&mut transport, ErrorFrame::new(ErrorCode::UnknownService)).await;
             return;

@@ -40,6 +40,9 @@ pub enum AuditEvent {
         principal: String,
         peer: String,
         code: i64,
+        /// Why, for the owner, when the server could not be started or reached.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        reason: Option<String>,
     },
     SessionClose {
         service: String,
@@ -157,6 +160,18 @@ pub struct AuditSink {
     tx: Option<mpsc::Sender<Message>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     live: Option<broadcast::Sender<std::sync::Arc<str>>>,
+    failures: Failures,
+}
+
+/// Each service's latest failure to start or reach its server, for `status`.
+type Failures = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, BackendFailure>>>;
+
+/// A service's server could not be started or reached: when, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendFailure {
+    pub at_ms: u64,
+    pub peer: String,
+    pub reason: String,
 }
 
 /// Records a watcher may fall behind by before it skips ahead.
@@ -175,6 +190,7 @@ impl AuditSink {
             tx: None,
             dropped: Default::default(),
             live: None,
+            failures: Default::default(),
         }
     }
 
@@ -187,10 +203,41 @@ impl AuditSink {
         self.tx.is_some()
     }
 
+    /// The latest time `service`'s server could not be started or reached, since it was
+    /// last (re)served.
+    pub fn last_failure(&self, service: &str) -> Option<BackendFailure> {
+        self.failures_map().get(service).cloned()
+    }
+
+    /// Forgets `service`'s last failure (it was served anew).
+    pub fn forget_failure(&self, service: &str) {
+        self.failures_map().remove(service);
+    }
+
+    fn failures_map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, BackendFailure>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Queues an event without waiting. When the writer falls behind so far that the queue is
     /// full, the event is counted instead, and the count is logged as soon as there is room.
     pub fn record(&self, event: AuditEvent) {
         use std::sync::atomic::Ordering;
+        if let AuditEvent::SessionRefused {
+            service,
+            peer,
+            reason: Some(reason),
+            ..
+        } = &event
+        {
+            let failure = BackendFailure {
+                at_ms: now_ms(),
+                peer: peer.clone(),
+                reason: reason.clone(),
+            };
+            self.failures_map().insert(service.clone(), failure);
+        }
         let Some(tx) = &self.tx else { return };
         let send = |event| {
             tx.try_send(Message::Event(Box::new((now_ms(), event))))
@@ -237,6 +284,7 @@ impl AuditLog {
             tx: Some(tx.clone()),
             dropped: Default::default(),
             live: Some(live),
+            failures: Default::default(),
         };
         Ok((AuditLog { tx, thread }, sink))
     }

@@ -5,6 +5,7 @@
 //! All share the session machinery in `session`: admission, the pump, the ledger, audit.
 
 pub mod ledger;
+pub mod preflight;
 pub mod session;
 pub mod socket;
 pub mod spawn;
@@ -26,4 +27,32 @@ pub enum BackendError {
     },
     #[error("cannot reach {url}: {message}")]
     Upstream { url: String, message: String },
+}
+
+impl BackendError {
+    /// What the caller is told: what failed, in a few words, naming no command, path or URL
+    /// of the owner's machine (the owner's log and audit record keep the full error).
+    pub fn caller_message(&self) -> String {
+        use std::io::ErrorKind;
+        let reason = match self {
+            BackendError::Spawn { source, .. } => match source.kind() {
+                ErrorKind::NotFound => "its command was not found",
+                ErrorKind::PermissionDenied => "its command is not executable",
+                _ => "its command failed to start",
+            },
+            BackendError::NoCommand => "it has no command",
+            BackendError::Connect { source, .. } => match source.kind() {
+                ErrorKind::NotFound => "its socket does not exist",
+                ErrorKind::ConnectionRefused => "nothing listens on its socket",
+                ErrorKind::TimedOut => "its server did not accept in time",
+                _ => "its server could not be reached",
+            },
+            BackendError::Upstream { .. } => "its upstream server could not be reached",
+        };
+        let what = match self {
+            BackendError::Spawn { .. } | BackendError::NoCommand => "started",
+            _ => "reached",
+        };
+        format!("the service could not be {what}: {reason}")
+    }
 }

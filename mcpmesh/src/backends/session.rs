@@ -84,10 +84,13 @@ impl ServiceCtx {
         Some((who, permit))
     }
 
-    /// A session whose server could not be reached or started: says why in the log and ends
-    /// the mesh stream, which makes the dialing side answer `-32055` for what is pending.
+    /// A session whose server could not be reached or started: the owner learns why in full
+    /// (log, audit record, `watch`); the caller gets `-32055` saying the service could not be
+    /// started, with a short reason that names nothing of the owner's machine.
     pub(crate) async fn unreachable<R, W>(
         &self,
+        who: &Who,
+        first_frame: Option<&Value>,
         transport: &mut NdjsonTransport<R, W>,
         e: BackendError,
     ) -> Result<(), BackendError>
@@ -95,8 +98,19 @@ impl ServiceCtx {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        tracing::error!(service = %self.service, "{e}");
-        let _ = transport.writer_mut().shutdown().await;
+        tracing::error!(service = %self.service, peer = %who.peer, "{e}");
+        self.audit.record(AuditEvent::SessionRefused {
+            service: self.service.clone(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+            code: ErrorCode::Unreachable.code(),
+            reason: Some(e.to_string()),
+        });
+        let frame = ErrorFrame::new(ErrorCode::Unreachable).message(format!(
+            "{} (its owner sees why in `mcpmesh watch`, `status` and `audit tail`)",
+            e.caller_message()
+        ));
+        answer_refusal(first_frame, transport, frame).await;
         Err(e)
     }
 
@@ -107,6 +121,28 @@ impl ServiceCtx {
             limiter: &self.limiter,
             concurrency: &self.concurrency,
         }
+    }
+}
+
+/// Answers a session refused before its server was reached: `frame` echoing the id of the
+/// first frame (read already, or read now), then end of stream.
+async fn answer_refusal<R, W>(
+    first_frame: Option<&Value>,
+    transport: &mut NdjsonTransport<R, W>,
+    frame: ErrorFrame,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match first_frame {
+        Some(first) => {
+            let id = first
+                .get("id")
+                .and_then(|id| RawValue::from_string(id.to_string()).ok());
+            let _ = transport.send_raw(&frame.id(id.as_deref()).to_line()).await;
+            let _ = transport.writer_mut().shutdown().await;
+        }
+        None => refuse(transport, frame).await,
     }
 }
 
@@ -172,19 +208,9 @@ impl Host<'_> {
             principal: who.principal.clone(),
             peer: who.peer.clone(),
             code: ErrorCode::Busy.code(),
+            reason: None,
         });
-        match first_frame {
-            Some(first) => {
-                let id = first
-                    .get("id")
-                    .and_then(|id| RawValue::from_string(id.to_string()).ok());
-                let _ = transport
-                    .send_raw(&refusal.id(id.as_deref()).to_line())
-                    .await;
-                let _ = transport.writer_mut().shutdown().await;
-            }
-            None => refuse(transport, refusal).await,
-        }
+        answer_refusal(first_frame, transport, refusal).await;
         None
     }
 

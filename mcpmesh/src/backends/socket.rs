@@ -54,7 +54,7 @@ impl SocketBackend {
                     path: self.path.display().to_string(),
                     source,
                 };
-                return self.ctx.unreachable(&mut transport, e).await;
+                return self.ctx.unreachable(&who, None, &mut transport, e).await;
             }
         };
         let (server_r, server_w) = stream.into_split();

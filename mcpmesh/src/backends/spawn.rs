@@ -94,7 +94,11 @@ impl SpawnBackend {
         };
         let mut child = match self.spawn(identity.as_ref(), options) {
             Ok(child) => child,
-            Err(e) => return ctx.unreachable(&mut transport, e).await,
+            Err(e) => {
+                return ctx
+                    .unreachable(&who, first_frame.as_ref(), &mut transport, e)
+                    .await;
+            }
         };
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(log_stderr(stderr, self.service.clone()));

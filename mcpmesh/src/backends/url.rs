@@ -78,7 +78,7 @@ impl UrlBackend {
                     url: self.url.to_string(),
                     message,
                 };
-                return self.ctx.unreachable(&mut transport, e).await;
+                return self.ctx.unreachable(&who, None, &mut transport, e).await;
             }
         };
         let (core, bridge) = tokio::io::duplex(PIPE);

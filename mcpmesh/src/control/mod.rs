@@ -55,6 +55,15 @@ pub mod codes {
     pub const NOT_FOUND: i64 = 1006;
     /// The other side refused (an invite that is expired, used up, or does not match).
     pub const REFUSED: i64 = 1007;
+    /// The command line is not valid (an unknown verb or flag, a missing or malformed
+    /// argument); the CLI's own code, never the node's.
+    pub const USAGE: i64 = 1008;
+    /// A local operation failed: a file that could not be read or written, a process or
+    /// runtime that could not be started.
+    pub const LOCAL: i64 = 1009;
+    /// A check failed: `doctor` found an error, or `audit verify` found the log damaged (the
+    /// report on stdout says which).
+    pub const CHECK_FAILED: i64 = 1010;
 }
 
 /// An error as the control API reports it: a stable code and a message for people.

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
+use crate::backends::preflight;
 use crate::config::{self, ConfigFile, PeerSpec, Settings, parse_endpoint_id};
 use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
@@ -185,6 +186,9 @@ impl Node {
             #[serde(default)]
             allow: Vec<String>,
             max_sessions: Option<u32>,
+            /// Replacing an existing service (and keeping its grants) must be asked for.
+            #[serde(default)]
+            replace: bool,
         }
         let serve: Serve = params_of(params)?;
         let backend = match (serve.run, serve.socket, serve.url) {
@@ -201,20 +205,52 @@ impl Node {
                 ));
             }
         };
+        let existing = self.service_spec(&serve.name);
+        if let Some(old) = &existing
+            && !serve.replace
+        {
+            let (key, value) = old.backend.describe();
+            let who = self.admitted(&old.allow);
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!(
+                    "a service named {:?} already exists ({key} = {value}, {}); to replace it and keep its grants, run the same command with --replace, or `mcpmesh unserve {}` first",
+                    serve.name,
+                    shared_with(&who),
+                    serve.name
+                ),
+            ));
+        }
+        // A replaced service keeps its env and cwd, so its command is looked for with them.
+        let (env, cwd) = existing
+            .as_ref()
+            .map(|old| (old.env.clone(), old.cwd.clone()))
+            .unwrap_or_default();
+        preflight::check(&backend, &env, cwd.as_deref())
+            .map_err(|e| ControlError::invalid_params(e.to_string()))?;
         self.edit(|doc| {
             config::set_service(doc, &serve.name, &backend, &serve.allow, serve.max_sessions)
         })?;
+        self.audit.forget_failure(&serve.name);
         self.trust_event("serve", None, Some(&serve.name));
         let allow = self
-            .settings()
+            .service_spec(&serve.name)
+            .map(|s| s.allow)
+            .unwrap_or_default();
+        let mut result = json!({ "service": serve.name, "serving": true, "allowed_peers": self.admitted(&allow) });
+        if let Some(old) = existing {
+            let (key, value) = old.backend.describe();
+            result["replaced"] = json!({ key: value });
+        }
+        Ok(result)
+    }
+
+    fn service_spec(&self, name: &str) -> Option<config::ServiceSpec> {
+        self.settings()
             .services
             .iter()
-            .find(|s| s.name == serve.name)
-            .map(|s| s.allow.clone())
-            .unwrap_or_default();
-        Ok(
-            json!({ "service": serve.name, "serving": true, "allowed_peers": self.admitted(&allow) }),
-        )
+            .find(|s| s.name == name)
+            .cloned()
     }
 
     /// The peers an `allow` list admits, by name.
@@ -245,6 +281,7 @@ impl Node {
                 format!("no service named {:?}", u.name),
             ));
         }
+        self.audit.forget_failure(&u.name);
         self.trust_event("unserve", None, Some(&u.name));
         Ok(json!({ "service": u.name, "serving": false, "sessions_ended": ended }))
     }
@@ -271,6 +308,14 @@ impl Node {
             .open(peer.id, &open.service)
             .await
             .map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
+    }
+}
+
+fn shared_with(peers: &[String]) -> String {
+    if peers.is_empty() {
+        "shared with nobody".to_owned()
+    } else {
+        format!("shared with {}", peers.join(", "))
     }
 }
 

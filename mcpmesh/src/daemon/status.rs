@@ -77,6 +77,7 @@ impl Node {
                     "peers": self.admitted(&s.allow),
                     "max_sessions": s.max_sessions,
                     "sessions": sessions.iter().filter(|x| x.service == s.name).count(),
+                    "last_failure": self.audit.last_failure(&s.name),
                 })
             })
             .collect();

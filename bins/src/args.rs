@@ -1,0 +1,356 @@
+//! The command line as clap parses it: every verb, its arguments, and its help with examples.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Share MCP servers between machines, peer to peer.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mcpmesh",
+    version,
+    about = "Share MCP servers between machines, peer to peer.",
+    long_about = "Share MCP servers between machines, peer to peer.\n\nEach machine runs one node (started by itself when a verb needs it). A node serves local MCP servers to the peers it trusts, and mounts its peers' servers into your AI clients.",
+    after_help = "Get started:\n  mcpmesh demo                                 see two nodes share a tool, on this machine\n  mcpmesh serve notes -- npx -y @modelcontextprotocol/server-filesystem ~/notes\n  mcpmesh invite notes                         a one-line invite for whoever should use it\n  mcpmesh pair 'mcpmesh-invite:…'              on their machine\n  mcpmesh use alice/notes                      how to add it to Claude, Cursor, VS Code",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Keep all of this node's state under DIR (same as MCPMESH_HOME). DIR must be a profile
+    /// made before (`mcpmesh --home DIR init`); only `init`, `up`, `id` and `daemon` create one.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// Print one JSON value on stdout (errors as one JSON line on stderr).
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create this node's profile (its key and config) and start it.
+    #[command(
+        after_help = "Examples:\n  mcpmesh init\n  mcpmesh --home ~/mesh-test init --loopback   a profile for trying things out: loopback only, no relays"
+    )]
+    Init {
+        /// Listen on 127.0.0.1 only and use no relay servers: nothing leaves this machine.
+        #[arg(long)]
+        loopback: bool,
+        /// What this node suggests peers call it (default: the host name).
+        #[arg(long, value_name = "NAME")]
+        nickname: Option<String>,
+    },
+    /// Show this node's endpoint id and dialable addresses (starts the node if needed).
+    #[command(after_help = "Examples:\n  mcpmesh id\n  mcpmesh id --json")]
+    Id,
+    /// Start the node in the background.
+    #[command(after_help = "Examples:\n  mcpmesh up")]
+    Up,
+    /// Stop the node and every server it spawned.
+    #[command(after_help = "Examples:\n  mcpmesh down")]
+    Down,
+    /// Run the node in the foreground.
+    #[command(
+        after_help = "Examples:\n  mcpmesh daemon                 as a systemd user service runs it"
+    )]
+    Daemon {
+        /// Report readiness or failure as one JSON line on stdout (for whoever started us).
+        #[arg(long, hide = true)]
+        notify: bool,
+    },
+    /// List trusted peers, or add, rename or remove one.
+    #[command(
+        after_help = "Examples:\n  mcpmesh peers\n  mcpmesh peers add bob eid:3b6a…c2 --addr bob.lan:4433\n  mcpmesh peers rename bob bob-laptop\n  mcpmesh peers remove bob-laptop"
+    )]
+    Peers {
+        #[command(subcommand)]
+        action: Option<PeersAction>,
+    },
+    /// Serve an MCP server to peers: a stdio command spawned once per session
+    /// (`serve NAME -- CMD…`), a long-running server on a Unix socket (`--socket PATH`), or a
+    /// Streamable HTTP server (`--url URL`).
+    #[command(
+        after_help = "Examples:\n  mcpmesh serve notes -- npx -y @modelcontextprotocol/server-filesystem ~/notes\n  mcpmesh serve notes --allow bob -- ./notes-server --read-only\n  mcpmesh serve tools --socket /run/user/1000/tools.sock\n  mcpmesh serve search --url https://mcp.example.com/mcp --header 'Authorization=Bearer ${SEARCH_TOKEN}'\n  mcpmesh serve notes --replace -- npx -y @modelcontextprotocol/server-filesystem ~/notes/shared"
+    )]
+    Serve {
+        /// The service's name, as peers will mount it (`<this node>/<NAME>`).
+        name: String,
+        /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
+        /// `user:` and `group:` are reserved for a team roster. Repeatable.
+        #[arg(long = "allow", value_name = "PRINCIPAL")]
+        allow: Vec<String>,
+        /// Sessions running at once (default 4).
+        #[arg(long, value_name = "N")]
+        max_sessions: Option<u32>,
+        /// Replace the command, socket or URL of a service that already exists; its grants
+        /// stay (the answer says who keeps access).
+        #[arg(long)]
+        replace: bool,
+        /// A Unix socket a running MCP server listens on; one connection per session, the
+        /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["cmd", "url"])]
+        socket: Option<PathBuf>,
+        /// A Streamable HTTP MCP server (http:// or https://); one upstream session per mesh
+        /// session, the caller's identity in each request's `_meta` as for `--socket`.
+        #[arg(long, value_name = "URL", conflicts_with = "cmd")]
+        url: Option<String>,
+        /// A header sent to `--url`, as NAME=VALUE; `${VAR}` in VALUE is read from the node's
+        /// environment when a session starts (for tokens). Repeatable.
+        #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
+        headers: Vec<String>,
+        /// The server command and its arguments.
+        #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Stop serving a service (its live sessions end).
+    #[command(after_help = "Examples:\n  mcpmesh unserve notes")]
+    Unserve {
+        /// The service to stop serving.
+        name: String,
+    },
+    /// Mint a one-line invite that shares services with whoever redeems it.
+    #[command(
+        after_help = "Examples:\n  mcpmesh invite notes\n  mcpmesh invite notes calc --uses 3 --ttl 7d"
+    )]
+    Invite {
+        /// The services to share.
+        #[arg(required = true)]
+        services: Vec<String>,
+        /// How many times it may be redeemed (1 to 64).
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+        /// How long it stays valid (e.g. 30m, 24h, 7d; at most 7d).
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+    },
+    /// Redeem an invite: both nodes trust each other and you can mount the shared services.
+    #[command(
+        after_help = "Examples:\n  mcpmesh pair 'mcpmesh-invite:…'\n  mcpmesh pair 'mcpmesh-invite:…' --name alice-laptop\n\nAn invite wrapped over several lines or in quotes, as mail and chat deliver it, is fine."
+    )]
+    Pair {
+        /// The `mcpmesh-invite:…` line.
+        invite: String,
+        /// What to call the inviter here (default: the name it suggests).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Let a peer use one of your services.
+    #[command(after_help = "Examples:\n  mcpmesh grant bob notes")]
+    Grant {
+        /// The peer, by the name `mcpmesh peers` shows.
+        peer: String,
+        /// One of your services.
+        service: String,
+    },
+    /// Take a peer's access to a service away (its live sessions to it end).
+    #[command(after_help = "Examples:\n  mcpmesh revoke bob notes")]
+    Revoke {
+        /// The peer, by the name `mcpmesh peers` shows.
+        peer: String,
+        /// One of your services.
+        service: String,
+    },
+    /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
+    #[command(
+        after_help = "Examples:\n  mcpmesh use alice/notes\n  mcpmesh use alice/notes --json"
+    )]
+    Use {
+        /// The peer's service, as PEER/SERVICE.
+        target: String,
+    },
+    /// What this node serves and to whom, its peers, live sessions, recent pairings.
+    #[command(after_help = "Examples:\n  mcpmesh status\n  mcpmesh status --json")]
+    Status,
+    /// Follow the node live: sessions opening and closing, each request's latency and bytes,
+    /// trust changes (with --json, one JSON event per line).
+    #[command(
+        after_help = "Examples:\n  mcpmesh watch\n  mcpmesh watch --json | jq 'select(.event == \"request\")'"
+    )]
+    Watch,
+    /// Check config, key and socket permissions, service commands and network settings.
+    #[command(after_help = "Examples:\n  mcpmesh doctor")]
+    Doctor,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "Examples:\n  mcpmesh completions bash > ~/.local/share/bash-completion/completions/mcpmesh\n  mcpmesh completions zsh > \"${fpath[1]}/_mcpmesh\""
+    )]
+    Completions {
+        /// The shell the script is for.
+        shell: clap_complete::Shell,
+    },
+    /// Be the stdio MCP server for a peer's service (what AI clients launch).
+    #[command(
+        after_help = "Examples:\n  mcpmesh connect alice/notes\n  claude mcp add alice-notes -- mcpmesh connect alice/notes"
+    )]
+    Connect {
+        /// The peer's service, as PEER/SERVICE.
+        target: String,
+    },
+    /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
+    /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
+    /// Every request must carry this node's gateway token (`Authorization: Bearer …`; `mcpmesh
+    /// use PEER/SERVICE` prints it).
+    #[command(
+        after_help = "Examples:\n  mcpmesh gateway\n  mcpmesh gateway --listen 127.0.0.1:9000 --allow-origin https://app.example"
+    )]
+    Gateway {
+        /// Where to listen: loopback unless --allow-remote.
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
+        listen: std::net::SocketAddr,
+        /// Allow a non-loopback address (never with --no-token).
+        #[arg(long)]
+        allow_remote: bool,
+        /// The bearer token clients must send, instead of this node's own (minted once and
+        /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
+        /// out of process listings.
+        #[arg(
+            long,
+            value_name = "TOKEN",
+            env = "MCPMESH_GATEWAY_TOKEN",
+            hide_env_values = true
+        )]
+        token: Option<String>,
+        /// Serve on loopback without a token: every local user can then act as this node
+        /// through the gateway.
+        #[arg(long, conflicts_with = "token")]
+        no_token: bool,
+        /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
+        /// Repeatable.
+        #[arg(long = "allow-origin", value_name = "ORIGIN")]
+        allowed_origins: Vec<String>,
+        /// A Host name accepted besides loopback names (for a loopback bind reached through a
+        /// local proxy). Repeatable.
+        #[arg(long = "allow-host", value_name = "NAME")]
+        allowed_hosts: Vec<String>,
+    },
+    /// Read the audit log: recent records, totals, or a check of its integrity.
+    #[command(
+        after_help = "Examples:\n  mcpmesh audit tail -n 50 --peer bob\n  mcpmesh audit summary --since 24h\n  mcpmesh audit verify"
+    )]
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+    /// Two nodes on this machine share a tool, end to end: no network, no accounts.
+    #[command(after_help = "Examples:\n  mcpmesh demo")]
+    Demo,
+    /// The demo's built-in stdio MCP server.
+    #[command(hide = true)]
+    DemoServer,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditAction {
+    /// The most recent records (with --json, one JSON record per line).
+    #[command(
+        after_help = "Examples:\n  mcpmesh audit tail\n  mcpmesh audit tail -f --service notes"
+    )]
+    Tail {
+        /// How many records.
+        #[arg(short = 'n', long = "lines", default_value_t = 20)]
+        lines: usize,
+        /// Keep printing records as they are written.
+        #[arg(long, short)]
+        follow: bool,
+        /// Only records about this peer.
+        #[arg(long)]
+        peer: Option<String>,
+        /// Only records about this service.
+        #[arg(long)]
+        service: Option<String>,
+    },
+    /// Check the hash chain; exits 1 if any record was edited, removed, inserted or moved.
+    #[command(after_help = "Examples:\n  mcpmesh audit verify")]
+    Verify,
+    /// Sessions, requests, errors, latency and bytes per peer and per service.
+    #[command(
+        after_help = "Examples:\n  mcpmesh audit summary\n  mcpmesh audit summary --since 7d"
+    )]
+    Summary {
+        /// Only records this recent (30m, 24h, 7d).
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PeersAction {
+    /// Trust a peer by its endpoint id (static trust, no ceremony).
+    #[command(
+        after_help = "Examples:\n  mcpmesh peers add bob eid:3b6a…c2 --addr 192.0.2.7:4433\n  mcpmesh peers add bob 3b6a…c2 --addr bob.lan:4433\n\nThe id is what `mcpmesh id` prints on the peer's machine, with or without `eid:`."
+    )]
+    Add {
+        /// What to call the peer here.
+        name: String,
+        /// The peer's endpoint id: 64 hex digits, with or without `eid:`.
+        id: String,
+        /// An address the peer can be reached at: IP:PORT, or HOST:PORT (resolved now).
+        /// Repeatable.
+        #[arg(long = "addr", value_name = "HOST:PORT")]
+        addrs: Vec<String>,
+    },
+    /// Give a peer another name (its grants follow).
+    #[command(after_help = "Examples:\n  mcpmesh peers rename bob bob-laptop")]
+    Rename {
+        /// The peer's current name.
+        old: String,
+        /// Its new name.
+        new: String,
+    },
+    /// Stop trusting a peer: its grants go and its live connections end at once.
+    #[command(after_help = "Examples:\n  mcpmesh peers remove bob")]
+    Remove {
+        /// The peer's name.
+        name: String,
+    },
+}
+
+/// Whether the command line asks for `--json` (before any `--`), so that even a command
+/// line clap refuses is answered in JSON.
+pub fn wants_json(args: &[std::ffi::OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every visible verb has an example, and every argument of it a description.
+    #[test]
+    fn every_verb_has_an_example_and_every_argument_a_description() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_name() != "help" && !sub.has_subcommands() {
+                    let after = sub.get_after_help().map(|h| h.to_string());
+                    assert!(
+                        after.is_some_and(|h| h.contains("Examples:\n  mcpmesh ")),
+                        "{path} has no example"
+                    );
+                }
+                for arg in sub.get_arguments().filter(|a| !a.is_hide_set()) {
+                    assert!(
+                        arg.get_help().is_some(),
+                        "{path}: {} has no description",
+                        arg.get_id()
+                    );
+                }
+                walk(sub, &path);
+            }
+        }
+        walk(&Cli::command(), "mcpmesh");
+    }
+
+    #[test]
+    fn json_is_seen_anywhere_before_a_double_dash() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(wants_json(&args(&["mcpmesh", "peers", "add", "--json"])));
+        assert!(!wants_json(&args(&[
+            "mcpmesh", "serve", "x", "--", "srv", "--json"
+        ])));
+    }
+}
