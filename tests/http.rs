@@ -759,3 +759,77 @@ async fn progress_reaches_the_stream_of_the_request_that_asked_for_it_not_the_ge
     assert_eq!(events[1]["result"]["content"][0]["text"], "hi", "{body}");
     drop(get);
 }
+
+/// Reads one HTTP/1.1 response (head, then a `Content-Length` body) from a raw connection.
+async fn read_response(tcp: &mut tokio::net::TcpStream) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return (head.to_owned(), body.to_owned());
+            }
+        }
+        let n = tcp.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "the connection closed before a whole response: {text}"
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_past_the_frame_cap_is_refused_at_once_with_the_frame_cap_error() {
+    use tokio::io::AsyncWriteExt;
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-413"));
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+    let token = gateway.token.clone().unwrap();
+    let host = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+
+    // A 20 MB body: 413 with the mesh's frame-cap error, as JSON-RPC.
+    let big = vec![b' '; 20_000_000];
+    let sent = mcp_post(&gateway.client(), &url, &json!({}), None)
+        .body(big)
+        .send();
+    let r = tokio::time::timeout(ANSWER_TIMEOUT, sent)
+        .await
+        .expect("an answer to a 20 MB POST in time")
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body = r.text().await.unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+
+    // A Content-Length far past the cap and no body at all: refused at once, not waited on.
+    let mut tcp = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let head = format!(
+        "POST /mcp/alice/svc HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 99999999999\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let (head, body) = tokio::time::timeout(Duration::from_secs(5), read_response(&mut tcp))
+        .await
+        .expect("a prompt answer to a Content-Length past the cap");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+}

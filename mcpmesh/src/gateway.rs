@@ -165,8 +165,6 @@ pub async fn serve(
             "/mcp/{peer}/{service}",
             axum::routing::post(post).get(get).delete(delete),
         )
-        // Bodies up to the frame cap (axum's default is 2 MB); past it, -32051 from `post`.
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_FRAME + 1))
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), guard))
         .with_state(gateway.clone());
     let served = axum::serve(listener, app)
@@ -581,16 +579,12 @@ async fn post(
     State(gateway): State<Arc<Gateway>>,
     Path((peer, service)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
-    if body.len() > MAX_FRAME {
-        return rpc_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::FrameTooLarge,
-            None,
-            "the message is larger than the frame cap",
-        );
-    }
+    let body = match read_body(&headers, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
     // One message, one line: the line breaks a client may put between tokens go (JSON
     // strings cannot hold raw ones); every other byte passes as sent.
     let line: Bytes = body
@@ -706,6 +700,38 @@ async fn post(
             Err(_) => plain(StatusCode::NOT_FOUND, "the mesh session ended"),
         },
     }
+}
+
+/// A POST's body, held to the frame cap: a larger declared length is refused before any of
+/// the body is read (and not waited for), a longer body as soon as it passes the cap.
+async fn read_body(headers: &HeaderMap, body: axum::body::Body) -> Result<Bytes, Response> {
+    use futures_util::StreamExt;
+    let too_large = || {
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::FrameTooLarge,
+            None,
+            "the message is larger than the frame cap",
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_FRAME as u64) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err(plain(StatusCode::BAD_REQUEST, "the body could not be read"));
+        };
+        if read.len() + chunk.len() > MAX_FRAME {
+            return Err(too_large());
+        }
+        read.extend_from_slice(&chunk);
+    }
+    Ok(read.into())
 }
 
 /// A request on its way into a mesh session.
