@@ -833,3 +833,118 @@ async fn a_body_past_the_frame_cap_is_refused_at_once_with_the_frame_cap_error()
     let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
     assert_eq!(answer["error"]["code"], -32051, "{answer}");
 }
+
+/// Opens an HTTP session at `url` (initialize, initialized) with a client of its own, and
+/// returns the session id.
+async fn open_http_session(gateway: &Gateway, url: &str) -> String {
+    let http = gateway.client();
+    let r = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        mcp_post(&http, url, &initialize_request(), None).send(),
+    )
+    .await
+    .expect("an answer to initialize in time")
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = r.text().await.unwrap();
+    assert!(body.contains(r#""serverInfo""#), "{body}");
+    let sid = sid.unwrap_or_else(|| panic!("no session id with {body}"));
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let r = mcp_post(&http, url, &note, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    sid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn abandoned_gateway_sessions_give_way_to_a_new_client_at_the_services_limit() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-abandoned");
+    alice.serve_stub("svc", &["bob"], Some(4), &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+
+    // Four clients initialize and go away without DELETE, as the Inspector CLI does.
+    let first = open_http_session(&gateway, &url).await;
+    let children = procs_with(&m);
+    assert_eq!(children.len(), 1, "{children:?}");
+    for _ in 0..3 {
+        open_http_session(&gateway, &url).await;
+    }
+    // A fifth is still served: the longest-idle session gave way, and its child with it.
+    open_http_session(&gateway, &url).await;
+    assert_child_ends(children[0].0, &m).await;
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" });
+    let r = mcp_post(&gateway.client(), &url, &list, Some(&first))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_gateway_session_is_reaped_and_a_refused_initialize_gets_no_session_id() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-idle");
+    alice.serve_stub("svc", &["bob"], Some(1), &m);
+    let gateway = Gateway::start(&bob, &["--idle", "1"]).await;
+    let url = gateway.url("alice/svc");
+    let http = gateway.client();
+
+    // A session with its GET stream open is in use, however long: a second client finds the
+    // service at its limit, and the refusal names no session.
+    let sid = open_http_session(&gateway, &url).await;
+    let children = procs_with(&m);
+    assert_eq!(children.len(), 1, "{children:?}");
+    let stream = http
+        .get(&url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let r = mcp_post(&http, &url, &initialize_request(), None)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("mcp-session-id").is_none(), "{r:?}");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("-32053"), "{body}");
+    let r = mcp_post(
+        &http,
+        &gateway.url("alice/nosuch"),
+        &initialize_request(),
+        None,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(r.headers().get("mcp-session-id").is_none(), "{r:?}");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("-32054"), "{body}");
+
+    // Its client goes away without DELETE: once idle for a second, the session ends, and its
+    // child with it.
+    drop(stream);
+    assert!(
+        wait_exit(children[0].0, ANSWER_TIMEOUT).await,
+        "the idle session's child is still running"
+    );
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" });
+    let r = mcp_post(&http, &url, &list, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(answer["id"], 2, "{answer}");
+}

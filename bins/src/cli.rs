@@ -153,6 +153,10 @@ enum Command {
         /// local proxy). Repeatable.
         #[arg(long = "allow-host", value_name = "NAME")]
         allowed_hosts: Vec<String>,
+        /// End a session after this many seconds with no request in flight and no open
+        /// stream (clients that go away without DELETE).
+        #[arg(long, value_name = "SECS", default_value_t = mcpmesh::gateway::DEFAULT_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+        idle: u64,
     },
     /// Read the audit log: recent records, totals, or a check of its integrity.
     Audit {
@@ -277,6 +281,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             no_token,
             allowed_origins,
             allowed_hosts,
+            idle,
         } => {
             use mcpmesh::gateway::TokenChoice;
             let token = match (token, no_token) {
@@ -292,6 +297,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     allowed_hosts,
                     profile,
                     exe,
+                    idle: std::time::Duration::from_secs(idle),
                 },
                 allow_remote,
                 token,

@@ -51,8 +51,12 @@ const STREAM_QUEUE: usize = 64;
 const BACKLOG: usize = 1024;
 /// HTTP sessions the gateway holds at once; past it, `initialize` is answered 503.
 const MAX_SESSIONS: usize = 1024;
-/// A session with no request and no open stream for this long is ended.
-const IDLE: Duration = Duration::from_secs(3600);
+/// By default, a session with no request in flight and no open stream for this long is
+/// ended: clients that go away without `DELETE` must not hold a server for long.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(300);
+/// Opening attempts after a session gave way to a new one at the service's session limit
+/// (the serving node frees the slot just after the old session's stream ends).
+const GIVE_WAY_RETRIES: u32 = 6;
 /// The shared mesh session of a service's sessionless (2026-07-28) requests is ended after
 /// this long without one.
 const STATELESS_IDLE: Duration = Duration::from_secs(300);
@@ -71,6 +75,8 @@ pub struct GatewayConfig {
     pub profile: Profile,
     /// The `mcpmesh` executable, to start the node when it is not running.
     pub exe: PathBuf,
+    /// A session with no request in flight and no open stream for this long is ended.
+    pub idle: Duration,
 }
 
 /// Where the gateway's bearer token comes from.
@@ -235,7 +241,10 @@ impl Gateway {
     }
 
     async fn expire_idle(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        let idle = self.config.idle;
+        let mut tick = tokio::time::interval(
+            (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(60)),
+        );
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -245,7 +254,7 @@ impl Gateway {
                 let mut map = self.sessions();
                 let ids: Vec<String> = map
                     .iter()
-                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > IDLE)
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > Some(idle))
                     .map(|(id, _)| id.clone())
                     .collect();
                 ids.iter().filter_map(|id| map.remove(id)).collect()
@@ -254,7 +263,7 @@ impl Gateway {
                 let mut map = self.stateless_map();
                 let keys: Vec<(String, String)> = map
                     .iter()
-                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > STATELESS_IDLE)
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > Some(STATELESS_IDLE))
                     .map(|(k, _)| k.clone())
                     .collect();
                 stale.extend(keys.iter().filter_map(|k| map.remove(k)));
@@ -263,6 +272,19 @@ impl Gateway {
                 s.close().await;
             }
         }
+    }
+
+    /// Takes the HTTP session to `peer/service` that has been idle longest out of the map (so
+    /// its id is then unknown); `None` when every one is in use.
+    fn take_longest_idle(&self, peer: &str, service: &str) -> Option<Arc<Session>> {
+        let mut map = self.sessions();
+        let id = map
+            .iter()
+            .filter(|(_, s)| s.peer == peer && s.service == service)
+            .filter_map(|(id, s)| Some((s.idle_for()?, id)))
+            .max_by_key(|(idle, _)| *idle)
+            .map(|(_, id)| id.clone())?;
+        map.remove(&id)
     }
 
     /// Opens a mesh session to `peer/service` through the local node.
@@ -312,6 +334,8 @@ struct Session {
     writer: Mutex<OwnedWriteHalf>,
     routes: StdMutex<Routes>,
     closed: CancellationToken,
+    /// Fires when the node has ended the mesh session's stream.
+    ended: CancellationToken,
     last_active: StdMutex<Instant>,
 }
 
@@ -324,15 +348,24 @@ impl Session {
         *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    fn idle_for(&self) -> Duration {
+    /// How long the session has had no request in flight and no open stream; `None` while
+    /// it has. A stream or request whose client went away does not count.
+    fn idle_for(&self) -> Option<Duration> {
         let routes = self.routes();
-        if routes.get.is_some() || !routes.waiting.is_empty() {
-            return Duration::ZERO;
+        let in_use = routes.get.as_ref().is_some_and(|g| !g.is_closed())
+            || routes.waiting.values().any(|w| !w.is_closed());
+        drop(routes);
+        if in_use {
+            // Idle time counts from when the session was last seen in use.
+            self.touch();
+            return None;
         }
-        self.last_active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
+        Some(
+            self.last_active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed(),
+        )
     }
 
     async fn send(&self, line: &[u8]) -> std::io::Result<()> {
@@ -388,6 +421,7 @@ impl Session {
         }
         // The mesh session ended (the node answered whatever was outstanding first).
         self.closed.cancel();
+        self.ended.cancel();
         let mut routes = self.routes();
         routes.waiting.clear();
         routes.get = None;
@@ -520,6 +554,16 @@ fn plain(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
+/// 404 for a session id that names no session (never issued, ended, or closed when idle).
+fn unknown_session() -> Response {
+    rpc_error(
+        StatusCode::NOT_FOUND,
+        ErrorCode::UnknownSession,
+        None,
+        "unknown or ended session: initialize a new one",
+    )
+}
+
 /// A JSON-RPC error as an HTTP response (`id` null unless given).
 fn rpc_error(
     status: StatusCode,
@@ -616,7 +660,7 @@ async fn post(
         Lookup::Unknown => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
-                ErrorCode::NotReady,
+                ErrorCode::UnknownSession,
                 id.as_deref(),
                 "unknown or ended session: initialize a new one",
             );
@@ -639,21 +683,18 @@ async fn post(
         Lookup::NoHeader if initialize && id.is_none() => {
             return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
         }
-        Lookup::NoHeader if initialize => match open_session(&gateway, &peer, &service).await {
-            Ok((sid, session)) => {
-                let Some(id) = id.as_deref() else {
-                    return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
-                };
-                let sent = Sent {
-                    line: &line,
-                    id,
-                    token: token.as_deref(),
-                    headers: &headers,
-                };
-                return sent.over(&session, Some(&sid), StatusCode::OK).await;
-            }
-            Err((code, message)) => return open_failed(code, id.as_deref(), &message),
-        },
+        Lookup::NoHeader if initialize => {
+            let Some(id) = id.as_deref() else {
+                return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
+            };
+            let sent = Sent {
+                line: &line,
+                id,
+                token: token.as_deref(),
+                headers: &headers,
+            };
+            return sent.initialize(&gateway, &peer, &service).await;
+        }
         Lookup::NoHeader if stateless => {
             let Some(rid) = id.as_deref() else {
                 return plain(StatusCode::BAD_REQUEST, "a request needs an id");
@@ -760,18 +801,101 @@ impl Sent<'_> {
     }
 }
 
-/// Opens a mesh session for a new HTTP session and starts routing its messages.
-async fn open_session(
-    gateway: &Arc<Gateway>,
-    peer: &str,
-    service: &str,
-) -> Result<(String, Arc<Session>), (i64, String)> {
-    let session = new_session(gateway, peer, service).await?;
+impl Sent<'_> {
+    /// Opens a mesh session for an `initialize` and answers it. The HTTP session exists (and
+    /// its id is given) only once the server accepted; when the service refuses because it is
+    /// at its session limit, this service's longest-idle HTTP session gives way first.
+    async fn initialize(self, gateway: &Arc<Gateway>, peer: &str, service: &str) -> Response {
+        let mut gave_way = false;
+        let mut delay = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            let session = match new_session(gateway, peer, service).await {
+                Ok(s) => s,
+                Err((code, message)) => return open_failed(code, Some(self.id), &message),
+            };
+            // A client that goes away before the answer takes the mesh session with it.
+            let armed = session.closed.clone().drop_guard();
+            let mut rx = session.expect(self.id, self.token);
+            if session.send(self.line).await.is_err() {
+                session.close().await;
+                return rpc_error(
+                    StatusCode::OK,
+                    ErrorCode::Unreachable,
+                    Some(self.id),
+                    "the mesh session ended",
+                );
+            }
+            let mut lines = Vec::new();
+            while let Some(line) = rx.recv().await {
+                lines.push(line);
+            }
+            let refused = match lines.last().and_then(|l| jsonrpc::peek_response(l)) {
+                Some(answer) => match answer.outcome() {
+                    jsonrpc::Outcome::Error(code) => Some(code),
+                    _ => None,
+                },
+                None => {
+                    session.close().await;
+                    return rpc_error(
+                        StatusCode::OK,
+                        ErrorCode::Unreachable,
+                        Some(self.id),
+                        "the mesh session ended before the server answered",
+                    );
+                }
+            };
+            let Some(code) = refused else {
+                armed.disarm();
+                let sid = match new_session_id() {
+                    Ok(sid) => sid,
+                    Err(message) => {
+                        session.close().await;
+                        return open_failed(ErrorCode::Unreachable.code(), Some(self.id), &message);
+                    }
+                };
+                gateway.sessions().insert(sid.clone(), session);
+                return replay(lines, self.headers, Some(&sid));
+            };
+            session.close().await;
+            let busy = code == ErrorCode::Busy.code();
+            if busy && !gave_way {
+                match gateway.take_longest_idle(peer, service) {
+                    Some(idle) => {
+                        tracing::info!(peer, service, "closing an idle session to make room");
+                        idle.close().await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), idle.ended.cancelled())
+                                .await;
+                        gave_way = true;
+                    }
+                    None => return replay(lines, self.headers, None),
+                }
+            } else if !busy || attempts >= GIVE_WAY_RETRIES {
+                return replay(lines, self.headers, None);
+            } else {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            attempts += 1;
+        }
+    }
+}
+
+/// A fresh, unguessable HTTP session id.
+fn new_session_id() -> Result<String, String> {
     let mut raw = [0u8; 16];
-    getrandom::fill(&mut raw).map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
-    let sid = data_encoding::HEXLOWER.encode(&raw);
-    gateway.sessions().insert(sid.clone(), session.clone());
-    Ok((sid, session))
+    getrandom::fill(&mut raw).map_err(|e| e.to_string())?;
+    Ok(data_encoding::HEXLOWER.encode(&raw))
+}
+
+/// Answers with messages already received, as [`respond`] would have as they came.
+fn replay(lines: Vec<Bytes>, headers: &HeaderMap, session: Option<&str>) -> Response {
+    let (tx, rx) = mpsc::channel(lines.len().max(1));
+    for line in lines {
+        let _ = tx.try_send(line);
+    }
+    respond(rx, headers, session)
 }
 
 /// Opens a mesh session to `peer/service` and starts routing the server's messages.
@@ -788,6 +912,7 @@ async fn new_session(
         writer: Mutex::new(writer),
         routes: StdMutex::new(Routes::default()),
         closed: CancellationToken::new(),
+        ended: CancellationToken::new(),
         last_active: StdMutex::new(Instant::now()),
     });
     tokio::spawn(session.clone().route(reader));
@@ -854,7 +979,7 @@ async fn get(
 ) -> Response {
     let session = match gateway.session(&headers, &peer, &service) {
         Lookup::Found(s) => s,
-        Lookup::Unknown => return plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::Unknown => return unknown_session(),
         Lookup::NoHeader => {
             return plain(
                 StatusCode::BAD_REQUEST,
@@ -897,7 +1022,7 @@ async fn delete(
             session.close().await;
             StatusCode::OK.into_response()
         }
-        Lookup::Unknown => plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::Unknown => unknown_session(),
         Lookup::NoHeader => plain(
             StatusCode::BAD_REQUEST,
             "an Mcp-Session-Id header is required",
