@@ -47,6 +47,8 @@ use crate::paths::Profile;
 const SESSION_ID: &str = "mcp-session-id";
 /// Messages queued toward one HTTP stream before the mesh session waits for its reader.
 const STREAM_QUEUE: usize = 64;
+/// How much of a body past the frame cap is read and discarded before the refusal.
+const DRAIN: usize = 64 << 20;
 /// Server-initiated messages held while no stream is open to carry them.
 const BACKLOG: usize = 1024;
 /// HTTP sessions the gateway holds at once; past it, `initialize` is answered 503.
@@ -743,8 +745,9 @@ async fn post(
     }
 }
 
-/// A POST's body, held to the frame cap: a larger declared length is refused before any of
-/// the body is read (and not waited for), a longer body as soon as it passes the cap.
+/// A POST's body, held to the frame cap. A body past the cap is read on and discarded up to
+/// [`DRAIN`], so that a client still sending it gets the refusal rather than a broken pipe; a
+/// declared length past that is refused at once, before any of the body is read.
 async fn read_body(headers: &HeaderMap, body: axum::body::Body) -> Result<Bytes, Response> {
     use futures_util::StreamExt;
     let too_large = || {
@@ -758,19 +761,27 @@ async fn read_body(headers: &HeaderMap, body: axum::body::Body) -> Result<Bytes,
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_FRAME as u64) {
+    if declared.is_some_and(|n| n > DRAIN as u64) {
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();
     let mut read = Vec::new();
+    let mut discarded = 0usize;
     while let Some(chunk) = stream.next().await {
         let Ok(chunk) = chunk else {
             return Err(plain(StatusCode::BAD_REQUEST, "the body could not be read"));
         };
-        if read.len() + chunk.len() > MAX_FRAME {
-            return Err(too_large());
+        if discarded > 0 || read.len() + chunk.len() > MAX_FRAME {
+            discarded += std::mem::take(&mut read).len() + chunk.len();
+            if discarded > DRAIN {
+                return Err(too_large());
+            }
+            continue;
         }
         read.extend_from_slice(&chunk);
+    }
+    if discarded > 0 {
+        return Err(too_large());
     }
     Ok(read.into())
 }
