@@ -948,3 +948,233 @@ async fn an_idle_gateway_session_is_reaped_and_a_refused_initialize_gets_no_sess
     assert_eq!(answer["error"]["code"], -32056, "{answer}");
     assert_eq!(answer["id"], 2, "{answer}");
 }
+
+/// What [`SlowUpstream`] has seen.
+#[derive(Default)]
+struct UpstreamCounts {
+    /// POSTs it holds open now, and the most it held at once.
+    open: std::sync::atomic::AtomicUsize,
+    /// POSTs of notifications open now, and the most at once.
+    notes_open: std::sync::atomic::AtomicUsize,
+    notes_peak: std::sync::atomic::AtomicUsize,
+    notes: std::sync::atomic::AtomicUsize,
+    /// The caller's answers to the server that reached it.
+    answers: std::sync::atomic::AtomicUsize,
+}
+
+/// A Streamable HTTP MCP server on loopback, written for these tests: it answers `initialize`
+/// and the `echo` tool at once, never answers the `hang` tool (holding the POST until its
+/// client goes away), holds each notification a little, and counts what it holds.
+struct SlowUpstream {
+    url: String,
+    counts: std::sync::Arc<UpstreamCounts>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SlowUpstream {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let counts = std::sync::Arc::new(UpstreamCounts::default());
+        let shared = counts.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                connections.spawn(Self::connection(tcp, shared.clone()));
+            }
+        });
+        SlowUpstream { url, counts, task }
+    }
+
+    fn count(&self, of: impl Fn(&UpstreamCounts) -> &std::sync::atomic::AtomicUsize) -> usize {
+        of(&self.counts).load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// One connection's requests, one after another (HTTP/1.1 keep-alive).
+    async fn connection(mut tcp: tokio::net::TcpStream, counts: std::sync::Arc<UpstreamCounts>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let (head, body) = loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + length {
+                        let body = buf[end + 4..end + 4 + length].to_vec();
+                        buf.drain(..end + 4 + length);
+                        break (head, body);
+                    }
+                }
+                match tcp.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let reply = |status: &str, body: &str| {
+                format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+            };
+            if !head.starts_with("post") {
+                // No GET stream here; DELETE is never needed (no session id is issued).
+                let _ = tcp
+                    .write_all(reply("405 Method Not Allowed", "").as_bytes())
+                    .await;
+                continue;
+            }
+            let message: Value = serde_json::from_slice(&body).unwrap_or_default();
+            counts.open.fetch_add(1, SeqCst);
+            let answer = match (
+                message["method"].as_str(),
+                message["params"]["name"].as_str(),
+            ) {
+                (Some("initialize"), _) => Some(json!({ "jsonrpc": "2.0", "id": message["id"],
+                    "result": { "protocolVersion": "2025-11-25", "capabilities": { "tools": {} },
+                                "serverInfo": { "name": "slow", "version": "1" } } })),
+                (Some("notifications/initialized"), _) => None,
+                (Some("tools/call"), Some("hang")) => {
+                    // Held until the client goes away.
+                    while matches!(tcp.read(&mut chunk).await, Ok(n) if n > 0) {}
+                    counts.open.fetch_sub(1, SeqCst);
+                    return;
+                }
+                (Some(_), _) if message.get("id").is_some() => Some(json!({ "jsonrpc": "2.0",
+                    "id": message["id"], "result": { "content": [] } })),
+                (Some(_), _) => {
+                    let now = counts.notes_open.fetch_add(1, SeqCst) + 1;
+                    counts.notes_peak.fetch_max(now, SeqCst);
+                    // Some work, so that POSTs that may overlap do.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    counts.notes_open.fetch_sub(1, SeqCst);
+                    counts.notes.fetch_add(1, SeqCst);
+                    None
+                }
+                (None, _) => {
+                    counts.answers.fetch_add(1, SeqCst);
+                    None
+                }
+            };
+            let response = match answer {
+                Some(answer) => reply("200 OK", &answer.to_string()),
+                None => reply("202 Accepted", ""),
+            };
+            counts.open.fetch_sub(1, SeqCst);
+            if tcp.write_all(response.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Alice serves `upstream` as `quick` (silent upstreams given up on after a second), `slow`
+/// (after ten minutes) and `strict` (five requests a minute), with at most four requests in
+/// flight per session; bob trusts her.
+fn serve_slow_upstream(upstream: &SlowUpstream) -> (TestNode, TestNode) {
+    let url = &upstream.url;
+    let config = format!(
+        "[limits]\nmax_in_flight = 4\nrequest_timeout_secs = 1\n\n\
+         [services.quick]\nurl = \"{url}\"\nallow = [\"bob\"]\n\n\
+         [services.slow]\nurl = \"{url}\"\nallow = [\"bob\"]\nrequest_timeout_secs = 600\n\n\
+         [services.strict]\nurl = \"{url}\"\nallow = [\"bob\"]\nrate_limit_per_min = 5\n"
+    );
+    let alice = TestNode::start_with("alice", &config, &[]);
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_url_upstream_is_given_up_on_and_no_post_outlives_its_session() {
+    let upstream = SlowUpstream::start().await;
+    let (_alice, bob) = serve_slow_upstream(&upstream);
+
+    // A request the upstream never answers gets the mesh's error once the timeout passes,
+    // and its POST is dropped.
+    let mut quick = bob.connect("alice/quick");
+    quick.initialize().await;
+    let answer = quick.call("hang", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32055, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did not answer within 1 s"), "{answer}");
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 0).await,
+        "a timed-out POST is still open at the upstream"
+    );
+
+    // A session that ends while its request hangs takes the POST with it.
+    let mut slow = bob.connect("alice/slow");
+    slow.initialize().await;
+    slow.send(&json!({ "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                       "params": { "name": "hang", "arguments": {} } }))
+        .await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 1).await,
+        "the request never reached the upstream"
+    );
+    slow.close_stdin();
+    slow.wait_eof().await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 0).await,
+        "{} POSTs are still open at the upstream after the session ended",
+        upstream.count(|c| &c.open)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_service_bounds_the_posts_in_flight_and_counts_the_callers_answers() {
+    let upstream = SlowUpstream::start().await;
+    let (_alice, bob) = serve_slow_upstream(&upstream);
+
+    // Forty notifications at once: never more than the session's bound in flight upstream.
+    let mut quick = bob.connect("alice/quick");
+    quick.initialize().await;
+    for n in 0..40 {
+        quick
+            .send(
+                &json!({ "jsonrpc": "2.0", "method": "notifications/message",
+                           "params": { "level": "info", "data": n } }),
+            )
+            .await;
+    }
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.notes) == 40).await,
+        "{} of 40 notifications reached the upstream",
+        upstream.count(|c| &c.notes)
+    );
+    let peak = upstream.count(|c| &c.notes_peak);
+    assert!(peak <= 4, "{peak} notifications were in flight at once");
+
+    // The caller's answers to the server take from its rate like everything else it sends:
+    // five a minute, one gone on opening the session and one on initialize.
+    let mut strict = bob.connect("alice/strict");
+    strict.initialize().await;
+    for n in 0..10 {
+        strict
+            .send(&json!({ "jsonrpc": "2.0", "id": format!("s{n}"), "result": {} }))
+            .await;
+    }
+    let answer = strict.call("echo", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32053, "{answer}");
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.answers) >= 3).await,
+        "the answers within the rate never reached the upstream"
+    );
+    strict.close_stdin();
+    strict.wait_eof().await;
+    assert_eq!(upstream.count(|c| &c.answers), 3);
+}
