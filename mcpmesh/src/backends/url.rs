@@ -222,14 +222,16 @@ impl Upstream {
         // The session core already held each line to the frame cap; the identity it wrote in
         // may add a little, which must not end the session here.
         let mut reader = FrameReader::new(reader, MAX_FRAME + 64 * 1024);
-        // Dropped with this task (the session's teardown aborts it): every open POST ends.
+        // Dropped with this task (the session's teardown aborts it): every open POST, and the
+        // GET stream, end with it.
         let mut posts = JoinSet::new();
+        let mut stream = JoinSet::new();
         while let Ok(Some(line)) = reader.next_line().await {
             while posts.try_join_next().is_some() {}
             let frame = Frame::of(line);
             if frame.method.as_deref() == Some("initialize") {
                 self.clone().post(frame).await;
-                posts.spawn(self.clone().listen());
+                stream.spawn(self.clone().listen());
                 continue;
             }
             let pool = if frame.is_request() {
