@@ -282,7 +282,7 @@ impl Gateway {
         let mut map = self.sessions();
         let id = map
             .iter()
-            .filter(|(_, s)| s.peer == peer && s.service == service)
+            .filter(|(_, s)| s.peer == peer && s.service == service && !s.closed.is_cancelled())
             .filter_map(|(id, s)| Some((s.idle_for()?, id)))
             .max_by_key(|(idle, _)| *idle)
             .map(|(_, id)| id.clone())?;
