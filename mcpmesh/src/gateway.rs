@@ -837,11 +837,16 @@ impl Sent<'_> {
                     "the mesh session ended",
                 );
             }
-            let mut lines = Vec::new();
+            // Held until the answer says whether there is a session; what a server sends
+            // before answering is bounded like the backlog.
+            let mut lines = VecDeque::new();
             while let Some(line) = rx.recv().await {
-                lines.push(line);
+                if lines.len() >= BACKLOG {
+                    lines.pop_front();
+                }
+                lines.push_back(line);
             }
-            let refused = match lines.last().and_then(|l| jsonrpc::peek_response(l)) {
+            let refused = match lines.back().and_then(|l| jsonrpc::peek_response(l)) {
                 Some(answer) => match answer.outcome() {
                     jsonrpc::Outcome::Error(code) => Some(code),
                     _ => None,
@@ -901,7 +906,7 @@ fn new_session_id() -> Result<String, String> {
 }
 
 /// Answers with messages already received, as [`respond`] would have as they came.
-fn replay(lines: Vec<Bytes>, headers: &HeaderMap, session: Option<&str>) -> Response {
+fn replay(lines: VecDeque<Bytes>, headers: &HeaderMap, session: Option<&str>) -> Response {
     let (tx, rx) = mpsc::channel(lines.len().max(1));
     for line in lines {
         let _ = tx.try_send(line);
