@@ -773,3 +773,422 @@ async fn progress_reaches_the_stream_of_the_request_that_asked_for_it_not_the_ge
     assert_eq!(events[1]["result"]["content"][0]["text"], "hi", "{body}");
     drop(get);
 }
+
+/// Reads one HTTP/1.1 response (head, then a `Content-Length` body) from a raw connection.
+async fn read_response(tcp: &mut tokio::net::TcpStream) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return (head.to_owned(), body.to_owned());
+            }
+        }
+        let n = tcp.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "the connection closed before a whole response: {text}"
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_past_the_frame_cap_is_refused_at_once_with_the_frame_cap_error() {
+    use tokio::io::AsyncWriteExt;
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-413"));
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+    let token = gateway.token.clone().unwrap();
+    let host = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+
+    // A 20 MB body: 413 with the mesh's frame-cap error, as JSON-RPC.
+    let big = vec![b' '; 20_000_000];
+    let sent = mcp_post(&gateway.client(), &url, &json!({}), None)
+        .body(big)
+        .send();
+    let r = tokio::time::timeout(ANSWER_TIMEOUT, sent)
+        .await
+        .expect("an answer to a 20 MB POST in time")
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let body = r.text().await.unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+
+    // A Content-Length far past the cap and no body at all: refused at once, not waited on.
+    let mut tcp = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let head = format!(
+        "POST /mcp/alice/svc HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 99999999999\r\n\r\n"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let (head, body) = tokio::time::timeout(Duration::from_secs(5), read_response(&mut tcp))
+        .await
+        .expect("a prompt answer to a Content-Length past the cap");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32051, "{answer}");
+}
+
+/// Opens an HTTP session at `url` (initialize, initialized) with a client of its own, and
+/// returns the session id.
+async fn open_http_session(gateway: &Gateway, url: &str) -> String {
+    let http = gateway.client();
+    let r = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        mcp_post(&http, url, &initialize_request(), None).send(),
+    )
+    .await
+    .expect("an answer to initialize in time")
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = r.text().await.unwrap();
+    assert!(body.contains(r#""serverInfo""#), "{body}");
+    let sid = sid.unwrap_or_else(|| panic!("no session id with {body}"));
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let r = mcp_post(&http, url, &note, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    sid
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn abandoned_gateway_sessions_give_way_to_a_new_client_at_the_services_limit() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-abandoned");
+    alice.serve_stub("svc", &["bob"], Some(4), &m);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("alice/svc");
+
+    // Four clients initialize and go away without DELETE, as the Inspector CLI does.
+    let first = open_http_session(&gateway, &url).await;
+    let children = procs_with(&m);
+    assert_eq!(children.len(), 1, "{children:?}");
+    for _ in 0..3 {
+        open_http_session(&gateway, &url).await;
+    }
+    // A fifth is still served: the longest-idle session gave way, and its child with it.
+    open_http_session(&gateway, &url).await;
+    assert_child_ends(children[0].0, &m).await;
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" });
+    let r = mcp_post(&gateway.client(), &url, &list, Some(&first))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_gateway_session_is_reaped_and_a_refused_initialize_gets_no_session_id() {
+    let (alice, bob) = two_nodes();
+    let m = marker("gateway-idle");
+    alice.serve_stub("svc", &["bob"], Some(1), &m);
+    let gateway = Gateway::start(&bob, &["--idle", "1"]).await;
+    let url = gateway.url("alice/svc");
+    let http = gateway.client();
+
+    // A session with its GET stream open is in use, however long: a second client finds the
+    // service at its limit, and the refusal names no session.
+    let sid = open_http_session(&gateway, &url).await;
+    let children = procs_with(&m);
+    assert_eq!(children.len(), 1, "{children:?}");
+    let stream = http
+        .get(&url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let r = mcp_post(&http, &url, &initialize_request(), None)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("mcp-session-id").is_none(), "{r:?}");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("-32053"), "{body}");
+    let r = mcp_post(
+        &http,
+        &gateway.url("alice/nosuch"),
+        &initialize_request(),
+        None,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(r.headers().get("mcp-session-id").is_none(), "{r:?}");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("-32054"), "{body}");
+
+    // Its client goes away without DELETE: once idle for a second, the session ends, and its
+    // child with it.
+    drop(stream);
+    assert!(
+        wait_exit(children[0].0, ANSWER_TIMEOUT).await,
+        "the idle session's child is still running"
+    );
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" });
+    let r = mcp_post(&http, &url, &list, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body = r.text().await.unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(answer["id"], 2, "{answer}");
+}
+
+/// What [`SlowUpstream`] has seen.
+#[derive(Default)]
+struct UpstreamCounts {
+    /// POSTs it holds open now, and the most it held at once.
+    open: std::sync::atomic::AtomicUsize,
+    /// POSTs of notifications open now, and the most at once.
+    notes_open: std::sync::atomic::AtomicUsize,
+    notes_peak: std::sync::atomic::AtomicUsize,
+    notes: std::sync::atomic::AtomicUsize,
+    /// The caller's answers to the server that reached it.
+    answers: std::sync::atomic::AtomicUsize,
+}
+
+/// A Streamable HTTP MCP server on loopback, written for these tests: it answers `initialize`
+/// and the `echo` tool at once, never answers the `hang` tool (holding the POST until its
+/// client goes away), holds each notification a little, and counts what it holds.
+struct SlowUpstream {
+    url: String,
+    counts: std::sync::Arc<UpstreamCounts>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SlowUpstream {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let counts = std::sync::Arc::new(UpstreamCounts::default());
+        let shared = counts.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                connections.spawn(Self::connection(tcp, shared.clone()));
+            }
+        });
+        SlowUpstream { url, counts, task }
+    }
+
+    fn count(&self, of: impl Fn(&UpstreamCounts) -> &std::sync::atomic::AtomicUsize) -> usize {
+        of(&self.counts).load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// One connection's requests, one after another (HTTP/1.1 keep-alive).
+    async fn connection(mut tcp: tokio::net::TcpStream, counts: std::sync::Arc<UpstreamCounts>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let (head, body) = loop {
+                if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + length {
+                        let body = buf[end + 4..end + 4 + length].to_vec();
+                        buf.drain(..end + 4 + length);
+                        break (head, body);
+                    }
+                }
+                match tcp.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            };
+            let reply = |status: &str, body: &str| {
+                format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+            };
+            if !head.starts_with("post") {
+                // No GET stream here; DELETE is never needed (no session id is issued).
+                let _ = tcp
+                    .write_all(reply("405 Method Not Allowed", "").as_bytes())
+                    .await;
+                continue;
+            }
+            let message: Value = serde_json::from_slice(&body).unwrap_or_default();
+            counts.open.fetch_add(1, SeqCst);
+            let answer = match (
+                message["method"].as_str(),
+                message["params"]["name"].as_str(),
+            ) {
+                (Some("initialize"), _) => Some(json!({ "jsonrpc": "2.0", "id": message["id"],
+                    "result": { "protocolVersion": "2025-11-25", "capabilities": { "tools": {} },
+                                "serverInfo": { "name": "slow", "version": "1" } } })),
+                (Some("notifications/initialized"), _) => None,
+                (Some("tools/call"), Some("hang")) => {
+                    // Held until the client goes away.
+                    while matches!(tcp.read(&mut chunk).await, Ok(n) if n > 0) {}
+                    counts.open.fetch_sub(1, SeqCst);
+                    return;
+                }
+                (Some(_), _) if message.get("id").is_some() => Some(json!({ "jsonrpc": "2.0",
+                    "id": message["id"], "result": { "content": [] } })),
+                (Some(_), _) => {
+                    let now = counts.notes_open.fetch_add(1, SeqCst) + 1;
+                    counts.notes_peak.fetch_max(now, SeqCst);
+                    // Some work, so that POSTs that may overlap do.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    counts.notes_open.fetch_sub(1, SeqCst);
+                    counts.notes.fetch_add(1, SeqCst);
+                    None
+                }
+                (None, _) => {
+                    counts.answers.fetch_add(1, SeqCst);
+                    None
+                }
+            };
+            let response = match answer {
+                Some(answer) => reply("200 OK", &answer.to_string()),
+                None => reply("202 Accepted", ""),
+            };
+            counts.open.fetch_sub(1, SeqCst);
+            if tcp.write_all(response.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Alice serves `upstream` as `quick` (silent upstreams given up on after a second), `slow`
+/// (after ten minutes) and `strict` (five requests a minute), with at most four requests in
+/// flight per session; bob trusts her.
+fn serve_slow_upstream(upstream: &SlowUpstream) -> (TestNode, TestNode) {
+    let url = &upstream.url;
+    let config = format!(
+        "[limits]\nmax_in_flight = 4\nrequest_timeout_secs = 1\n\n\
+         [services.quick]\nurl = \"{url}\"\nallow = [\"bob\"]\n\n\
+         [services.slow]\nurl = \"{url}\"\nallow = [\"bob\"]\nrequest_timeout_secs = 600\n\n\
+         [services.strict]\nurl = \"{url}\"\nallow = [\"bob\"]\nrate_limit_per_min = 5\n"
+    );
+    let alice = TestNode::start_with("alice", &config, &[]);
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_url_upstream_is_given_up_on_and_no_post_outlives_its_session() {
+    let upstream = SlowUpstream::start().await;
+    let (_alice, bob) = serve_slow_upstream(&upstream);
+
+    // A request the upstream never answers gets the mesh's error once the timeout passes,
+    // and its POST is dropped.
+    let mut quick = bob.connect("alice/quick");
+    quick.initialize().await;
+    let answer = quick.call("hang", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32055, "{answer}");
+    assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("did not answer within 1 s"), "{answer}");
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 0).await,
+        "a timed-out POST is still open at the upstream"
+    );
+
+    // A session that ends while its request hangs takes the POST with it.
+    let mut slow = bob.connect("alice/slow");
+    slow.initialize().await;
+    slow.send(&json!({ "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                       "params": { "name": "hang", "arguments": {} } }))
+        .await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 1).await,
+        "the request never reached the upstream"
+    );
+    slow.close_stdin();
+    slow.wait_eof().await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.open) == 0).await,
+        "{} POSTs are still open at the upstream after the session ended",
+        upstream.count(|c| &c.open)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_service_bounds_the_posts_in_flight_and_counts_the_callers_answers() {
+    let upstream = SlowUpstream::start().await;
+    let (_alice, bob) = serve_slow_upstream(&upstream);
+
+    // Forty notifications at once: never more than the session's bound in flight upstream.
+    let mut quick = bob.connect("alice/quick");
+    quick.initialize().await;
+    for n in 0..40 {
+        quick
+            .send(
+                &json!({ "jsonrpc": "2.0", "method": "notifications/message",
+                           "params": { "level": "info", "data": n } }),
+            )
+            .await;
+    }
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.notes) == 40).await,
+        "{} of 40 notifications reached the upstream",
+        upstream.count(|c| &c.notes)
+    );
+    let peak = upstream.count(|c| &c.notes_peak);
+    assert!(peak <= 4, "{peak} notifications were in flight at once");
+
+    // The caller's answers to the server take from its rate like everything else it sends:
+    // five a minute, one gone on opening the session and one on initialize.
+    let mut strict = bob.connect("alice/strict");
+    strict.initialize().await;
+    for n in 0..10 {
+        strict
+            .send(&json!({ "jsonrpc": "2.0", "id": format!("s{n}"), "result": {} }))
+            .await;
+    }
+    let answer = strict.call("echo", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32053, "{answer}");
+    assert!(
+        eventually(ANSWER_TIMEOUT, || upstream.count(|c| &c.answers) >= 3).await,
+        "the answers within the rate never reached the upstream"
+    );
+    strict.close_stdin();
+    strict.wait_eof().await;
+    assert_eq!(upstream.count(|c| &c.answers), 3);
+}

@@ -222,6 +222,10 @@ pub enum Command {
         /// local proxy). Repeatable.
         #[arg(long = "allow-host", value_name = "NAME")]
         allowed_hosts: Vec<String>,
+        /// End a session after this many seconds with no request in flight and no open
+        /// stream (clients that go away without DELETE).
+        #[arg(long, value_name = "SECS", default_value_t = mcpmesh::gateway::DEFAULT_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+        idle: u64,
     },
     /// Read the audit log: recent records, totals, or a check of its integrity.
     #[command(

@@ -123,6 +123,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             no_token,
             allowed_origins,
             allowed_hosts,
+            idle,
         } => {
             use mcpmesh::gateway::TokenChoice;
             let token = match (token, no_token) {
@@ -138,6 +139,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     allowed_hosts,
                     profile: profile.clone(),
                     exe: exe.clone(),
+                    idle: std::time::Duration::from_secs(idle),
                 },
                 allow_remote,
                 token,

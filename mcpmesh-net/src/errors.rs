@@ -20,6 +20,8 @@ pub enum ErrorCode {
     UnknownService,
     /// Peer unreachable, or the session was lost before the answer.
     Unreachable,
+    /// A gateway session id that names no session (never issued, or ended).
+    UnknownSession,
     /// Input the mesh had to parse was not JSON.
     Parse,
     /// JSON, but not one JSON-RPC message (an array, a bare value).
@@ -34,6 +36,7 @@ impl ErrorCode {
             ErrorCode::Busy => -32053,
             ErrorCode::UnknownService => -32054,
             ErrorCode::Unreachable => -32055,
+            ErrorCode::UnknownSession => -32056,
             ErrorCode::Parse => -32700,
             ErrorCode::InvalidRequest => -32600,
         }
@@ -47,6 +50,7 @@ impl ErrorCode {
             ErrorCode::Busy => "rate limited or at capacity, retry later",
             ErrorCode::UnknownService => "unknown or unauthorized service",
             ErrorCode::Unreachable => "peer unreachable or session lost",
+            ErrorCode::UnknownSession => "unknown or ended session",
             ErrorCode::Parse => "parse error: not a JSON value",
             ErrorCode::InvalidRequest => "invalid request: not a JSON-RPC message",
         }
@@ -127,6 +131,7 @@ mod tests {
             ErrorCode::Busy,
             ErrorCode::UnknownService,
             ErrorCode::Unreachable,
+            ErrorCode::UnknownSession,
             ErrorCode::Parse,
             ErrorCode::InvalidRequest,
         ] {

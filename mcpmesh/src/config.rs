@@ -27,6 +27,9 @@ const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
 /// server is still never flooded.
 pub const DEFAULT_IN_FLIGHT: u32 = 64;
 const DEFAULT_IDLE_CLOSE_SECS: u64 = 120;
+/// How long a `url` service's server may stay silent on a request before it is answered
+/// `-32055`.
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 300;
 
 /// Environment variables the node sets for a child; no config may set them.
 pub const RESERVED_ENV_PREFIX: &str = "MCPMESH_";
@@ -98,6 +101,9 @@ pub struct LimitsSection {
     /// A connection to a peer with no session for this long is closed.
     #[serde(default = "default_idle_close")]
     pub idle_close_secs: u64,
+    /// How long a `url` service's server may stay silent on one request.
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_secs: u64,
 }
 
 impl Default for LimitsSection {
@@ -108,6 +114,7 @@ impl Default for LimitsSection {
             dial_timeout_secs: DEFAULT_DIAL_TIMEOUT_SECS,
             max_in_flight: DEFAULT_IN_FLIGHT,
             idle_close_secs: DEFAULT_IDLE_CLOSE_SECS,
+            request_timeout_secs: DEFAULT_REQUEST_TIMEOUT_SECS,
         }
     }
 }
@@ -121,6 +128,10 @@ fn default_max_sessions() -> u32 {
 fn default_dial_timeout() -> u64 {
     DEFAULT_DIAL_TIMEOUT_SECS
 }
+fn default_request_timeout() -> u64 {
+    DEFAULT_REQUEST_TIMEOUT_SECS
+}
+
 fn default_in_flight() -> u32 {
     DEFAULT_IN_FLIGHT
 }
@@ -171,6 +182,7 @@ pub struct ServiceConfig {
     pub max_sessions: Option<u32>,
     pub rate_limit_per_min: Option<u32>,
     pub max_in_flight: Option<u32>,
+    pub request_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -235,6 +247,8 @@ pub struct ServiceSpec {
     pub max_sessions: u32,
     pub rate_limit_per_min: u32,
     pub max_in_flight: u32,
+    /// How long a `url` service's server may stay silent on one request.
+    pub request_timeout: Duration,
 }
 
 /// A statically trusted peer, after validation.
@@ -433,8 +447,17 @@ fn validate_service(
     if max_in_flight == 0 {
         return Err(format!("services.{name}.max_in_flight: must be at least 1"));
     }
+    let timeout = svc
+        .request_timeout_secs
+        .unwrap_or(limits.request_timeout_secs);
+    if timeout == 0 {
+        return Err(format!(
+            "services.{name}.request_timeout_secs: must be at least 1"
+        ));
+    }
     Ok(ServiceSpec {
         max_in_flight,
+        request_timeout: Duration::from_secs(timeout),
         name: name.to_owned(),
         backend,
         allow,

@@ -14,6 +14,7 @@
 //! check. It listens on loopback unless told otherwise, and checks `Host` and `Origin` against
 //! DNS rebinding.
 
+mod guard;
 pub mod token;
 
 use std::collections::{HashMap, VecDeque};
@@ -47,12 +48,18 @@ use crate::paths::Profile;
 const SESSION_ID: &str = "mcp-session-id";
 /// Messages queued toward one HTTP stream before the mesh session waits for its reader.
 const STREAM_QUEUE: usize = 64;
+/// How much of a body past the frame cap is read and discarded before the refusal.
+const DRAIN: usize = 64 << 20;
 /// Server-initiated messages held while no stream is open to carry them.
 const BACKLOG: usize = 1024;
 /// HTTP sessions the gateway holds at once; past it, `initialize` is answered 503.
 const MAX_SESSIONS: usize = 1024;
-/// A session with no request and no open stream for this long is ended.
-const IDLE: Duration = Duration::from_secs(3600);
+/// By default, a session with no request in flight and no open stream for this long is
+/// ended: clients that go away without `DELETE` must not hold a server for long.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(300);
+/// Opening attempts after a session gave way to a new one at the service's session limit
+/// (the serving node frees the slot just after the old session's stream ends).
+const GIVE_WAY_RETRIES: u32 = 6;
 /// The shared mesh session of a service's sessionless (2026-07-28) requests is ended after
 /// this long without one.
 const STATELESS_IDLE: Duration = Duration::from_secs(300);
@@ -71,6 +78,8 @@ pub struct GatewayConfig {
     pub profile: Profile,
     /// The `mcpmesh` executable, to start the node when it is not running.
     pub exe: PathBuf,
+    /// A session with no request in flight and no open stream for this long is ended.
+    pub idle: Duration,
 }
 
 /// Where the gateway's bearer token comes from.
@@ -165,9 +174,10 @@ pub async fn serve(
             "/mcp/{peer}/{service}",
             axum::routing::post(post).get(get).delete(delete),
         )
-        // Bodies up to the frame cap (axum's default is 2 MB); past it, -32051 from `post`.
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_FRAME + 1))
-        .layer(axum::middleware::from_fn_with_state(gateway.clone(), guard))
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            guard::guard,
+        ))
         .with_state(gateway.clone());
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -237,7 +247,10 @@ impl Gateway {
     }
 
     async fn expire_idle(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        let idle = self.config.idle;
+        let mut tick = tokio::time::interval(
+            (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(60)),
+        );
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -247,7 +260,7 @@ impl Gateway {
                 let mut map = self.sessions();
                 let ids: Vec<String> = map
                     .iter()
-                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > IDLE)
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > Some(idle))
                     .map(|(id, _)| id.clone())
                     .collect();
                 ids.iter().filter_map(|id| map.remove(id)).collect()
@@ -256,7 +269,7 @@ impl Gateway {
                 let mut map = self.stateless_map();
                 let keys: Vec<(String, String)> = map
                     .iter()
-                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > STATELESS_IDLE)
+                    .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > Some(STATELESS_IDLE))
                     .map(|(k, _)| k.clone())
                     .collect();
                 stale.extend(keys.iter().filter_map(|k| map.remove(k)));
@@ -265,6 +278,19 @@ impl Gateway {
                 s.close().await;
             }
         }
+    }
+
+    /// Takes the HTTP session to `peer/service` that has been idle longest out of the map (so
+    /// its id is then unknown); `None` when every one is in use.
+    fn take_longest_idle(&self, peer: &str, service: &str) -> Option<Arc<Session>> {
+        let mut map = self.sessions();
+        let id = map
+            .iter()
+            .filter(|(_, s)| s.peer == peer && s.service == service && !s.closed.is_cancelled())
+            .filter_map(|(id, s)| Some((s.idle_for()?, id)))
+            .max_by_key(|(idle, _)| *idle)
+            .map(|(_, id)| id.clone())?;
+        map.remove(&id)
     }
 
     /// Opens a mesh session to `peer/service` through the local node.
@@ -314,6 +340,8 @@ struct Session {
     writer: Mutex<OwnedWriteHalf>,
     routes: StdMutex<Routes>,
     closed: CancellationToken,
+    /// Fires when the node has ended the mesh session's stream.
+    ended: CancellationToken,
     last_active: StdMutex<Instant>,
 }
 
@@ -326,15 +354,24 @@ impl Session {
         *self.last_active.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    fn idle_for(&self) -> Duration {
+    /// How long the session has had no request in flight and no open stream; `None` while
+    /// it has. A stream or request whose client went away does not count.
+    fn idle_for(&self) -> Option<Duration> {
         let routes = self.routes();
-        if routes.get.is_some() || !routes.waiting.is_empty() {
-            return Duration::ZERO;
+        let in_use = routes.get.as_ref().is_some_and(|g| !g.is_closed())
+            || routes.waiting.values().any(|w| !w.is_closed());
+        drop(routes);
+        if in_use {
+            // Idle time counts from when the session was last seen in use.
+            self.touch();
+            return None;
         }
-        self.last_active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
+        Some(
+            self.last_active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed(),
+        )
     }
 
     async fn send(&self, line: &[u8]) -> std::io::Result<()> {
@@ -390,6 +427,7 @@ impl Session {
         }
         // The mesh session ended (the node answered whatever was outstanding first).
         self.closed.cancel();
+        self.ended.cancel();
         let mut routes = self.routes();
         routes.waiting.clear();
         routes.get = None;
@@ -443,76 +481,6 @@ impl Session {
     }
 }
 
-/// Host, Origin and bearer checks, before any handler.
-async fn guard(
-    State(gateway): State<Arc<Gateway>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let config = &gateway.config;
-    let headers = request.headers();
-    if let Some(token) = config.token.as_deref().filter(|t| !t.is_empty()) {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            let mut r = plain(StatusCode::UNAUTHORIZED, "a bearer token is required");
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
-        }
-    }
-    if config.listen.ip().is_loopback() {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let name = host_name(host);
-        if !is_loopback_name(name) && !config.allowed_hosts.iter().any(|h| h == name) {
-            return plain(
-                StatusCode::FORBIDDEN,
-                "this Host is not allowed (DNS rebinding protection)",
-            );
-        }
-    }
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or_default();
-        let allowed = origin_host(origin).is_some_and(is_loopback_name)
-            || config.allowed_origins.iter().any(|o| o == origin);
-        if !allowed {
-            return plain(StatusCode::FORBIDDEN, "this Origin is not allowed");
-        }
-    }
-    next.run(request).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// `host` of a `Host` header value (`host`, `host:port`, `[v6]:port`).
-fn host_name(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or_default();
-    }
-    host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
-
-/// The host of an `Origin` value (`scheme://host[:port]`).
-fn origin_host(origin: &str) -> Option<&str> {
-    let (_, rest) = origin.split_once("://")?;
-    Some(host_name(rest))
-}
-
-fn is_loopback_name(name: &str) -> bool {
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
 fn plain(status: StatusCode, message: &str) -> Response {
     (
         status,
@@ -520,6 +488,16 @@ fn plain(status: StatusCode, message: &str) -> Response {
         message.to_owned(),
     )
         .into_response()
+}
+
+/// 404 for a session id that names no session (never issued, ended, or closed when idle).
+fn unknown_session() -> Response {
+    rpc_error(
+        StatusCode::NOT_FOUND,
+        ErrorCode::UnknownSession,
+        None,
+        "unknown or ended session: initialize a new one",
+    )
 }
 
 /// A JSON-RPC error as an HTTP response (`id` null unless given).
@@ -581,16 +559,12 @@ async fn post(
     State(gateway): State<Arc<Gateway>>,
     Path((peer, service)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
-    if body.len() > MAX_FRAME {
-        return rpc_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::FrameTooLarge,
-            None,
-            "the message is larger than the frame cap",
-        );
-    }
+    let body = match read_body(&headers, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
     // One message, one line: the line breaks a client may put between tokens go (JSON
     // strings cannot hold raw ones); every other byte passes as sent.
     let line: Bytes = body
@@ -622,7 +596,7 @@ async fn post(
         Lookup::Unknown => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
-                ErrorCode::NotReady,
+                ErrorCode::UnknownSession,
                 id.as_deref(),
                 "unknown or ended session: initialize a new one",
             );
@@ -645,21 +619,18 @@ async fn post(
         Lookup::NoHeader if initialize && id.is_none() => {
             return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
         }
-        Lookup::NoHeader if initialize => match open_session(&gateway, &peer, &service).await {
-            Ok((sid, session)) => {
-                let Some(id) = id.as_deref() else {
-                    return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
-                };
-                let sent = Sent {
-                    line: &line,
-                    id,
-                    token: token.as_deref(),
-                    headers: &headers,
-                };
-                return sent.over(&session, Some(&sid), StatusCode::OK).await;
-            }
-            Err((code, message)) => return open_failed(code, id.as_deref(), &message),
-        },
+        Lookup::NoHeader if initialize => {
+            let Some(id) = id.as_deref() else {
+                return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
+            };
+            let sent = Sent {
+                line: &line,
+                id,
+                token: token.as_deref(),
+                headers: &headers,
+            };
+            return sent.initialize(&gateway, &peer, &service).await;
+        }
         Lookup::NoHeader if stateless => {
             let Some(rid) = id.as_deref() else {
                 return plain(StatusCode::BAD_REQUEST, "a request needs an id");
@@ -708,6 +679,47 @@ async fn post(
     }
 }
 
+/// A POST's body, held to the frame cap. A body past the cap is read on and discarded up to
+/// [`DRAIN`], so that a client still sending it gets the refusal rather than a broken pipe; a
+/// declared length past that is refused at once, before any of the body is read.
+async fn read_body(headers: &HeaderMap, body: axum::body::Body) -> Result<Bytes, Response> {
+    use futures_util::StreamExt;
+    let too_large = || {
+        rpc_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::FrameTooLarge,
+            None,
+            "the message is larger than the frame cap",
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN as u64) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    let mut discarded = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return Err(plain(StatusCode::BAD_REQUEST, "the body could not be read"));
+        };
+        if discarded > 0 || read.len() + chunk.len() > MAX_FRAME {
+            discarded += std::mem::take(&mut read).len() + chunk.len();
+            if discarded > DRAIN {
+                return Err(too_large());
+            }
+            continue;
+        }
+        read.extend_from_slice(&chunk);
+    }
+    if discarded > 0 {
+        return Err(too_large());
+    }
+    Ok(read.into())
+}
+
 /// A request on its way into a mesh session.
 struct Sent<'a> {
     line: &'a [u8],
@@ -734,18 +746,106 @@ impl Sent<'_> {
     }
 }
 
-/// Opens a mesh session for a new HTTP session and starts routing its messages.
-async fn open_session(
-    gateway: &Arc<Gateway>,
-    peer: &str,
-    service: &str,
-) -> Result<(String, Arc<Session>), (i64, String)> {
-    let session = new_session(gateway, peer, service).await?;
+impl Sent<'_> {
+    /// Opens a mesh session for an `initialize` and answers it. The HTTP session exists (and
+    /// its id is given) only once the server accepted; when the service refuses because it is
+    /// at its session limit, this service's longest-idle HTTP session gives way first.
+    async fn initialize(self, gateway: &Arc<Gateway>, peer: &str, service: &str) -> Response {
+        let mut gave_way = false;
+        let mut delay = Duration::from_millis(50);
+        let mut attempts = 0;
+        loop {
+            let session = match new_session(gateway, peer, service).await {
+                Ok(s) => s,
+                Err((code, message)) => return open_failed(code, Some(self.id), &message),
+            };
+            // A client that goes away before the answer takes the mesh session with it.
+            let armed = session.closed.clone().drop_guard();
+            let mut rx = session.expect(self.id, self.token);
+            if session.send(self.line).await.is_err() {
+                session.close().await;
+                return rpc_error(
+                    StatusCode::OK,
+                    ErrorCode::Unreachable,
+                    Some(self.id),
+                    "the mesh session ended",
+                );
+            }
+            // Held until the answer says whether there is a session; what a server sends
+            // before answering is bounded like the backlog.
+            let mut lines = VecDeque::new();
+            while let Some(line) = rx.recv().await {
+                if lines.len() >= BACKLOG {
+                    lines.pop_front();
+                }
+                lines.push_back(line);
+            }
+            let refused = match lines.back().and_then(|l| jsonrpc::peek_response(l)) {
+                Some(answer) => match answer.outcome() {
+                    jsonrpc::Outcome::Error(code) => Some(code),
+                    _ => None,
+                },
+                None => {
+                    session.close().await;
+                    return rpc_error(
+                        StatusCode::OK,
+                        ErrorCode::Unreachable,
+                        Some(self.id),
+                        "the mesh session ended before the server answered",
+                    );
+                }
+            };
+            let Some(code) = refused else {
+                armed.disarm();
+                let sid = match new_session_id() {
+                    Ok(sid) => sid,
+                    Err(message) => {
+                        session.close().await;
+                        return open_failed(ErrorCode::Unreachable.code(), Some(self.id), &message);
+                    }
+                };
+                gateway.sessions().insert(sid.clone(), session);
+                return replay(lines, self.headers, Some(&sid));
+            };
+            session.close().await;
+            let busy = code == ErrorCode::Busy.code();
+            if busy && !gave_way {
+                match gateway.take_longest_idle(peer, service) {
+                    Some(idle) => {
+                        tracing::info!(peer, service, "closing an idle session to make room");
+                        idle.close().await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), idle.ended.cancelled())
+                                .await;
+                        gave_way = true;
+                    }
+                    None => return replay(lines, self.headers, None),
+                }
+            } else if !busy || attempts >= GIVE_WAY_RETRIES {
+                return replay(lines, self.headers, None);
+            } else {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            attempts += 1;
+        }
+    }
+}
+
+/// A fresh, unguessable HTTP session id.
+fn new_session_id() -> Result<String, String> {
     let mut raw = [0u8; 16];
-    getrandom::fill(&mut raw).map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
-    let sid = data_encoding::HEXLOWER.encode(&raw);
-    gateway.sessions().insert(sid.clone(), session.clone());
-    Ok((sid, session))
+    getrandom::fill(&mut raw).map_err(|e| e.to_string())?;
+    Ok(data_encoding::HEXLOWER.encode(&raw))
+}
+
+/// Answers with messages already received, as [`respond`] would have as they came.
+fn replay(lines: VecDeque<Bytes>, headers: &HeaderMap, session: Option<&str>) -> Response {
+    let (tx, rx) = mpsc::channel(lines.len().max(1));
+    for line in lines {
+        let _ = tx.try_send(line);
+    }
+    respond(rx, headers, session)
 }
 
 /// Opens a mesh session to `peer/service` and starts routing the server's messages.
@@ -762,6 +862,7 @@ async fn new_session(
         writer: Mutex::new(writer),
         routes: StdMutex::new(Routes::default()),
         closed: CancellationToken::new(),
+        ended: CancellationToken::new(),
         last_active: StdMutex::new(Instant::now()),
     });
     tokio::spawn(session.clone().route(reader));
@@ -828,7 +929,7 @@ async fn get(
 ) -> Response {
     let session = match gateway.session(&headers, &peer, &service) {
         Lookup::Found(s) => s,
-        Lookup::Unknown => return plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::Unknown => return unknown_session(),
         Lookup::NoHeader => {
             return plain(
                 StatusCode::BAD_REQUEST,
@@ -871,7 +972,7 @@ async fn delete(
             session.close().await;
             StatusCode::OK.into_response()
         }
-        Lookup::Unknown => plain(StatusCode::NOT_FOUND, "unknown or ended session"),
+        Lookup::Unknown => unknown_session(),
         Lookup::NoHeader => plain(
             StatusCode::BAD_REQUEST,
             "an Mcp-Session-Id header is required",
@@ -882,33 +983,6 @@ async fn delete(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_hosts_and_origins_are_recognized() {
-        for host in [
-            "localhost:8080",
-            "127.0.0.1:1",
-            "[::1]:9",
-            "LOCALHOST",
-            "127.0.0.2",
-        ] {
-            assert!(is_loopback_name(host_name(host)), "{host}");
-        }
-        for host in [
-            "evil.example.com",
-            "evil.example.com:80",
-            "10.0.0.1:80",
-            "[2001:db8::1]:1",
-        ] {
-            assert!(!is_loopback_name(host_name(host)), "{host}");
-        }
-        assert_eq!(origin_host("http://localhost:3000"), Some("localhost"));
-        assert_eq!(
-            origin_host("https://evil.example.com"),
-            Some("evil.example.com")
-        );
-        assert_eq!(origin_host("null"), None);
-    }
 
     #[test]
     fn a_token_is_required_unless_waived_on_loopback_and_remote_needs_allow_remote_too() {
@@ -936,7 +1010,6 @@ mod tests {
                 "{listen} {allow_remote} {token:?}: {verdict:?}"
             );
         }
-        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
     }
 
     #[test]

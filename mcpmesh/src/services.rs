@@ -251,6 +251,7 @@ impl SessionHandler for ServiceHost {
                             url,
                             headers: headers.clone(),
                             ctx,
+                            timeout: entry.spec.request_timeout,
                         };
                         backend.run_session(peer.clone(), transport, &session).await
                     }

@@ -99,23 +99,31 @@ impl Ledger {
                     // The server may still be working on it: its answer frees the slot.
                     p.cancelled.get_or_insert_with(Instant::now);
                 }
-                if UNTHROTTLED.contains(&method) || self.check_rate().is_ok() {
-                    self.throttling_notifications = false;
-                    return Verdict::Forward;
-                }
-                if !self.throttling_notifications {
-                    self.throttling_notifications = true;
-                    self.audit.record(AuditEvent::NotificationsThrottled {
-                        service: self.caller.service.clone(),
-                        principal: self.caller.principal.clone(),
-                        peer: self.caller.peer.clone(),
-                    });
-                }
-                Verdict::Answer(Vec::new())
+                self.within_rate(UNTHROTTLED.contains(&method))
             }
-            // The caller answering the server's own requests (sampling, roots, …).
-            _ => Verdict::Forward,
+            // The caller answering the server's own requests (sampling, roots, …): a caller
+            // cannot flood the server with answers either.
+            _ => self.within_rate(false),
         }
+    }
+
+    /// A frame that is not answered (a notification, an answer to the server) passes while
+    /// the caller's rate allows, unless `exempt`; past it, it is dropped, and the first drop
+    /// of a run is audited.
+    fn within_rate(&mut self, exempt: bool) -> Verdict {
+        if exempt || self.check_rate().is_ok() {
+            self.throttling_notifications = false;
+            return Verdict::Forward;
+        }
+        if !self.throttling_notifications {
+            self.throttling_notifications = true;
+            self.audit.record(AuditEvent::NotificationsThrottled {
+                service: self.caller.service.clone(),
+                principal: self.caller.principal.clone(),
+                peer: self.caller.peer.clone(),
+            });
+        }
+        Verdict::Answer(Vec::new())
     }
 
     fn request(&mut self, line: &[u8], id: &RawValue, peek: &jsonrpc::Peek<'_>) -> Verdict {
@@ -310,6 +318,26 @@ mod tests {
             b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n",
         ));
         assert!(matches!(l.client_line(&call(3)), Verdict::Forward));
+    }
+
+    #[test]
+    fn the_callers_answers_to_the_server_count_against_its_rate() {
+        let caller = Caller {
+            service: "svc".into(),
+            principal: "eid:ab".into(),
+            peer: "bob".into(),
+        };
+        let mut l = Ledger::new(
+            caller,
+            RateLimiter::per_minute_shared(2),
+            AuditSink::disabled(),
+            8,
+        );
+        let answer = br#"{"jsonrpc":"2.0","id":"s1","result":{}}"#;
+        assert!(matches!(l.client_line(answer), Verdict::Forward));
+        assert!(matches!(l.client_line(answer), Verdict::Forward));
+        // Past the rate the answer is dropped (it cannot be answered), not passed on.
+        assert!(matches!(l.client_line(answer), Verdict::Answer(a) if a.is_empty()));
     }
 
     #[test]

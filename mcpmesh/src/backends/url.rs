@@ -9,6 +9,11 @@
 //! the upstream session when the mesh session ends. Upstream failures become errors of the
 //! mesh's band for the request that met them. Bodies are bounded by the frame cap.
 //!
+//! Nothing here is unbounded: a session POSTs at most `max_in_flight` requests and as many
+//! other messages at once (the next line waits, which slows the caller), an upstream silent
+//! on a POST for the service's request timeout is given up on (`-32055`), and when the session
+//! ends every POST still open is dropped with it.
+//!
 //! 2026-07-28 requests (protocol version in `_meta`) also carry `Mcp-Method` and `Mcp-Name`.
 
 use std::collections::BTreeMap;
@@ -24,9 +29,9 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
@@ -53,6 +58,9 @@ pub struct UrlBackend {
     /// session starts. Values are secrets (tokens): never logged.
     pub headers: BTreeMap<String, String>,
     pub ctx: ServiceCtx,
+    /// How long the upstream may stay silent on one POST (before its response starts, or
+    /// between two parts of it) before the request is answered `-32055`.
+    pub timeout: Duration,
 }
 
 impl UrlBackend {
@@ -93,10 +101,14 @@ impl UrlBackend {
             out: Mutex::new(bridge_w),
             closing: CancellationToken::new(),
             service: self.ctx.service.clone(),
+            timeout: self.timeout,
+            requests: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+            others: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
         });
         let bridge = tokio::spawn(upstream.clone().run(bridge_r));
         let teardown = |_patience| async move {
             upstream.closing.cancel();
+            // The bridge owns every open POST: they end with it.
             bridge.abort();
             upstream.delete().await;
         };
@@ -196,6 +208,11 @@ struct Upstream {
     out: Mutex<WriteHalf<DuplexStream>>,
     closing: CancellationToken,
     service: String,
+    timeout: Duration,
+    /// POSTs of requests open at once (the ledger refuses requests past `max_in_flight`).
+    requests: Arc<Semaphore>,
+    /// POSTs of everything else (notifications, answers to the server) open at once.
+    others: Arc<Semaphore>,
 }
 
 impl Upstream {
@@ -205,18 +222,34 @@ impl Upstream {
         // The session core already held each line to the frame cap; the identity it wrote in
         // may add a little, which must not end the session here.
         let mut reader = FrameReader::new(reader, MAX_FRAME + 64 * 1024);
-        let posts = TaskTracker::new();
+        // Dropped with this task (the session's teardown aborts it): every open POST, and the
+        // GET stream, end with it.
+        let mut posts = JoinSet::new();
+        let mut stream = JoinSet::new();
         while let Ok(Some(line)) = reader.next_line().await {
+            while posts.try_join_next().is_some() {}
             let frame = Frame::of(line);
             if frame.method.as_deref() == Some("initialize") {
                 self.clone().post(frame).await;
-                tokio::spawn(self.clone().listen());
-            } else {
-                posts.spawn(self.clone().post(frame));
+                stream.spawn(self.clone().listen());
+                continue;
             }
+            let pool = if frame.is_request() {
+                &self.requests
+            } else {
+                &self.others
+            };
+            // Waiting here stops reading the caller's lines: backpressure, not a queue.
+            let Ok(permit) = pool.clone().acquire_owned().await else {
+                break;
+            };
+            let upstream = self.clone();
+            posts.spawn(async move {
+                upstream.post(frame).await;
+                drop(permit);
+            });
         }
-        posts.close();
-        posts.wait().await;
+        while posts.join_next().await.is_some() {}
         // The client is done: its side of the pipe ends once every answer is written.
         let _ = self.out.lock().await.shutdown().await;
     }
@@ -259,18 +292,20 @@ impl Upstream {
                 req = req.header("mcp-name", n);
             }
         }
-        let response = match req.body(frame.line.clone()).send().await {
-            Ok(r) => r,
-            Err(e) => {
-                let why = if e.is_connect() || e.is_timeout() {
-                    "the upstream server is unreachable"
-                } else {
-                    "the upstream connection failed"
-                };
-                tracing::debug!(service = %self.service, "POST failed: {e}");
-                return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
-            }
-        };
+        let response =
+            match tokio::time::timeout(self.timeout, req.body(frame.line.clone()).send()).await {
+                Err(_) => return self.timed_out(&frame).await,
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    let why = if e.is_connect() || e.is_timeout() {
+                        "the upstream server is unreachable"
+                    } else {
+                        "the upstream connection failed"
+                    };
+                    tracing::debug!(service = %self.service, "POST failed: {e}");
+                    return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
+                }
+            };
         if frame.method.as_deref() == Some("initialize")
             && let Some(id) = response.headers().get(SESSION_ID)
             && id.to_str().is_ok_and(|s| !s.is_empty())
@@ -281,9 +316,16 @@ impl Upstream {
         if !status.is_success() {
             return self.http_error(&frame, response).await;
         }
-        let answered = match content_type(&response).as_str() {
-            "text/event-stream" => self.relay_events(response, frame.id.as_deref(), None).await,
+        let relayed = match content_type(&response).as_str() {
+            "text/event-stream" => {
+                self.relay_events(response, frame.id.as_deref(), None, Some(self.timeout))
+                    .await
+            }
             _ => self.relay_json(response, &frame).await,
+        };
+        let answered = match relayed {
+            Ok(answered) => answered,
+            Err(Silent) => return self.timed_out(&frame).await,
         };
         if frame.is_request() && !answered {
             self.fail(
@@ -296,11 +338,28 @@ impl Upstream {
         }
     }
 
+    /// Answers `frame` (when it is a request) for an upstream that stayed silent too long.
+    async fn timed_out(&self, frame: &Frame) {
+        tracing::debug!(service = %self.service, "upstream silent for {:?}", self.timeout);
+        let why = format!(
+            "the upstream server did not answer within {} s",
+            self.timeout.as_secs()
+        );
+        self.fail(frame, ErrorCode::Unreachable, &why, None).await;
+    }
+
     /// A JSON body: one message, passed on as one line. Returns whether it answered `frame`.
-    async fn relay_json(&self, mut response: reqwest::Response, frame: &Frame) -> bool {
+    async fn relay_json(
+        &self,
+        mut response: reqwest::Response,
+        frame: &Frame,
+    ) -> Result<bool, Silent> {
         let mut body = Vec::new();
         loop {
-            match response.chunk().await {
+            let chunk = tokio::time::timeout(self.timeout, response.chunk())
+                .await
+                .map_err(|_| Silent)?;
+            match chunk {
                 Ok(Some(chunk)) if body.len() + chunk.len() <= MAX_FRAME => {
                     body.extend_from_slice(&chunk);
                 }
@@ -312,42 +371,55 @@ impl Upstream {
                         None,
                     )
                     .await;
-                    return true;
+                    return Ok(true);
                 }
                 Ok(None) => break,
-                Err(_) => return false,
+                Err(_) => return Ok(false),
             }
         }
         if body.iter().all(u8::is_ascii_whitespace) {
             // 202 Accepted (or an empty 200): nothing to relay.
-            return false;
+            return Ok(false);
         }
-        self.emit(&body, frame.id.as_deref()).await
+        Ok(self.emit(&body, frame.id.as_deref()).await)
     }
 
     /// An SSE body: each event's data is one message. Returns whether one of them answered
-    /// `id`. `last_id`, for the GET stream, records the last event id seen.
+    /// `id`, or `Silent` when the stream went `silence` without a byte before that answer.
+    /// `last_id`, for the GET stream, records the last event id seen.
     async fn relay_events(
         &self,
         mut response: reqwest::Response,
         id: Option<&RawValue>,
         mut last_id: Option<&mut Option<String>>,
-    ) -> bool {
+        silence: Option<Duration>,
+    ) -> Result<bool, Silent> {
         let mut parser = SseParser::new(MAX_FRAME);
         let mut answered = false;
         loop {
+            let next = async {
+                match silence {
+                    Some(limit) => tokio::time::timeout(limit, response.chunk()).await.ok(),
+                    None => Some(response.chunk().await),
+                }
+            };
             let chunk = tokio::select! {
-                c = response.chunk() => c,
-                _ = self.closing.cancelled() => return answered,
+                c = next => match c {
+                    Some(c) => c,
+                    // Silent past the limit: given up on (after its answer, simply closed).
+                    None if answered => return Ok(true),
+                    None => return Err(Silent),
+                },
+                _ = self.closing.cancelled() => return Ok(answered),
             };
             let Ok(Some(chunk)) = chunk else {
-                return answered;
+                return Ok(answered);
             };
             let events = match parser.feed(&chunk) {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(service = %self.service, "upstream event stream: {e}");
-                    return answered;
+                    return Ok(answered);
                 }
             };
             for event in events {
@@ -475,7 +547,7 @@ impl Upstream {
             match response {
                 Ok(r) if r.status().is_success() && content_type(&r) == "text/event-stream" => {
                     let before = last_id.clone();
-                    self.relay_events(r, None, Some(&mut last_id)).await;
+                    let _ = self.relay_events(r, None, Some(&mut last_id), None).await;
                     failures = if last_id != before { 0 } else { failures + 1 };
                 }
                 // 405: no GET stream offered. Anything else: not ours to retry.
@@ -508,6 +580,9 @@ impl Upstream {
         }
     }
 }
+
+/// The upstream stayed silent on a POST for longer than the request timeout.
+struct Silent;
 
 /// A value for a 2026-07-28 routing header: plain printable ASCII as it is, anything else
 /// (non-ASCII, control characters, edge whitespace, or what looks like the wrapper itself)

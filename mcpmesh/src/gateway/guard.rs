@@ -1,0 +1,118 @@
+//! The checks every gateway request passes before any handler: the bearer token, and `Host`
+//! and `Origin` against DNS rebinding.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+
+use super::{Gateway, plain};
+
+/// Host, Origin and bearer checks, before any handler.
+pub(super) async fn guard(
+    State(gateway): State<Arc<Gateway>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let config = &gateway.config;
+    let headers = request.headers();
+    if let Some(token) = config.token.as_deref().filter(|t| !t.is_empty()) {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            let mut r = plain(StatusCode::UNAUTHORIZED, "a bearer token is required");
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    if config.listen.ip().is_loopback() {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let name = host_name(host);
+        if !is_loopback_name(name) && !config.allowed_hosts.iter().any(|h| h == name) {
+            return plain(
+                StatusCode::FORBIDDEN,
+                "this Host is not allowed (DNS rebinding protection)",
+            );
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or_default();
+        let allowed = origin_host(origin).is_some_and(is_loopback_name)
+            || config.allowed_origins.iter().any(|o| o == origin);
+        if !allowed {
+            return plain(StatusCode::FORBIDDEN, "this Origin is not allowed");
+        }
+    }
+    next.run(request).await
+}
+
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `host` of a `Host` header value (`host`, `host:port`, `[v6]:port`).
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or_default();
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// The host of an `Origin` value (`scheme://host[:port]`).
+fn origin_host(origin: &str) -> Option<&str> {
+    let (_, rest) = origin.split_once("://")?;
+    Some(host_name(rest))
+}
+
+fn is_loopback_name(name: &str) -> bool {
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_and_origins_are_recognized() {
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:1",
+            "[::1]:9",
+            "LOCALHOST",
+            "127.0.0.2",
+        ] {
+            assert!(is_loopback_name(host_name(host)), "{host}");
+        }
+        for host in [
+            "evil.example.com",
+            "evil.example.com:80",
+            "10.0.0.1:80",
+            "[2001:db8::1]:1",
+        ] {
+            assert!(!is_loopback_name(host_name(host)), "{host}");
+        }
+        assert_eq!(origin_host("http://localhost:3000"), Some("localhost"));
+        assert_eq!(
+            origin_host("https://evil.example.com"),
+            Some("evil.example.com")
+        );
+        assert_eq!(origin_host("null"), None);
+    }
+
+    #[test]
+    fn tokens_are_compared_whole() {
+        assert!(constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}
