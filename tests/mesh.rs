@@ -630,3 +630,135 @@ async fn an_unreachable_peer_answers_32055_and_then_eof() {
     band_error(&answer, -32055);
     s.wait_eof().await;
 }
+
+/// `connect alice/svc` on `node` as an AI client launches it, with its stderr kept.
+fn connect_keeping_stderr(
+    node: &TestNode,
+    target: &str,
+) -> (McpSession, tokio::process::ChildStderr) {
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(node.home())
+        .args(["connect", target])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut s = McpSession::spawn(cmd);
+    let stderr = s.child.stderr.take().unwrap();
+    (s, stderr)
+}
+
+/// Waits (bounded) for `connect` to exit and returns its status and everything on its stderr.
+async fn exit_and_stderr(
+    child: &mut tokio::process::Child,
+    mut stderr: tokio::process::ChildStderr,
+) -> (std::process::ExitStatus, String) {
+    use tokio::io::AsyncReadExt;
+    let status = tokio::time::timeout(ANSWER_TIMEOUT, child.wait())
+        .await
+        .expect("connect exits in time")
+        .unwrap();
+    let mut text = String::new();
+    let _ = tokio::time::timeout(ANSWER_TIMEOUT, stderr.read_to_string(&mut text)).await;
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_calling_node_mid_call_answers_32055_and_connect_fails_saying_why() {
+    let m = marker("kill-caller");
+    let (_alice, bob) = pair(&m, None);
+    let (mut s, stderr) = connect_keeping_stderr(&bob, "alice/svc");
+    s.initialize().await;
+    s.start_long_call(json!("outstanding"), 60_000).await;
+    bob.signal(rustix::process::Signal::KILL);
+    let answer = s.recv().await.expect("the outstanding call is answered");
+    band_error(&answer, -32055);
+    assert_eq!(answer["id"], "outstanding");
+    s.wait_eof().await;
+    let (status, stderr) = exit_and_stderr(&mut s.child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("node stopped"), "stderr: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_calling_node_mid_call_when_connect_copies_bytes_answers_32055_and_fails() {
+    // Output to a file: connect cannot hand its stdio to the node and copies bytes itself.
+    let m = marker("kill-caller-copy");
+    let (_alice, bob) = pair(&m, None);
+    let out_path = bob.home().join("answers.jsonl");
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["connect", "alice/svc"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut send = async |v: Value| {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).await.unwrap();
+    };
+    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
+    .await;
+    send(
+        json!({ "jsonrpc": "2.0", "id": "outstanding", "method": "tools/call",
+                 "params": { "name": "sleep", "arguments": { "ms": 60_000 },
+                             "_meta": { "progressToken": "p" } } }),
+    )
+    .await;
+    // A file announces nothing: look for the call's first progress notification.
+    let lines = || -> Vec<Value> {
+        std::fs::read_to_string(&out_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    assert!(
+        eventually(ANSWER_TIMEOUT, || lines()
+            .iter()
+            .any(|v| v["method"] == "notifications/progress"))
+        .await,
+        "the call reached the server: {:?}",
+        lines()
+    );
+    bob.signal(rustix::process::Signal::KILL);
+    let (status, stderr) = exit_and_stderr(&mut child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("node stopped"), "stderr: {stderr}");
+    let answer = lines()
+        .into_iter()
+        .find(|v| v["id"] == "outstanding")
+        .expect("the outstanding call is answered");
+    band_error(&answer, -32055);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_peer_going_away_mid_session_makes_connect_fail_saying_why() {
+    let m = marker("peer-gone");
+    let (alice, bob) = pair(&m, None);
+    let (mut s, stderr) = connect_keeping_stderr(&bob, "alice/svc");
+    s.initialize().await;
+    // Nothing outstanding: the session is idle when the peer goes.
+    alice.signal(rustix::process::Signal::KILL);
+    s.wait_eof().await;
+    let (status, stderr) = exit_and_stderr(&mut s.child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("peer went away"), "stderr: {stderr}");
+}

@@ -852,6 +852,14 @@ fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
     Err(failure)
 }
 
+/// Whether the node whose profile lock is `lock` still runs (it holds that lock while it does).
+fn node_running(lock: &std::path::Path) -> bool {
+    match std::fs::File::open(lock) {
+        Ok(file) => file.try_lock().is_err(),
+        Err(_) => false,
+    }
+}
+
 fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(), Failure> {
     let (peer, service) = target.split_once('/').ok_or_else(|| Failure {
         code: Some(codes::INVALID_PARAMS),
@@ -875,12 +883,21 @@ fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(),
                 started.elapsed().as_secs_f64() * 1e3
             );
             let _ = std::io::stderr().write_all(note.as_bytes());
-            match attach {
+            let lock = profile.lock_file();
+            let end = match attach {
                 Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
-                Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),
+                Attach::Stream => {
+                    mcpmesh::proxy::pipe_stdio(stream, &leftover, || node_running(&lock))
+                }
             }
             .context("connect")?;
-            Ok(())
+            match end {
+                mcpmesh::proxy::ConnectEnd::Clean => Ok(()),
+                mcpmesh::proxy::ConnectEnd::Failed(why) => Err(Failure {
+                    code: Some(codes::UNREACHABLE),
+                    message: format!("connect {target}: {why}"),
+                }),
+            }
         }
         Err(e) => {
             // The client gets a JSON-RPC error for its request, and the reason goes to stderr.

@@ -204,22 +204,24 @@ async fn attach_local(
                 output: Box::new(output),
                 leftover,
                 gone: Box::pin(std::future::pending()),
+                report: None,
             })
         }
         Attach::Fds => {
             let (input, output) = tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
                 .await
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            let (mut alive, report) = stream.into_split();
             Ok(LocalSide {
                 input: proxy::input_from(input)?,
                 output: proxy::output_from(output)?,
                 leftover,
                 gone: Box::pin(async move {
                     // The opener writes nothing more; EOF (or an error) means it is gone.
-                    let mut stream = stream;
                     let mut buf = [0u8; 64];
-                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    while matches!(alive.read(&mut buf).await, Ok(n) if n > 0) {}
                 }),
+                report: Some(Box::new(report)),
             })
         }
     }

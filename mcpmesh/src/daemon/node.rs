@@ -342,7 +342,7 @@ impl ControlHandler for Node {
     }
 
     async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession) {
-        proxy::tunnel(local, session, self.shutdown.child_token()).await;
+        let _ = proxy::tunnel(local, session, self.shutdown.child_token()).await;
     }
 
     fn node_id(&self) -> String {
