@@ -514,7 +514,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     _ => {}
                 }
             }
-            Ok(())
+            // The stream ends only when the node goes away.
+            Err(Failure {
+                code: Some(codes::NODE_UNAVAILABLE),
+                message: "the node stopped".into(),
+            })
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;
@@ -852,12 +856,21 @@ fn daemon(profile: Profile, notify: bool) -> Result<(), Failure> {
     Err(failure)
 }
 
-/// Whether the node whose profile lock is `lock` still runs (it holds that lock while it does).
+/// Whether the node whose profile lock is `lock` still runs (it holds that lock while it
+/// does). A node that was just killed may close its sockets a moment before its lock goes, so
+/// a held lock is checked again for a short while.
 fn node_running(lock: &std::path::Path) -> bool {
-    match std::fs::File::open(lock) {
-        Ok(file) => file.try_lock().is_err(),
-        Err(_) => false,
+    let Ok(file) = std::fs::File::open(lock) else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while file.try_lock().is_err() {
+        if std::time::Instant::now() > deadline {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    false
 }
 
 fn connect(profile: &Profile, exe: &std::path::Path, target: &str) -> Result<(), Failure> {

@@ -526,8 +526,8 @@ fn socket_from(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
 
 /// `mcpmesh connect`, copying: pipes this process's stdin and stdout through `stream` (a session
 /// opened on the control socket) until the node closes it. It watches the requests pass, so
-/// that if the node goes away mid-session (`node_alive` says so once the stream ends) it can
-/// answer those still unanswered with `-32055` itself.
+/// that if the node goes away mid-session (`node_alive` says so once the stream ends; it may
+/// take a moment to tell) it can answer those still unanswered with `-32055` itself.
 pub fn pipe_stdio(
     stream: StdUnixStream,
     leftover: &[u8],
@@ -541,18 +541,29 @@ pub fn pipe_stdio(
     stdout.write_all(leftover)?;
     let mut up = stream.try_clone()?;
     let up_outstanding = outstanding.clone();
+    let client_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let up_done = client_done.clone();
     std::thread::spawn(move || {
         let mut from_client = LineWatch::default();
         let _ = copy(&mut stdin, &mut up, |chunk| {
             from_client.feed(chunk, |line| client_line(&up_outstanding, line));
         });
+        up_done.store(true, std::sync::atomic::Ordering::Release);
         let _ = up.shutdown(std::net::Shutdown::Write);
     });
     let mut down = stream;
     copy(&mut down, &mut stdout, |chunk| {
         from_server.feed(chunk, |line| server_line(&outstanding, line));
     })?;
-    if node_alive() {
+    // The ordinary end: the client finished and every request was answered. Otherwise the
+    // node may have died (its end of the stream closes with it).
+    let settled = client_done.load(std::sync::atomic::Ordering::Acquire)
+        && outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .is_empty();
+    if settled || node_alive() {
         return Ok(ConnectEnd::Clean);
     }
     let answers = outstanding

@@ -142,6 +142,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         shutdown: shutdown.clone(),
         audit,
         naming: Default::default(),
+        outgoing: Default::default(),
     });
     gate.replace(initial);
     node.apply(settings);

@@ -44,6 +44,58 @@ pub(super) struct Node {
     pub(super) audit: AuditSink,
     /// Held while a pairing picks a name for a new peer and stores it.
     pub(super) naming: tokio::sync::Mutex<()>,
+    /// Sessions this node's own clients have open to peers.
+    pub(super) outgoing: Outgoing,
+}
+
+/// Sessions this node opened to peers' services, for `status`.
+#[derive(Debug, Default)]
+pub(super) struct Outgoing {
+    live: std::sync::Mutex<(u64, std::collections::BTreeMap<u64, OutgoingSession>)>,
+}
+
+/// One session this node opened to a peer's service.
+#[derive(Debug, Clone)]
+pub(super) struct OutgoingSession {
+    pub(super) peer: String,
+    pub(super) service: String,
+    /// Unix ms.
+    pub(super) since: u64,
+}
+
+impl Outgoing {
+    fn opened(&self, peer: &str, service: &str, since: u64) -> u64 {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.0 += 1;
+        let key = live.0;
+        live.1.insert(
+            key,
+            OutgoingSession {
+                peer: peer.to_owned(),
+                service: service.to_owned(),
+                since,
+            },
+        );
+        key
+    }
+
+    fn closed(&self, key: u64) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(&key);
+    }
+
+    pub(super) fn list(&self) -> Vec<OutgoingSession> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .values()
+            .cloned()
+            .collect()
+    }
 }
 
 impl Node {
@@ -318,7 +370,7 @@ impl ControlHandler for Node {
                 return Ok(Reply::Tunnel(
                     json!({ "opened": true }),
                     Box::new(session),
-                    open.attach,
+                    open,
                 ));
             }
             methods::WATCH => {
@@ -341,8 +393,28 @@ impl ControlHandler for Node {
         Ok(Reply::Value(value))
     }
 
-    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession) {
-        let _ = proxy::tunnel(local, session, self.shutdown.child_token()).await;
+    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession, open: SessionOpen) {
+        let since = crate::time::unix_ms();
+        let key = self.outgoing.opened(&open.peer, &open.service, since);
+        self.audit.record(AuditEvent::OutgoingOpen {
+            peer: open.peer.clone(),
+            service: open.service.clone(),
+        });
+        let ending = proxy::tunnel(local, session, self.shutdown.child_token()).await;
+        self.outgoing.closed(key);
+        self.audit.record(AuditEvent::OutgoingClose {
+            peer: open.peer,
+            service: open.service,
+            duration_ms: crate::time::unix_ms().saturating_sub(since),
+            ended: if ending.code.is_some() {
+                "failed"
+            } else {
+                "ok"
+            }
+            .to_owned(),
+            reason: ending.code.map(|_| ending.message),
+            code: ending.code,
+        });
     }
 
     fn node_id(&self) -> String {

@@ -91,6 +91,12 @@ impl Node {
             .iter()
             .map(|s| json!({ "peer": s.peer_name, "service": s.service, "since": s.since / 1000 }))
             .collect();
+        let outgoing: Vec<Value> = self
+            .outgoing
+            .list()
+            .iter()
+            .map(|s| json!({ "peer": s.peer, "service": s.service, "since": s.since / 1000 }))
+            .collect();
         let invites = self.store.invites().unwrap_or_default().len();
         json!({
             "id": self.endpoint.id().to_string(),
@@ -100,6 +106,7 @@ impl Node {
             "peers": peers,
             "pairings": pairings,
             "sessions": live,
+            "outgoing": outgoing,
             "invites_live": invites,
         })
     }
