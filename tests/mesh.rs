@@ -762,3 +762,90 @@ async fn the_peer_going_away_mid_session_makes_connect_fail_saying_why() {
     );
     assert!(stderr.contains("peer went away"), "stderr: {stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_offline_peer_is_answered_from_what_the_node_knows_and_shows_again_when_it_returns() {
+    let m = marker("offline");
+    // A dial would take longer than any answer may: an answer in time was not a dial.
+    let bob = TestNode::start_with("bob", "[limits]\ndial_timeout_secs = 30\n", &[]);
+    let alice = TestNode::start("alice");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let alice_of = |v: &Value| {
+        v["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "alice")
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == true
+        )
+        .await
+    );
+    alice.json(&["down"]);
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == false
+        )
+        .await,
+        "the node notices the peer went"
+    );
+
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let v = bob.json(args);
+        println!("{args:?} with the peer offline: {:?}", started.elapsed());
+        v
+    };
+    let peer = alice_of(&timed(&["peers"]));
+    assert_eq!(peer["reachable"], false, "{peer}");
+    assert!(peer["checked_at"].as_u64().is_some(), "{peer}");
+    assert!(peer.get("rtt_ms").is_none(), "{peer}");
+    let status = timed(&["status"]);
+    assert_eq!(alice_of(&status)["reachable"], false);
+    timed(&["use", "alice/svc"]);
+    let started = Instant::now();
+    let mut s = bob.connect("alice/svc");
+    let answer = s
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    println!(
+        "connect with the peer offline: answered in {:?}",
+        started.elapsed()
+    );
+    band_error(&answer, -32055);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable"),
+        "{answer}"
+    );
+    s.wait_eof().await;
+
+    // Back (same key, same port): shown reachable again, and a session opens.
+    alice.json(&["id"]);
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == true
+        )
+        .await,
+        "the node notices the peer is back"
+    );
+    let mut again = bob.connect("alice/svc");
+    assert_eq!(
+        again.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+}

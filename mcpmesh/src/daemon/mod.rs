@@ -2,6 +2,7 @@
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
 mod node;
+mod reach;
 mod status;
 mod trust;
 
@@ -143,6 +144,7 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         audit,
         naming: Default::default(),
         outgoing: Default::default(),
+        reach: Default::default(),
     });
     gate.replace(initial);
     node.apply(settings);
@@ -183,6 +185,16 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         })
     };
 
+    let checker = {
+        let (node, stop) = (node.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let peers = || node.gate.snapshot().all().iter().map(|p| p.id).collect();
+            node.reach
+                .keep_checking(node.endpoint.clone(), peers, stop)
+                .await;
+        })
+    };
+
     let socket_path = profile.socket_path();
     let listener = bind_control_socket(&socket_path)?;
     let stop = CancellationToken::new();
@@ -204,6 +216,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = std::fs::remove_file(&socket_path);
     upkeep.abort();
     let _ = upkeep.await;
+    checker.abort();
+    let _ = checker.await;
     refusals.flush();
     audit_log.close().await;
     tracing::info!("node stopped");

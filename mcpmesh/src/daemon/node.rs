@@ -9,7 +9,7 @@ use mcpmesh_net::endpoint;
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
 use mcpmesh_net::registry::ConnectionRegistry;
-use mcpmesh_net::session::{ALPN_MCP, Dialer, OpenedSession, valid_service_name};
+use mcpmesh_net::session::{ALPN_MCP, DialError, Dialer, OpenedSession, valid_service_name};
 use mcpmesh_net::{PeerIdentity, TrustGate};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -27,6 +27,7 @@ use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
 
 use super::DRAIN_TIMEOUT;
+use super::reach::Reachability;
 
 /// The running node.
 #[derive(Debug)]
@@ -46,6 +47,8 @@ pub(super) struct Node {
     pub(super) naming: tokio::sync::Mutex<()>,
     /// Sessions this node's own clients have open to peers.
     pub(super) outgoing: Outgoing,
+    /// What the node last found of each peer's reachability.
+    pub(super) reach: Reachability,
 }
 
 /// Sessions this node opened to peers' services, for `status`.
@@ -122,6 +125,8 @@ impl Node {
             self.dialer.add_address_hint(hint);
         }
         self.gate.replace(new);
+        // New peers (and new addresses) are checked at once.
+        self.reach.poke();
         let table = {
             let mut table = self.services.write().unwrap_or_else(|p| p.into_inner());
             *table = table.rebuild(&settings.services);
@@ -319,10 +324,23 @@ impl Node {
                 "unknown or unauthorized service",
             ));
         }
-        self.dialer
-            .open(peer.id, &open.service)
-            .await
-            .map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
+        if let Some(age) = self.reach.recently_down(&peer.id) {
+            return Err(ControlError::new(
+                codes::UNREACHABLE,
+                format!(
+                    "{} is unreachable (it did not answer {:.0} s ago); the node keeps trying, try again in a few seconds",
+                    open.peer,
+                    age.as_secs_f64().ceil()
+                ),
+            ));
+        }
+        let opened = self.dialer.open(peer.id, &open.service).await;
+        match &opened {
+            Ok(_) => self.reach.record(peer.id, true, None),
+            Err(DialError::Refused) => {}
+            Err(_) => self.reach.record(peer.id, false, None),
+        }
+        opened.map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
     }
 }
 
