@@ -336,7 +336,10 @@ impl Node {
         }
         let opened = self.dialer.open(peer.id, &open.service).await;
         match &opened {
-            Ok(_) => self.reach.record(peer.id, true, None),
+            Ok(_) => {
+                self.reach.record(peer.id, true, None);
+                self.reach.poke();
+            }
             Err(DialError::Refused) => {}
             Err(_) => self.reach.record(peer.id, false, None),
         }

@@ -32,6 +32,8 @@ const TICK: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Seen {
     pub(super) reachable: bool,
+    /// It answered, if only to refuse this node (a pairing not yet complete on its side).
+    answered: bool,
     /// The round trip of the last ping that answered.
     pub(super) rtt: Option<Duration>,
     /// Unix ms of the check.
@@ -42,6 +44,11 @@ pub(super) struct Seen {
 impl Seen {
     pub(super) fn age(&self) -> Duration {
         self.at.elapsed()
+    }
+
+    /// Reachable by a dial, but no ping has measured the round trip yet.
+    fn unmeasured(&self) -> bool {
+        self.reachable && self.rtt.is_none()
     }
 }
 
@@ -73,6 +80,16 @@ impl Reachability {
 
     /// Records what a ping or a dial found. A dial that worked keeps the last ping's RTT.
     pub(super) fn record(&self, peer: EndpointId, reachable: bool, rtt: Option<Duration>) {
+        self.record_answer(peer, reachable, reachable, rtt);
+    }
+
+    fn record_answer(
+        &self,
+        peer: EndpointId,
+        reachable: bool,
+        answered: bool,
+        rtt: Option<Duration>,
+    ) {
         let mut seen = self.lock();
         let rtt = match (reachable, rtt) {
             (true, None) => seen.get(&peer).and_then(|s| s.rtt),
@@ -83,6 +100,7 @@ impl Reachability {
             peer,
             Seen {
                 reachable,
+                answered,
                 rtt,
                 checked_at_ms: crate::time::unix_ms(),
                 at: Instant::now(),
@@ -90,10 +108,10 @@ impl Reachability {
         );
     }
 
-    /// When the last check of `peer` failed less than [`FAIL_FAST`] ago, how long ago.
+    /// When the last check of `peer` got no answer less than [`FAIL_FAST`] ago, how long ago.
     pub(super) fn recently_down(&self, peer: &EndpointId) -> Option<Duration> {
         self.get(peer)
-            .filter(|s| !s.reachable)
+            .filter(|s| !s.answered)
             .map(|s| s.age())
             .filter(|age| *age < FAIL_FAST)
     }
@@ -110,9 +128,14 @@ impl Reachability {
         self.poke();
     }
 
-    /// Waits (briefly) until every one of `peers` has been checked at least once.
+    /// Waits (briefly) until every one of `peers` has been checked at least once (and the
+    /// round trip of those a dial found reachable has been measured).
     pub(super) async fn first_checks(&self, peers: &[EndpointId]) {
-        let unknown = || peers.iter().any(|p| self.get(p).is_none());
+        let unknown = || {
+            peers
+                .iter()
+                .any(|p| self.get(p).is_none_or(|s| s.unmeasured()))
+        };
         if !unknown() {
             return;
         }
@@ -131,6 +154,7 @@ impl Reachability {
     fn due(&self, peer: &EndpointId, asked: bool) -> bool {
         match self.get(peer) {
             None => true,
+            Some(s) if s.unmeasured() => true,
             Some(s) if asked => s.age() >= ON_DEMAND,
             Some(s) if s.reachable => s.age() >= RECHECK_UP,
             Some(s) => s.age() >= RECHECK_DOWN,
@@ -158,9 +182,8 @@ impl Reachability {
                 if let Ok((id, outcome)) = done {
                     match outcome {
                         PingOutcome::Reachable(rtt) => self.record(id, true, Some(rtt)),
-                        PingOutcome::Refused | PingOutcome::Unreachable => {
-                            self.record(id, false, None)
-                        }
+                        PingOutcome::Refused => self.record_answer(id, false, true, None),
+                        PingOutcome::Unreachable => self.record(id, false, None),
                     }
                 }
             }
