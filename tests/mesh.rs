@@ -630,3 +630,222 @@ async fn an_unreachable_peer_answers_32055_and_then_eof() {
     band_error(&answer, -32055);
     s.wait_eof().await;
 }
+
+/// `connect alice/svc` on `node` as an AI client launches it, with its stderr kept.
+fn connect_keeping_stderr(
+    node: &TestNode,
+    target: &str,
+) -> (McpSession, tokio::process::ChildStderr) {
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(node.home())
+        .args(["connect", target])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut s = McpSession::spawn(cmd);
+    let stderr = s.child.stderr.take().unwrap();
+    (s, stderr)
+}
+
+/// Waits (bounded) for `connect` to exit and returns its status and everything on its stderr.
+async fn exit_and_stderr(
+    child: &mut tokio::process::Child,
+    mut stderr: tokio::process::ChildStderr,
+) -> (std::process::ExitStatus, String) {
+    use tokio::io::AsyncReadExt;
+    let status = tokio::time::timeout(ANSWER_TIMEOUT, child.wait())
+        .await
+        .expect("connect exits in time")
+        .unwrap();
+    let mut text = String::new();
+    let _ = tokio::time::timeout(ANSWER_TIMEOUT, stderr.read_to_string(&mut text)).await;
+    (status, text)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_calling_node_mid_call_answers_32055_and_connect_fails_saying_why() {
+    let m = marker("kill-caller");
+    let (_alice, bob) = pair(&m, None);
+    let (mut s, stderr) = connect_keeping_stderr(&bob, "alice/svc");
+    s.initialize().await;
+    s.start_long_call(json!("outstanding"), 60_000).await;
+    bob.signal(rustix::process::Signal::KILL);
+    let answer = s.recv().await.expect("the outstanding call is answered");
+    band_error(&answer, -32055);
+    assert_eq!(answer["id"], "outstanding");
+    s.wait_eof().await;
+    let (status, stderr) = exit_and_stderr(&mut s.child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("node stopped"), "stderr: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_the_calling_node_mid_call_when_connect_copies_bytes_answers_32055_and_fails() {
+    // Output to a file: connect cannot hand its stdio to the node and copies bytes itself.
+    let m = marker("kill-caller-copy");
+    let (_alice, bob) = pair(&m, None);
+    let out_path = bob.home().join("answers.jsonl");
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["connect", "alice/svc"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut send = async |v: Value| {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).await.unwrap();
+    };
+    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
+    .await;
+    send(
+        json!({ "jsonrpc": "2.0", "id": "outstanding", "method": "tools/call",
+                 "params": { "name": "sleep", "arguments": { "ms": 60_000 },
+                             "_meta": { "progressToken": "p" } } }),
+    )
+    .await;
+    // A file announces nothing: look for the call's first progress notification.
+    let lines = || -> Vec<Value> {
+        std::fs::read_to_string(&out_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    assert!(
+        eventually(ANSWER_TIMEOUT, || lines()
+            .iter()
+            .any(|v| v["method"] == "notifications/progress"))
+        .await,
+        "the call reached the server: {:?}",
+        lines()
+    );
+    bob.signal(rustix::process::Signal::KILL);
+    let (status, stderr) = exit_and_stderr(&mut child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("node stopped"), "stderr: {stderr}");
+    let answer = lines()
+        .into_iter()
+        .find(|v| v["id"] == "outstanding")
+        .expect("the outstanding call is answered");
+    band_error(&answer, -32055);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_peer_going_away_mid_session_makes_connect_fail_saying_why() {
+    let m = marker("peer-gone");
+    let (alice, bob) = pair(&m, None);
+    let (mut s, stderr) = connect_keeping_stderr(&bob, "alice/svc");
+    s.initialize().await;
+    // Nothing outstanding: the session is idle when the peer goes.
+    alice.signal(rustix::process::Signal::KILL);
+    s.wait_eof().await;
+    let (status, stderr) = exit_and_stderr(&mut s.child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(stderr.contains("peer went away"), "stderr: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_offline_peer_is_answered_from_what_the_node_knows_and_shows_again_when_it_returns() {
+    let m = marker("offline");
+    // A dial would take longer than any answer may: an answer in time was not a dial.
+    let bob = TestNode::start_with("bob", "[limits]\ndial_timeout_secs = 30\n", &[]);
+    let alice = TestNode::start("alice");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+    let alice_of = |v: &Value| {
+        v["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "alice")
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == true
+        )
+        .await
+    );
+    alice.json(&["down"]);
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == false
+        )
+        .await,
+        "the node notices the peer went"
+    );
+
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let v = bob.json(args);
+        println!("{args:?} with the peer offline: {:?}", started.elapsed());
+        v
+    };
+    let peer = alice_of(&timed(&["peers"]));
+    assert_eq!(peer["reachable"], false, "{peer}");
+    assert!(peer["checked_at"].as_u64().is_some(), "{peer}");
+    assert!(peer.get("rtt_ms").is_none(), "{peer}");
+    let status = timed(&["status"]);
+    assert_eq!(alice_of(&status)["reachable"], false);
+    timed(&["use", "alice/svc"]);
+    let started = Instant::now();
+    let mut s = bob.connect("alice/svc");
+    let answer = s
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": {} }),
+        )
+        .await;
+    println!(
+        "connect with the peer offline: answered in {:?}",
+        started.elapsed()
+    );
+    band_error(&answer, -32055);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable"),
+        "{answer}"
+    );
+    s.wait_eof().await;
+
+    // Back (same key, same port): shown reachable again, and a session opens.
+    alice.json(&["id"]);
+    assert!(
+        eventually(
+            ANSWER_TIMEOUT,
+            || alice_of(&bob.json(&["peers"]))["reachable"] == true
+        )
+        .await,
+        "the node notices the peer is back"
+    );
+    let mut again = bob.connect("alice/svc");
+    assert_eq!(
+        again.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+}

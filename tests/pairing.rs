@@ -839,3 +839,79 @@ async fn attempts_with_an_unknown_invite_write_nothing_and_a_wrong_secret_counts
     // The invite still works: a wrong secret never burns it.
     bob_pairs(&line);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_caller_sees_its_own_sessions_in_status_and_watch_and_watch_fails_when_the_node_stops()
+{
+    let m = marker("caller-watch");
+    let (alice, bob, _) = paired(&m);
+    alice.json(&["grant", "bob", "notes"]);
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["--json", "watch"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut watch = cmd.spawn().unwrap();
+    let mut watch_err = watch.stderr.take().unwrap();
+    let mut lines = mcpmesh_net::transport::FrameReader::new(watch.stdout.take().unwrap(), 1 << 20);
+    // The next event of this kind (records written just before may still come first).
+    let mut next = async |kind: &str| -> Value {
+        loop {
+            let line = tokio::time::timeout(ANSWER_TIMEOUT, lines.next_line())
+                .await
+                .expect("an event in time")
+                .unwrap()
+                .expect("an event, not the end");
+            let v: Value = serde_json::from_slice(&line).unwrap();
+            if kind.is_empty() || v["event"] == kind {
+                return v;
+            }
+        }
+    };
+    assert_eq!(next("").await, json!({ "watching": true }));
+
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    let opened = next("outgoing_open").await;
+    assert_eq!(
+        (&opened["peer"], &opened["service"]),
+        (&json!("alice"), &json!("notes"))
+    );
+    let status = bob.json(&["status"]);
+    let outgoing = status["outgoing"]
+        .as_array()
+        .expect("status lists outgoing sessions");
+    assert_eq!(outgoing.len(), 1, "{status}");
+    assert_eq!(
+        (&outgoing[0]["peer"], &outgoing[0]["service"]),
+        (&json!("alice"), &json!("notes"))
+    );
+    assert!(outgoing[0]["since"].as_u64().is_some(), "{status}");
+    let human = String::from_utf8(bob.cli(&["status"]).stdout).unwrap();
+    assert!(human.contains("alice/notes"), "{human}");
+
+    s.close_stdin();
+    s.wait_eof().await;
+    let closed = next("outgoing_close").await;
+    assert_eq!(closed["ended"], "ok", "{closed}");
+    assert!(
+        bob.json(&["status"])["outgoing"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    bob.json(&["down"]);
+    let status = tokio::time::timeout(ANSWER_TIMEOUT, watch.wait())
+        .await
+        .expect("watch ends with the node")
+        .unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut watch_err, &mut stderr)
+        .await
+        .unwrap();
+    assert!(!status.success(), "watch exited {status}");
+    assert!(stderr.contains("the node stopped"), "stderr: {stderr}");
+}

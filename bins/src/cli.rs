@@ -498,7 +498,8 @@ fn watch(ctx: &Ctx) -> Result<(), Failure> {
             _ => {}
         }
     }
-    Ok(())
+    // The stream ends only when the node goes away.
+    Err(Failure::new(codes::NODE_UNAVAILABLE, "the node stopped"))
 }
 
 fn completions(shell: clap_complete::Shell, out: &Output) -> Result<(), Failure> {
@@ -796,6 +797,23 @@ fn daemon(profile: Profile, notify: bool, json: bool) -> Result<(), Failure> {
     Err(failure)
 }
 
+/// Whether the node whose profile lock is `lock` still runs (it holds that lock while it
+/// does). A node that was just killed may close its sockets a moment before its lock goes, so
+/// a held lock is checked again for a short while.
+fn node_running(lock: &std::path::Path) -> bool {
+    let Ok(file) = std::fs::File::open(lock) else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while file.try_lock().is_err() {
+        if std::time::Instant::now() > deadline {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
 /// With `json`, stderr carries nothing but a failure's JSON line.
 fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<(), Failure> {
     let (peer, service) = target.split_once('/').ok_or_else(|| {
@@ -824,12 +842,21 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
                 );
                 let _ = std::io::stderr().write_all(note.as_bytes());
             }
-            match attach {
+            let lock = profile.lock_file();
+            let end = match attach {
                 Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
-                Attach::Stream => mcpmesh::proxy::pipe_stdio(stream, &leftover),
+                Attach::Stream => {
+                    mcpmesh::proxy::pipe_stdio(stream, &leftover, || node_running(&lock))
+                }
             }
             .context("connect")?;
-            Ok(())
+            match end {
+                mcpmesh::proxy::ConnectEnd::Clean => Ok(()),
+                mcpmesh::proxy::ConnectEnd::Failed(why) => Err(Failure::new(
+                    codes::UNREACHABLE,
+                    format!("connect {target}: {why}"),
+                )),
+            }
         }
         Err(e) => {
             // The client gets a JSON-RPC error for its request, and the reason goes to stderr.

@@ -40,6 +40,15 @@ pub fn render_record(v: &Value) -> String {
             Some(reason) => format!("session refused ({}): {reason}", v["code"]),
             None => format!("session refused ({})", v["code"]),
         },
+        Some("outgoing_open") => "you opened a session to it".to_owned(),
+        Some("outgoing_close") => match v["code"].as_i64() {
+            Some(code) => format!(
+                "your session to it failed after {} ms: {} ({code})",
+                v["duration_ms"],
+                s("reason")
+            ),
+            None => format!("your session to it closed after {} ms", v["duration_ms"]),
+        },
         Some(other) => other.replace('_', " "),
         None => String::new(),
     };
@@ -185,6 +194,18 @@ pub fn render_status(v: &Value) -> String {
         for x in sessions {
             s.push_str(&format!(
                 "  {} → {} since {}\n",
+                x["peer"].as_str().unwrap_or_default(),
+                x["service"].as_str().unwrap_or_default(),
+                mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+            ));
+        }
+    }
+    let outgoing = v["outgoing"].as_array().cloned().unwrap_or_default();
+    if !outgoing.is_empty() {
+        s.push_str("\n\nyour sessions to peers:\n");
+        for x in outgoing {
+            s.push_str(&format!(
+                "  {}/{} since {}\n",
                 x["peer"].as_str().unwrap_or_default(),
                 x["service"].as_str().unwrap_or_default(),
                 mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)

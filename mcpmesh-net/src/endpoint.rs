@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use iroh::address_lookup::MemoryLookup;
-use iroh::endpoint::{PortmapperConfig, QuicTransportConfig, presets};
+use iroh::endpoint::{BindOpts, PortmapperConfig, QuicTransportConfig, presets};
 use iroh::{Endpoint, RelayMode, RelayUrl, SecretKey};
 
 /// How the endpoint reaches peers beyond its own addresses.
@@ -48,6 +48,18 @@ pub async fn bind(
     alpns: Vec<Vec<u8>>,
     book: MemoryLookup,
 ) -> Result<Endpoint, EndpointError> {
+    bind_on_port(secret, config, None, alpns, book).await
+}
+
+/// [`bind`], with the wildcard sockets iroh binds when `config.bind` is empty put on `port`
+/// (IPv4 must get it; IPv6 is bound there only if it can be).
+pub async fn bind_on_port(
+    secret: SecretKey,
+    config: &NetworkConfig,
+    port: Option<u16>,
+    alpns: Vec<Vec<u8>>,
+    book: MemoryLookup,
+) -> Result<Endpoint, EndpointError> {
     let transport = QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into())
         .max_idle_timeout(IDLE_TIMEOUT.try_into().ok())
@@ -76,6 +88,21 @@ pub async fn bind(
                     reason: e.to_string(),
                 })?;
         }
+    } else if let Some(port) = port {
+        let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port));
+        let v6 = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+        let bad = |addr: SocketAddr| {
+            move |e: iroh::endpoint::InvalidSocketAddr| EndpointError::BadBind {
+                addr,
+                reason: e.to_string(),
+            }
+        };
+        builder = builder
+            .clear_ip_transports()
+            .bind_addr(v4)
+            .map_err(bad(v4))?
+            .bind_addr_with_opts(v6, BindOpts::default().set_is_required(false))
+            .map_err(bad(v6))?;
     }
     builder
         .bind()

@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -25,7 +25,7 @@ use mcpmesh_net::session::{OpenedSession, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
 /// After the client closed its side, how long responses still in flight may take to arrive.
@@ -43,6 +43,8 @@ struct Outstanding {
     ids: HashMap<String, Box<RawValue>>,
     /// Whether the client has sent any request at all.
     requests_seen: bool,
+    /// Bumped whenever `ids` changes.
+    version: u64,
 }
 
 impl Outstanding {
@@ -52,11 +54,14 @@ impl Outstanding {
                 return;
             };
             if let Some(cancelled) = peek.cancelled_request() {
-                self.ids.remove(&jsonrpc::id_key(cancelled));
+                if self.ids.remove(&jsonrpc::id_key(cancelled)).is_some() {
+                    self.version += 1;
+                }
             } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
                 self.requests_seen = true;
                 if self.ids.len() < MAX_TRACKED {
                     self.ids.insert(jsonrpc::id_key(id), id.to_owned());
+                    self.version += 1;
                 }
             }
         });
@@ -70,25 +75,77 @@ impl Outstanding {
             let Some(peek) = jsonrpc::peek(line) else {
                 return;
             };
-            if let (Kind::Response, Some(id)) = (peek.kind(), peek.id) {
-                self.ids.remove(&jsonrpc::id_key(id));
+            if let (Kind::Response, Some(id)) = (peek.kind(), peek.id)
+                && self.ids.remove(&jsonrpc::id_key(id)).is_some()
+            {
+                self.version += 1;
             }
         });
     }
 
     /// One error line per unanswered request, and forgets them.
     fn answer_all(&mut self, code: ErrorCode, message: &str) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (_, id) in self.ids.drain() {
-            out.extend(
-                ErrorFrame::new(code)
-                    .id(Some(&id))
-                    .message(message)
-                    .to_line(),
-            );
-        }
-        out
+        self.version += 1;
+        answers(self.ids.drain().map(|(_, id)| id), code, message)
     }
+
+    /// The report line naming every request still unanswered.
+    fn note(&self) -> Vec<u8> {
+        let ids: Vec<&RawValue> = self.ids.values().map(AsRef::as_ref).collect();
+        note_line(&SessionNote::Outstanding(ids))
+    }
+}
+
+/// One error line per id.
+fn answers<I: AsRef<RawValue>>(
+    ids: impl IntoIterator<Item = I>,
+    code: ErrorCode,
+    message: &str,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.extend(
+            ErrorFrame::new(code)
+                .id(Some(id.as_ref()))
+                .message(message)
+                .to_line(),
+        );
+    }
+    out
+}
+
+/// What the node tells a `connect` that passed it its descriptors, one JSON line each, on the
+/// control connection: which requests are unanswered whenever that changes (so that if the
+/// node dies, `connect` can answer them), and how the session ended, last. A connection that
+/// closes without `ended` means the node itself went away.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionNote<'a> {
+    Outstanding(#[serde(borrow)] Vec<&'a RawValue>),
+    Ended(Ending),
+}
+
+/// How a session ended: `code` is `None` when it ended the ordinary way (either side closed
+/// with nothing left unanswered).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ending {
+    pub code: Option<i64>,
+    pub message: String,
+}
+
+impl Ending {
+    fn clean() -> Self {
+        Ending {
+            code: None,
+            message: "the session ended".into(),
+        }
+    }
+}
+
+fn note_line(note: &SessionNote<'_>) -> Vec<u8> {
+    let mut line = serde_json::to_vec(note).unwrap_or_default();
+    line.push(b'\n');
+    line
 }
 
 /// How the daemon half of a session ended.
@@ -101,7 +158,7 @@ enum End {
 }
 
 /// The error every unanswered request gets when a session ends this way.
-fn failure(end: End) -> (ErrorCode, &'static str) {
+fn failure(end: &End) -> (ErrorCode, &'static str) {
     match end {
         End::ServerClosed | End::ClientClosed | End::ClientGone => (
             ErrorCode::Unreachable,
@@ -114,7 +171,7 @@ fn failure(end: End) -> (ErrorCode, &'static str) {
         End::Lost(ErrorCode::NotReady) => {
             (ErrorCode::NotReady, "session severed by a trust change")
         }
-        End::Lost(code) => (code, "peer unreachable or session lost before the answer"),
+        End::Lost(code) => (*code, "the peer went away or the session was lost"),
         End::Shutdown => (ErrorCode::Unreachable, "the local node is shutting down"),
     }
 }
@@ -129,11 +186,18 @@ pub struct LocalSide {
     pub leftover: BytesMut,
     /// Resolves when the `connect` process is gone (its control connection closed).
     pub gone: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Where [`SessionNote`]s go, when the opener reads them (it passed its descriptors).
+    pub report: Option<Box<dyn AsyncWrite + Unpin + Send>>,
 }
 
 /// Runs one session between the AI client (`local`) and the mesh stream, until either side
-/// ends it. On failure every unanswered request gets an error of the band.
-pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: CancellationToken) {
+/// ends it. On failure every unanswered request gets an error of the band. Returns how the
+/// session ended.
+pub async fn tunnel(
+    local: LocalSide,
+    session: OpenedSession,
+    shutdown: CancellationToken,
+) -> Ending {
     // The lease keeps the pooled connection counted as in use until the session ends.
     let OpenedSession {
         send,
@@ -146,15 +210,32 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         output,
         leftover,
         gone,
+        report,
     } = local;
     let mut local_r = FrameReader::new(input, MAX_FRAME);
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
     let local_w = Mutex::new(output);
     let mesh_w = Mutex::new(send);
-    let outstanding = StdMutex::new(Outstanding::default());
+    let outstanding = Arc::new(StdMutex::new(Outstanding::default()));
+    let changed = Arc::new(Notify::new());
     let track = |f: &dyn Fn(&mut Outstanding)| {
-        f(&mut outstanding.lock().unwrap_or_else(|p| p.into_inner()))
+        let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
+        let before = o.version;
+        f(&mut o);
+        if o.version != before {
+            changed.notify_one();
+        }
     };
+    let reporter = report.map(|w| {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(report_outstanding(
+            w,
+            outstanding.clone(),
+            changed.clone(),
+            stop.clone(),
+        ));
+        (stop, task)
+    });
 
     if !leftover.is_empty() {
         let run = leftover.freeze();
@@ -185,22 +266,26 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         _ = gone => End::ClientGone,
     };
 
-    let (code, message) = match end {
+    let (end, code, message) = match end {
         End::ClientGone => {
             let _ = mesh_w.lock().await.finish();
-            return;
+            finish_report(reporter, Ending::clean()).await;
+            return Ending::clean();
         }
         End::ClientClosed => {
             // The client is done sending but may still read: let answers in flight arrive.
             let _ = mesh_w.lock().await.finish();
-            match tokio::time::timeout(DRAIN, &mut server_side).await {
-                Ok(Ok(())) => failure(End::ServerClosed),
-                _ => failure(End::Lost(close_reason_code(
-                    connection.close_reason().as_ref(),
-                ))),
-            }
+            let end = match tokio::time::timeout(DRAIN, &mut server_side).await {
+                Ok(Ok(())) => End::ServerClosed,
+                _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
+            };
+            let (code, message) = failure(&end);
+            (end, code, message)
         }
-        other => failure(other),
+        other => {
+            let (code, message) = failure(&other);
+            (other, code, message)
+        }
     };
     let (answers, requests_seen) = {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
@@ -210,6 +295,19 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         let _ = write_run(&local_w, &answers).await;
     }
     let _ = mesh_w.lock().await.finish();
+    // Ending with nothing unanswered is ordinary unless the peer or the node went away.
+    let ending = match end {
+        End::Lost(_) | End::Shutdown => Ending {
+            code: Some(code.code()),
+            message: message.to_owned(),
+        },
+        _ if !answers.is_empty() => Ending {
+            code: Some(code.code()),
+            message: message.to_owned(),
+        },
+        _ => Ending::clean(),
+    };
+    finish_report(reporter, ending.clone()).await;
     if !requests_seen {
         // The session failed before the client asked anything (a refusal can outrun its first
         // request): answer what it sends next, so it learns why instead of seeing a bare EOF.
@@ -220,6 +318,46 @@ pub async fn tunnel(local: LocalSide, session: OpenedSession, shutdown: Cancella
         .await;
     }
     let _ = local_w.lock().await.shutdown().await;
+    ending
+}
+
+type Reporter = (
+    CancellationToken,
+    tokio::task::JoinHandle<Box<dyn AsyncWrite + Unpin + Send>>,
+);
+
+/// Writes the set of unanswered requests to the opener whenever it changed (coalesced: a
+/// slow reader gets the newest set, never a queue), until `stop`; returns the writer.
+async fn report_outstanding(
+    mut w: Box<dyn AsyncWrite + Unpin + Send>,
+    outstanding: Arc<StdMutex<Outstanding>>,
+    changed: Arc<Notify>,
+    stop: CancellationToken,
+) -> Box<dyn AsyncWrite + Unpin + Send> {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return w,
+            _ = changed.notified() => {
+                let line = outstanding.lock().unwrap_or_else(|p| p.into_inner()).note();
+                if w.write_all(&line).await.is_err() {
+                    return w;
+                }
+            }
+        }
+    }
+}
+
+/// Stops the reporter and tells the opener how the session ended.
+async fn finish_report(reporter: Option<Reporter>, ending: Ending) {
+    let Some((stop, task)) = reporter else {
+        return;
+    };
+    stop.cancel();
+    if let Ok(mut w) = task.await {
+        let _ = w.write_all(&note_line(&SessionNote::Ended(ending))).await;
+        let _ = w.shutdown().await;
+    }
 }
 
 async fn answer_first_request<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
@@ -257,10 +395,23 @@ pub fn stdio_passable() -> bool {
     passable(std::io::stdin().as_fd()) && passable(std::io::stdout().as_fd())
 }
 
+/// How a session ended, as `connect` tells its caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectEnd {
+    /// Either side closed with nothing left unanswered.
+    Clean,
+    /// The session failed (the peer went away, the node stopped, …): why, in plain words.
+    Failed(String),
+}
+
+const NODE_GONE: &str = "the local mcpmesh node stopped during the session";
+
 /// `mcpmesh connect`, handing off: passes stdin and stdout to the node over `stream` (a
-/// session opened with `attach = "fds"`), then waits until the node closes the connection at
-/// the session's end. This process moves no bytes of the session.
-pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<()> {
+/// session opened with `attach = "fds"`), then reads the node's [`SessionNote`]s until the
+/// session ends. This process moves no bytes of the session; but if the node goes away
+/// without saying the session ended, it answers every request the node last reported
+/// unanswered with `-32055` itself.
+pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<ConnectEnd> {
     let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
     let fds = [stdin.as_fd(), stdout.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
@@ -274,10 +425,33 @@ pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<()> {
         &mut control,
         rustix::net::SendFlags::empty(),
     )?;
-    // The node closes this connection when the session ends; until then there is nothing to do.
-    let mut rest = Vec::new();
-    let _ = (&stream).read_to_end(&mut rest);
-    Ok(())
+    let mut unanswered: Vec<u8> = b"[]".to_vec();
+    let mut lines = std::io::BufReader::new(&stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match std::io::BufRead::read_until(&mut lines, b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        match serde_json::from_slice::<SessionNote<'_>>(&line) {
+            Ok(SessionNote::Ended(ending)) => {
+                return Ok(match ending.code {
+                    None => ConnectEnd::Clean,
+                    Some(_) => ConnectEnd::Failed(ending.message),
+                });
+            }
+            Ok(SessionNote::Outstanding(ids)) => {
+                unanswered = serde_json::to_vec(&ids).unwrap_or_default();
+            }
+            Err(_) => {}
+        }
+    }
+    // The node went away without ending the session: answer what it left unanswered.
+    let ids: Vec<Box<RawValue>> = serde_json::from_slice(&unanswered).unwrap_or_default();
+    let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+    let _ = stdout.write_all(&answers(&ids, ErrorCode::Unreachable, NODE_GONE));
+    Ok(ConnectEnd::Failed(NODE_GONE.into()))
 }
 
 /// Receives the two descriptors `pass_stdio` sends: (input, output).
@@ -351,21 +525,104 @@ fn socket_from(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
 }
 
 /// `mcpmesh connect`, copying: pipes this process's stdin and stdout through `stream` (a session
-/// opened on the control socket) until the node closes it.
-pub fn pipe_stdio(stream: StdUnixStream, leftover: &[u8]) -> std::io::Result<()> {
+/// opened on the control socket) until the node closes it. It watches the requests pass, so
+/// that if the node goes away mid-session (`node_alive` says so once the stream ends; it may
+/// take a moment to tell) it can answer those still unanswered with `-32055` itself.
+pub fn pipe_stdio(
+    stream: StdUnixStream,
+    leftover: &[u8],
+    node_alive: impl FnOnce() -> bool,
+) -> std::io::Result<ConnectEnd> {
     let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let outstanding = Arc::new(StdMutex::new(Outstanding::default()));
+    let mut from_server = LineWatch::default();
+    from_server.feed(leftover, |line| server_line(&outstanding, line));
     stdout.write_all(leftover)?;
     let mut up = stream.try_clone()?;
+    let up_outstanding = outstanding.clone();
+    let client_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let up_done = client_done.clone();
     std::thread::spawn(move || {
-        let _ = copy(&mut stdin, &mut up);
+        let mut from_client = LineWatch::default();
+        let _ = copy(&mut stdin, &mut up, |chunk| {
+            from_client.feed(chunk, |line| client_line(&up_outstanding, line));
+        });
+        up_done.store(true, std::sync::atomic::Ordering::Release);
         let _ = up.shutdown(std::net::Shutdown::Write);
     });
     let mut down = stream;
-    copy(&mut down, &mut stdout)
+    copy(&mut down, &mut stdout, |chunk| {
+        from_server.feed(chunk, |line| server_line(&outstanding, line));
+    })?;
+    // The ordinary end: the client finished and every request was answered. Otherwise the
+    // node may have died (its end of the stream closes with it).
+    let settled = client_done.load(std::sync::atomic::Ordering::Acquire)
+        && outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .is_empty();
+    if settled || node_alive() {
+        return Ok(ConnectEnd::Clean);
+    }
+    let answers = outstanding
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .answer_all(ErrorCode::Unreachable, NODE_GONE);
+    let _ = stdout.write_all(&answers);
+    Ok(ConnectEnd::Failed(NODE_GONE.into()))
 }
 
-fn copy(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<()> {
+fn client_line(outstanding: &StdMutex<Outstanding>, line: &[u8]) {
+    let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
+    o.client_sent(Seen::Lines(line));
+}
+
+fn server_line(outstanding: &StdMutex<Outstanding>, line: &[u8]) {
+    let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
+    o.server_sent(Seen::Lines(line));
+}
+
+/// Splits a byte stream into whole lines for watching (a line longer than the frame cap is
+/// skipped: it cannot be a request anyone awaits an answer to).
+#[derive(Debug, Default)]
+struct LineWatch {
+    partial: Vec<u8>,
+    skipping: bool,
+}
+
+impl LineWatch {
+    fn feed(&mut self, mut chunk: &[u8], mut each: impl FnMut(&[u8])) {
+        while let Some(end) = chunk.iter().position(|b| *b == b'\n') {
+            let (line, rest) = chunk.split_at(end + 1);
+            if !self.skipping {
+                if self.partial.is_empty() {
+                    each(line);
+                } else {
+                    self.partial.extend_from_slice(line);
+                    each(&self.partial);
+                }
+            }
+            self.partial.clear();
+            self.skipping = false;
+            chunk = rest;
+        }
+        if !self.skipping {
+            self.partial.extend_from_slice(chunk);
+            if self.partial.len() > MAX_FRAME {
+                self.partial = Vec::new();
+                self.skipping = true;
+            }
+        }
+    }
+}
+
+fn copy(
+    from: &mut impl Read,
+    to: &mut impl Write,
+    mut seen: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; PIPE_CHUNK];
     loop {
         let n = match from.read(&mut buf) {
@@ -374,6 +631,7 @@ fn copy(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
+        seen(&buf[..n]);
         to.write_all(&buf[..n])?;
     }
 }

@@ -72,6 +72,20 @@ pub enum AuditEvent {
         #[serde(skip_serializing_if = "Option::is_none", default)]
         code: Option<i64>,
     },
+    /// This node opened a session to a peer's service (for one of its own clients).
+    OutgoingOpen { peer: String, service: String },
+    /// A session this node opened to a peer ended: `ended` is `ok` when it ended the ordinary
+    /// way, otherwise `failed` with the band's `code` and the `reason`.
+    OutgoingClose {
+        peer: String,
+        service: String,
+        duration_ms: u64,
+        ended: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        code: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        reason: Option<String>,
+    },
     /// Over-limit notifications were dropped (recorded once per throttle episode).
     NotificationsThrottled {
         service: String,
@@ -124,9 +138,9 @@ impl AuditEvent {
             | AuditEvent::SessionRefused { peer, service, .. }
             | AuditEvent::SessionClose { peer, service, .. }
             | AuditEvent::Request { peer, service, .. }
-            | AuditEvent::NotificationsThrottled { peer, service, .. } => {
-                (Some(peer), Some(service))
-            }
+            | AuditEvent::NotificationsThrottled { peer, service, .. }
+            | AuditEvent::OutgoingOpen { peer, service }
+            | AuditEvent::OutgoingClose { peer, service, .. } => (Some(peer), Some(service)),
             AuditEvent::Trust { peer, service, .. } => (peer.as_deref(), service.as_deref()),
             AuditEvent::RecordsDropped { .. }
             | AuditEvent::ConnectionsRefused { .. }

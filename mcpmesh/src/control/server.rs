@@ -13,7 +13,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    API_VERSION, Attach, ControlError, MAX_CONTROL_FRAME, Request, Response, codes, methods,
+    API_VERSION, Attach, ControlError, MAX_CONTROL_FRAME, Request, Response, SessionOpen, codes,
+    methods,
 };
 use crate::proxy::{self, LocalSide};
 
@@ -26,7 +27,7 @@ pub enum Reply {
     /// An ordinary result.
     Value(Value),
     /// The result, after which the connection attaches the opener to an MCP session.
-    Tunnel(Value, Box<OpenedSession>, Attach),
+    Tunnel(Value, Box<OpenedSession>, SessionOpen),
     /// The result, after which the node stops.
     ThenStop(Value),
     /// The result, after which each event is sent as an `event` notification until the client
@@ -42,8 +43,14 @@ pub trait ControlHandler: Send + Sync + 'static {
         params: Value,
     ) -> impl Future<Output = Result<Reply, ControlError>> + Send;
 
-    /// Runs an opened session with the opener's side until it ends.
-    fn tunnel(&self, local: LocalSide, session: OpenedSession) -> impl Future<Output = ()> + Send;
+    /// Runs an opened session (to `open`'s peer and service) with the opener's side until it
+    /// ends.
+    fn tunnel(
+        &self,
+        local: LocalSide,
+        session: OpenedSession,
+        open: SessionOpen,
+    ) -> impl Future<Output = ()> + Send;
 
     /// A `hello` result's node id.
     fn node_id(&self) -> String;
@@ -136,7 +143,7 @@ async fn connection<H: ControlHandler>(
                 stop.cancel();
                 return;
             }
-            Ok(Reply::Tunnel(v, session, attach)) => {
+            Ok(Reply::Tunnel(v, session, open)) => {
                 if t.send_raw(&Response::to_line(req.id, Ok(v))).await.is_err() {
                     return;
                 }
@@ -146,8 +153,8 @@ async fn connection<H: ControlHandler>(
                     tracing::error!("control connection halves did not match");
                     return;
                 };
-                match attach_local(stream, leftover, attach).await {
-                    Ok(local) => handler.tunnel(local, *session).await,
+                match attach_local(stream, leftover, open.attach).await {
+                    Ok(local) => handler.tunnel(local, *session, open).await,
                     Err(e) => tracing::warn!("a session's opener did not attach: {e}"),
                 }
                 return;
@@ -204,22 +211,24 @@ async fn attach_local(
                 output: Box::new(output),
                 leftover,
                 gone: Box::pin(std::future::pending()),
+                report: None,
             })
         }
         Attach::Fds => {
             let (input, output) = tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
                 .await
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            let (mut alive, report) = stream.into_split();
             Ok(LocalSide {
                 input: proxy::input_from(input)?,
                 output: proxy::output_from(output)?,
                 leftover,
                 gone: Box::pin(async move {
                     // The opener writes nothing more; EOF (or an error) means it is gone.
-                    let mut stream = stream;
                     let mut buf = [0u8; 64];
-                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    while matches!(alive.read(&mut buf).await, Ok(n) if n > 0) {}
                 }),
+                report: Some(Box::new(report)),
             })
         }
     }

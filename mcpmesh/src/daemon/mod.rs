@@ -2,6 +2,7 @@
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
 mod node;
+mod reach;
 mod status;
 mod trust;
 
@@ -142,6 +143,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         shutdown: shutdown.clone(),
         audit,
         naming: Default::default(),
+        outgoing: Default::default(),
+        reach: Default::default(),
     });
     gate.replace(initial);
     node.apply(settings);
@@ -182,6 +185,16 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
         })
     };
 
+    let checker = {
+        let (node, stop) = (node.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let peers = || node.gate.snapshot().all().iter().map(|p| p.id).collect();
+            node.reach
+                .keep_checking(node.endpoint.clone(), peers, stop)
+                .await;
+        })
+    };
+
     let socket_path = profile.socket_path();
     let listener = bind_control_socket(&socket_path)?;
     let stop = CancellationToken::new();
@@ -203,6 +216,8 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let _ = std::fs::remove_file(&socket_path);
     upkeep.abort();
     let _ = upkeep.await;
+    checker.abort();
+    let _ = checker.await;
     refusals.flush();
     audit_log.close().await;
     tracing::info!("node stopped");
@@ -231,8 +246,13 @@ impl TrustGate for AuditedGate {
     }
 }
 
-/// Binds the endpoint, reusing the UDP port of the last run when `bind` asks for port 0, so
-/// the address hints peers stored stay valid across restarts.
+/// How long a start waits for the remembered UDP port while a node that just stopped may
+/// still hold it.
+const PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// Binds the endpoint, reusing the UDP port of the last run wherever the config leaves the
+/// port to the system (port 0, or no `bind` at all), so the address hints peers stored stay
+/// valid across restarts.
 async fn bind_endpoint(
     profile: &Profile,
     secret: iroh::SecretKey,
@@ -244,23 +264,49 @@ async fn bind_endpoint(
         .ok()
         .and_then(|s| s.trim().parse().ok());
     let mut preferred = network.clone();
-    if let Some(port) = remembered {
-        for addr in &mut preferred.bind {
-            if addr.port() == 0 {
-                addr.set_port(port);
-            }
+    for addr in &mut preferred.bind {
+        if addr.port() == 0
+            && let Some(port) = remembered
+        {
+            addr.set_port(port);
         }
     }
-    let endpoint =
-        match endpoint::bind(secret.clone(), &preferred, alpns.clone(), book.clone()).await {
-            Ok(ep) => ep,
-            Err(e) if preferred != *network => {
-                tracing::info!("the remembered UDP port is not available ({e}); picking a new one");
-                endpoint::bind(secret, network, alpns, book).await?
+    let wants_port = remembered.is_some() && (preferred != *network || network.bind.is_empty());
+    let endpoint = if wants_port {
+        let deadline = tokio::time::Instant::now() + PORT_WAIT;
+        loop {
+            let attempt = endpoint::bind_on_port(
+                secret.clone(),
+                &preferred,
+                remembered,
+                alpns.clone(),
+                book.clone(),
+            )
+            .await;
+            match attempt {
+                Ok(ep) => break ep,
+                // The node that stopped a moment ago may not have let go of it yet.
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the remembered UDP port is not available ({e}); picking a new one"
+                    );
+                    break endpoint::bind(secret, network, alpns, book).await?;
+                }
             }
-            Err(e) => return Err(e.into()),
-        };
-    if let Some(port) = endpoint.bound_sockets().first().map(SocketAddr::port)
+        }
+    } else {
+        endpoint::bind(secret, network, alpns, book).await?
+    };
+    let sockets = endpoint.bound_sockets();
+    let port = sockets
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(sockets.first())
+        .map(SocketAddr::port);
+    if let Some(port) = port
         && remembered != Some(port)
     {
         let _ =

@@ -9,7 +9,7 @@ use mcpmesh_net::endpoint;
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
 use mcpmesh_net::registry::ConnectionRegistry;
-use mcpmesh_net::session::{ALPN_MCP, Dialer, OpenedSession, valid_service_name};
+use mcpmesh_net::session::{ALPN_MCP, DialError, Dialer, OpenedSession, valid_service_name};
 use mcpmesh_net::{PeerIdentity, TrustGate};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -28,6 +28,7 @@ use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
 
 use super::DRAIN_TIMEOUT;
+use super::reach::Reachability;
 
 /// The running node.
 #[derive(Debug)]
@@ -45,6 +46,60 @@ pub(super) struct Node {
     pub(super) audit: AuditSink,
     /// Held while a pairing picks a name for a new peer and stores it.
     pub(super) naming: tokio::sync::Mutex<()>,
+    /// Sessions this node's own clients have open to peers.
+    pub(super) outgoing: Outgoing,
+    /// What the node last found of each peer's reachability.
+    pub(super) reach: Reachability,
+}
+
+/// Sessions this node opened to peers' services, for `status`.
+#[derive(Debug, Default)]
+pub(super) struct Outgoing {
+    live: std::sync::Mutex<(u64, std::collections::BTreeMap<u64, OutgoingSession>)>,
+}
+
+/// One session this node opened to a peer's service.
+#[derive(Debug, Clone)]
+pub(super) struct OutgoingSession {
+    pub(super) peer: String,
+    pub(super) service: String,
+    /// Unix ms.
+    pub(super) since: u64,
+}
+
+impl Outgoing {
+    fn opened(&self, peer: &str, service: &str, since: u64) -> u64 {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.0 += 1;
+        let key = live.0;
+        live.1.insert(
+            key,
+            OutgoingSession {
+                peer: peer.to_owned(),
+                service: service.to_owned(),
+                since,
+            },
+        );
+        key
+    }
+
+    fn closed(&self, key: u64) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(&key);
+    }
+
+    pub(super) fn list(&self) -> Vec<OutgoingSession> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .values()
+            .cloned()
+            .collect()
+    }
 }
 
 impl Node {
@@ -71,6 +126,8 @@ impl Node {
             self.dialer.add_address_hint(hint);
         }
         self.gate.replace(new);
+        // New peers (and new addresses) are checked at once.
+        self.reach.poke();
         let table = {
             let mut table = self.services.write().unwrap_or_else(|p| p.into_inner());
             *table = table.rebuild(&settings.services);
@@ -304,10 +361,26 @@ impl Node {
                 "unknown or unauthorized service",
             ));
         }
-        self.dialer
-            .open(peer.id, &open.service)
-            .await
-            .map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
+        if let Some(age) = self.reach.recently_down(&peer.id) {
+            return Err(ControlError::new(
+                codes::UNREACHABLE,
+                format!(
+                    "{} is unreachable (it did not answer {:.0} s ago); the node keeps trying, try again in a few seconds",
+                    open.peer,
+                    age.as_secs_f64().ceil()
+                ),
+            ));
+        }
+        let opened = self.dialer.open(peer.id, &open.service).await;
+        match &opened {
+            Ok(_) => {
+                self.reach.record(peer.id, true, None);
+                self.reach.poke();
+            }
+            Err(DialError::Refused) => {}
+            Err(_) => self.reach.record(peer.id, false, None),
+        }
+        opened.map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
     }
 }
 
@@ -363,7 +436,7 @@ impl ControlHandler for Node {
                 return Ok(Reply::Tunnel(
                     json!({ "opened": true }),
                     Box::new(session),
-                    open.attach,
+                    open,
                 ));
             }
             methods::WATCH => {
@@ -386,8 +459,28 @@ impl ControlHandler for Node {
         Ok(Reply::Value(value))
     }
 
-    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession) {
-        proxy::tunnel(local, session, self.shutdown.child_token()).await;
+    async fn tunnel(&self, local: proxy::LocalSide, session: OpenedSession, open: SessionOpen) {
+        let since = crate::time::unix_ms();
+        let key = self.outgoing.opened(&open.peer, &open.service, since);
+        self.audit.record(AuditEvent::OutgoingOpen {
+            peer: open.peer.clone(),
+            service: open.service.clone(),
+        });
+        let ending = proxy::tunnel(local, session, self.shutdown.child_token()).await;
+        self.outgoing.closed(key);
+        self.audit.record(AuditEvent::OutgoingClose {
+            peer: open.peer,
+            service: open.service,
+            duration_ms: crate::time::unix_ms().saturating_sub(since),
+            ended: if ending.code.is_some() {
+                "failed"
+            } else {
+                "ok"
+            }
+            .to_owned(),
+            reason: ending.code.map(|_| ending.message),
+            code: ending.code,
+        });
     }
 
     fn node_id(&self) -> String {

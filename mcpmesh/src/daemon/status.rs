@@ -1,18 +1,15 @@
 //! What the node can say about itself: its peers (with reachability and round-trip time),
 //! what it serves and to whom, live sessions, recent pairings.
 
-use std::time::Duration;
-
 use mcpmesh_net::PeerIdentity;
-use mcpmesh_net::ping::ping;
 use serde_json::{Value, json};
 
 use super::node::Node;
 
-/// How long a reachability check may take, for all peers together.
-const PING_TIMEOUT: Duration = Duration::from_millis(1500);
-
 impl Node {
+    /// Every peer with what this node knows of it. Reachability comes from what the node's
+    /// checker last found (`checked_at`, unix seconds), so this answers at once even when a
+    /// peer is offline; only a peer never checked yet is waited for, briefly.
     pub(super) async fn peers_list(&self) -> Value {
         // A pairing a crash left pending is settled before it is shown.
         self.confirm_pending().await;
@@ -24,15 +21,9 @@ impl Node {
             .clone();
         let stored = self.store.peers().unwrap_or_default();
         let connected = self.registry.connected_peers();
-        let mut pings = tokio::task::JoinSet::new();
-        for p in table.all() {
-            let (endpoint, id) = (self.endpoint.clone(), p.id);
-            pings.spawn(async move { (id, ping(&endpoint, id, PING_TIMEOUT).await) });
-        }
-        let mut rtts = std::collections::HashMap::new();
-        while let Some(Ok((id, rtt))) = pings.join_next().await {
-            rtts.insert(id, rtt);
-        }
+        let ids: Vec<_> = table.all().iter().map(|p| p.id).collect();
+        self.reach.first_checks(&ids).await;
+        self.reach.refresh();
         let peers: Vec<Value> = table
             .all()
             .iter()
@@ -40,7 +31,7 @@ impl Node {
                 let identity = PeerIdentity::new(p.id, p.name.clone());
                 let hex = p.id.to_string();
                 let record = stored.iter().find(|s| s.id == hex);
-                let rtt = rtts.get(&p.id).copied().flatten();
+                let seen = self.reach.get(&p.id);
                 let mut v = json!({
                     "name": p.name,
                     "id": hex,
@@ -50,10 +41,13 @@ impl Node {
                     "source": if record.is_some() { "paired" } else { "config" },
                     "pending": record.is_some_and(|r| r.pending),
                     "connected": connected.contains(&p.id),
-                    "reachable": rtt.is_some(),
+                    "reachable": seen.is_some_and(|s| s.reachable),
                 });
-                if let Some(rtt) = rtt {
-                    v["rtt_ms"] = json!((rtt.as_secs_f64() * 1e4).round() / 10.0);
+                if let Some(seen) = seen {
+                    v["checked_at"] = json!(seen.checked_at_ms / 1000);
+                    if let Some(rtt) = seen.rtt.filter(|_| seen.reachable) {
+                        v["rtt_ms"] = json!((rtt.as_secs_f64() * 1e4).round() / 10.0);
+                    }
                 }
                 v
             })
@@ -92,6 +86,12 @@ impl Node {
             .iter()
             .map(|s| json!({ "peer": s.peer_name, "service": s.service, "since": s.since / 1000 }))
             .collect();
+        let outgoing: Vec<Value> = self
+            .outgoing
+            .list()
+            .iter()
+            .map(|s| json!({ "peer": s.peer, "service": s.service, "since": s.since / 1000 }))
+            .collect();
         let invites = self.store.invites().unwrap_or_default().len();
         json!({
             "id": self.endpoint.id().to_string(),
@@ -101,6 +101,7 @@ impl Node {
             "peers": peers,
             "pairings": pairings,
             "sessions": live,
+            "outgoing": outgoing,
             "invites_live": invites,
         })
     }
