@@ -630,3 +630,54 @@ async fn an_unreachable_peer_answers_32055_and_then_eof() {
     band_error(&answer, -32055);
     s.wait_eof().await;
 }
+
+/// Asks the stub for an 8 MiB answer written 64 KiB every 100 ms (about 13 s in all) and
+/// returns once its head reached the client.
+async fn start_slow_long_answer(s: &mut McpSession, id: u64) {
+    s.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": { "name": "trickle", "arguments": { "bytes": 8 << 20, "ms": 100 } } }))
+        .await;
+    let head = s.recv_long_head().await;
+    assert!(
+        head.starts_with(b"{\"jsonrpc\""),
+        "{}",
+        String::from_utf8_lossy(&head[..64])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoke_during_a_long_slow_answer_ends_the_session_and_its_child() {
+    let m = marker("revokelong");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    start_slow_long_answer(&mut s, 9).await;
+    alice.json(&["revoke", "bob", "svc"]);
+    // The answer halfway through is ended where it was, then its request is answered.
+    let rest = s.recv_long_rest().await;
+    assert!(rest < 8 << 20, "the whole answer came ({rest} bytes)");
+    let answer = s.recv().await.expect("the pending call is answered");
+    band_error(&answer, -32052);
+    assert_eq!(answer["id"], 9);
+    s.wait_eof().await;
+    assert_child_ends(pid, &m).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_stdin_halfway_through_a_long_slow_answer_ends_the_child_and_the_session() {
+    let m = marker("stdinlong");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    start_slow_long_answer(&mut s, 9).await;
+    s.close_stdin();
+    let rest = s.recv_long_rest().await;
+    assert!(rest < 8 << 20, "the whole answer came ({rest} bytes)");
+    let answer = s.recv().await.expect("the pending call is answered");
+    band_error(&answer, -32055);
+    assert_eq!(answer["id"], 9);
+    s.wait_eof().await;
+    assert_child_ends(pid, &m).await;
+}
