@@ -234,6 +234,26 @@ pub fn close_reason_code(reason: Option<&ConnectionError>) -> ErrorCode {
     }
 }
 
+/// How long a pooled connection gets to show that its peer is still there.
+const LIVENESS_WAIT: Duration = Duration::from_millis(1500);
+
+/// Whether anything arrives on `connection` (past the `heard` datagrams counted before a write
+/// that asks for an acknowledgement) within [`LIVENESS_WAIT`]. A live peer acknowledges within a
+/// round trip and the acknowledgement delay, and sends keep-alives every second anyway.
+async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + LIVENESS_WAIT;
+    loop {
+        if connection.stats().udp_rx.datagrams > heard {
+            return true;
+        }
+        if connection.close_reason().is_some() || tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // The transport offers no event for an acknowledgement: look again shortly.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Opens sessions to peers by key, over one pooled connection per peer.
 #[derive(Debug)]
 pub struct Dialer {
@@ -328,7 +348,7 @@ impl Dialer {
             // A pooled connection may have died since it was last used: one fresh dial is part
             // of opening, never of a session already running.
             for fresh in [false, true] {
-                let (connection, sessions) = self.connection(peer, fresh).await?;
+                let (connection, sessions, pooled) = self.connection(peer, fresh).await?;
                 sessions.fetch_add(1, Ordering::AcqRel);
                 let lease = Lease {
                     sessions,
@@ -343,11 +363,20 @@ impl Dialer {
                     }
                     continue;
                 };
+                let heard = connection.stats().udp_rx.datagrams;
                 if send
                     .write_all(&Preamble::new(service).to_line())
                     .await
                     .is_err()
                 {
+                    continue;
+                }
+                // A pooled connection may lead to a peer that is gone (killed, restarted) without
+                // this side having noticed yet: it must answer the preamble (its acknowledgement
+                // is enough) before a session is trusted to it.
+                if pooled && !hears_from_peer(&connection, heard).await {
+                    tracing::debug!(peer = %peer.fmt_short(), "the pooled connection is dead; dialing afresh");
+                    connection.close(VarInt::from_u32(0), b"no answer");
                     continue;
                 }
                 return Ok(OpenedSession {
@@ -366,11 +395,13 @@ impl Dialer {
             .map_err(|_| DialError::Timeout(self.timeout))?
     }
 
+    /// The connection to `peer` (`fresh`: a new one), its session count, and whether it was
+    /// taken from the pool rather than dialed now.
     async fn connection(
         &self,
         peer: EndpointId,
         fresh: bool,
-    ) -> Result<(Connection, Arc<AtomicUsize>), DialError> {
+    ) -> Result<(Connection, Arc<AtomicUsize>, bool), DialError> {
         let slot = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.entry(peer).or_default().clone()
@@ -381,7 +412,7 @@ impl Dialer {
             .as_ref()
             .filter(|p| !fresh && p.connection.close_reason().is_none())
         {
-            return Ok((p.connection.clone(), p.sessions.clone()));
+            return Ok((p.connection.clone(), p.sessions.clone(), true));
         }
         let conn = self
             .endpoint
@@ -394,7 +425,7 @@ impl Dialer {
             connection: conn.clone(),
             sessions: sessions.clone(),
         });
-        Ok((conn, sessions))
+        Ok((conn, sessions, false))
     }
 
     /// Drops the pooled connection to `peer` (after the peer was removed or severed).
