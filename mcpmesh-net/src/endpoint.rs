@@ -35,7 +35,7 @@ pub enum EndpointError {
 }
 
 /// Sessions one peer may have open on one connection at once.
-const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// A live connection hears from its peer at least this often, so that silence means loss.
 const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
 /// A connection (or path) silent this long is gone: with keep-alives every second, a peer that

@@ -209,12 +209,15 @@ pub enum DialError {
     Refused,
     #[error("no session could be opened within {0:?}")]
     Timeout(Duration),
+    #[error("too many sessions: {0}")]
+    Busy(String),
 }
 
 impl DialError {
     pub fn error_code(&self) -> ErrorCode {
         match self {
             DialError::Refused => ErrorCode::UnknownService,
+            DialError::Busy(_) => ErrorCode::Busy,
             _ => ErrorCode::Unreachable,
         }
     }
@@ -280,12 +283,24 @@ pub struct OpenedSession {
 #[derive(Debug)]
 pub struct Lease {
     sessions: Arc<AtomicUsize>,
+    /// Sessions per service on this connection, this one's among them.
+    services: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    service: String,
     connection: Connection,
     idle_close: Duration,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        {
+            let mut services = self.services.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = services.get_mut(&self.service) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    services.remove(&self.service);
+                }
+            }
+        }
         if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
@@ -310,6 +325,42 @@ impl Drop for Lease {
 struct Pooled {
     connection: Connection,
     sessions: Arc<AtomicUsize>,
+    services: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+/// What a connection's sessions are counted in: all of them, and per service.
+type Counts = (
+    Arc<AtomicUsize>,
+    Arc<std::sync::Mutex<HashMap<String, usize>>>,
+);
+
+/// Sessions one connection carries at once: the streams every node allows its peer.
+const MAX_SESSIONS: usize = crate::endpoint::MAX_STREAMS_PER_CONNECTION as usize;
+/// Sessions one service may have on one connection, so that the others always find room.
+const MAX_SESSIONS_PER_SERVICE: usize = MAX_SESSIONS * 3 / 4;
+/// How long opening a stream may wait for the peer to allow one more.
+const STREAM_WAIT: Duration = Duration::from_secs(2);
+
+/// Counts a session of `service` in `counts`, unless the connection or the service's share of it
+/// is full.
+fn claim(counts: &Counts, service: &str) -> Result<(), DialError> {
+    let mut services = counts.1.lock().unwrap_or_else(|p| p.into_inner());
+    let of_service = services.get(service).copied().unwrap_or(0);
+    if of_service >= MAX_SESSIONS_PER_SERVICE {
+        return Err(DialError::Busy(format!(
+            "{of_service} sessions to {service} are open with this peer, the most one service may \
+             have; close one and try again"
+        )));
+    }
+    if counts.0.load(Ordering::Acquire) >= MAX_SESSIONS {
+        return Err(DialError::Busy(format!(
+            "{MAX_SESSIONS} sessions are open with this peer, the most one connection carries; \
+             close one and try again"
+        )));
+    }
+    *services.entry(service.to_owned()).or_default() += 1;
+    counts.0.fetch_add(1, Ordering::AcqRel);
+    Ok(())
 }
 
 impl Dialer {
@@ -348,14 +399,23 @@ impl Dialer {
             // A pooled connection may have died since it was last used: one fresh dial is part
             // of opening, never of a session already running.
             for fresh in [false, true] {
-                let (connection, sessions, pooled) = self.connection(peer, fresh).await?;
-                sessions.fetch_add(1, Ordering::AcqRel);
+                let (connection, counts, pooled) = self.connection(peer, fresh).await?;
+                claim(&counts, service)?;
                 let lease = Lease {
-                    sessions,
+                    sessions: counts.0,
+                    services: counts.1,
+                    service: service.to_owned(),
                     connection: connection.clone(),
                     idle_close: self.idle_close,
                 };
-                let Ok((mut send, recv)) = connection.open_bi().await else {
+                let opened = tokio::time::timeout(STREAM_WAIT, connection.open_bi()).await;
+                let Ok(opened) = opened else {
+                    return Err(DialError::Busy(
+                        "the peer allows no more sessions on this connection now; try again shortly"
+                            .into(),
+                    ));
+                };
+                let Ok((mut send, recv)) = opened else {
                     if close_reason_code(connection.close_reason().as_ref())
                         == ErrorCode::UnknownService
                     {
@@ -401,7 +461,7 @@ impl Dialer {
         &self,
         peer: EndpointId,
         fresh: bool,
-    ) -> Result<(Connection, Arc<AtomicUsize>, bool), DialError> {
+    ) -> Result<(Connection, Counts, bool), DialError> {
         let slot = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.entry(peer).or_default().clone()
@@ -412,7 +472,8 @@ impl Dialer {
             .as_ref()
             .filter(|p| !fresh && p.connection.close_reason().is_none())
         {
-            return Ok((p.connection.clone(), p.sessions.clone(), true));
+            let counts = (p.sessions.clone(), p.services.clone());
+            return Ok((p.connection.clone(), counts, true));
         }
         let conn = self
             .endpoint
@@ -420,12 +481,13 @@ impl Dialer {
             .await
             .map_err(|e| DialError::Unreachable(e.to_string()))?;
         self.registry.register(&conn);
-        let sessions = Arc::new(AtomicUsize::new(0));
+        let counts: Counts = Default::default();
         *slot = Some(Pooled {
             connection: conn.clone(),
-            sessions: sessions.clone(),
+            sessions: counts.0.clone(),
+            services: counts.1.clone(),
         });
-        Ok((conn, sessions, false))
+        Ok((conn, counts, false))
     }
 
     /// Drops the pooled connection to `peer` (after the peer was removed or severed).
