@@ -248,3 +248,63 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
     );
     s.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thousands_of_refused_sessions_leave_the_dialing_node_flat() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Alice does not trust bob: each session's connection is refused before any MCP byte.
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    bob.trust(&alice);
+    let socket = bob.home().join("mcpmesh.sock");
+    // One refused session: opened and closed at once, or refused at the opening.
+    let refused = |socket: std::path::PathBuf| async move {
+        let mut conn = tokio::net::UnixStream::connect(socket).await.unwrap();
+        conn.write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"hello\",\"params\":{\"api\":1}}\n\
+              {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session.open\",\"params\":{\"peer\":\"alice\",\"service\":\"svc\"}}\n",
+        )
+        .await
+        .unwrap();
+        conn.shutdown().await.unwrap();
+        let mut all = Vec::new();
+        let ended = tokio::time::timeout(ANSWER_TIMEOUT, conn.read_to_end(&mut all)).await;
+        let text = String::from_utf8_lossy(&all).into_owned();
+        assert!(
+            ended.is_ok(),
+            "the refused session did not end in time: {text}"
+        );
+        // Refused at the opening, or (the refusal can come after the stream went out) opened
+        // and ended before any MCP byte.
+        assert!(
+            text.contains("-32054") || text.contains("\"opened\":true"),
+            "{text}"
+        );
+    };
+    let round = |n: usize| {
+        let socket = socket.clone();
+        async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..n {
+                tasks.spawn(refused(socket.clone()));
+                if i % 16 == 15 {
+                    while tasks.join_next().await.is_some() {}
+                }
+            }
+            while let Some(r) = tasks.join_next().await {
+                r.unwrap();
+            }
+        }
+    };
+    // Warm up (allocator arenas, the pooled connection), then measure.
+    round(500).await;
+    let before = rss_kib(&bob);
+    round(3000).await;
+    let after = rss_kib(&bob);
+    eprintln!("3,000 refused sessions: dialing node RSS {before} KiB before, {after} KiB after");
+    let grown = after.saturating_sub(before);
+    assert!(
+        grown < 8 * 1024,
+        "the dialing node grew by {grown} KiB over 3,000 refused sessions"
+    );
+}

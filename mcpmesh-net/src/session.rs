@@ -301,7 +301,11 @@ impl Drop for Lease {
                 }
             }
         }
-        if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1 {
+        // A connection already closed (a peer that refused this node closes each one) needs no
+        // idle timer, and a timer must not keep a closed connection's state alive either.
+        if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1
+            || self.connection.close_reason().is_some()
+        {
             return;
         }
         let (sessions, conn, idle) = (
@@ -311,9 +315,13 @@ impl Drop for Lease {
         );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                tokio::time::sleep(idle).await;
-                if sessions.load(Ordering::Acquire) == 0 {
-                    conn.close(VarInt::from_u32(0), b"idle");
+                tokio::select! {
+                    () = tokio::time::sleep(idle) => {
+                        if sessions.load(Ordering::Acquire) == 0 {
+                            conn.close(VarInt::from_u32(0), b"idle");
+                        }
+                    }
+                    _ = conn.closed() => {}
                 }
             });
         }
