@@ -203,11 +203,8 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
     s.initialize().await;
     let who = s.call("whoami", json!({})).await;
     let child = who["result"]["structuredContent"]["pid"].as_u64().unwrap() as u32;
-    s.send(
-        &json!({ "jsonrpc": "2.0", "id": "pending", "method": "tools/call",
-                    "params": { "name": "sleep", "arguments": { "ms": 60_000 } } }),
-    )
-    .await;
+    // The server has the call (it said so) and sleeps on it, reading nothing.
+    s.start_long_call(json!("pending"), 60_000).await;
     let daemon = alice.daemon_pid();
     let killed = std::time::Instant::now();
     alice.signal(rustix::process::Signal::KILL);
