@@ -1,7 +1,8 @@
 //! `mcpmesh __exec --parent PID -- CMD…`: how the node starts a session's server so that the
 //! server dies with the node. It asks the kernel for SIGKILL when its parent dies, checks that
 //! its parent is still the node (which may have died before the request took hold), and then
-//! becomes CMD; the request outlives the exec.
+//! becomes CMD; the request outlives the exec. (The kernel watches the thread that spawned the
+//! shim: the node spawns from its one runtime thread, which lives as long as the node.)
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
