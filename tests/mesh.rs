@@ -849,3 +849,159 @@ async fn an_offline_peer_is_answered_from_what_the_node_knows_and_shows_again_wh
         "echo-stub"
     );
 }
+
+/// Asks the stub for an 8 MiB answer written 64 KiB every 100 ms (about 13 s in all) and
+/// returns once its head reached the client.
+async fn start_slow_long_answer(s: &mut McpSession, id: u64) {
+    s.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": { "name": "trickle", "arguments": { "bytes": 8 << 20, "ms": 100 } } }))
+        .await;
+    let head = s.recv_long_head().await;
+    assert!(
+        head.starts_with(b"{\"jsonrpc\""),
+        "{}",
+        String::from_utf8_lossy(&head[..64])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoke_during_a_long_slow_answer_ends_the_session_and_its_child() {
+    let m = marker("revokelong");
+    let (alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    start_slow_long_answer(&mut s, 9).await;
+    alice.json(&["revoke", "bob", "svc"]);
+    // The answer halfway through is ended where it was, then its request is answered.
+    let rest = s.recv_long_rest().await;
+    assert!(rest < 8 << 20, "the whole answer came ({rest} bytes)");
+    let answer = s.recv().await.expect("the pending call is answered");
+    band_error(&answer, -32052);
+    assert_eq!(answer["id"], 9);
+    s.wait_eof().await;
+    assert_child_ends(pid, &m).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn closing_stdin_halfway_through_a_long_slow_answer_ends_the_child_and_the_session() {
+    let m = marker("stdinlong");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    start_slow_long_answer(&mut s, 9).await;
+    s.close_stdin();
+    let rest = s.recv_long_rest().await;
+    assert!(rest < 8 << 20, "the whole answer came ({rest} bytes)");
+    let answer = s.recv().await.expect("the pending call is answered");
+    band_error(&answer, -32055);
+    assert_eq!(answer["id"], 9);
+    s.wait_eof().await;
+    assert_child_ends(pid, &m).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_service_filling_the_connection_is_refused_32053_and_another_service_still_opens() {
+    let (alice, bob) = two_nodes();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("server.sock");
+    let mut cmd = tokio::process::Command::new(STUB);
+    cmd.arg("--socket").arg(&sock);
+    let (_server, _) = Started::until(&mut cmd, "listening").await;
+    let sock = sock.to_str().unwrap();
+    alice.serve(
+        "bulk",
+        &["bob"],
+        &["--max-sessions", "2000", "--socket", sock],
+    );
+    alice.serve("other", &["bob"], &["--socket", sock]);
+
+    // Sessions to one service, 32 at a time, until one is refused (or past what one
+    // connection can carry at all).
+    let (mut open, mut refusal) = (Vec::new(), None);
+    'filling: while open.len() < 1100 {
+        let mut batch = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            let bob_home = bob.home().to_owned();
+            batch.spawn(async move {
+                let started = std::time::Instant::now();
+                let node = NodeRef(bob_home);
+                let (answer, conn) = node.open("alice", "bulk").await;
+                (answer, conn, started.elapsed())
+            });
+        }
+        let mut refused = None;
+        while let Some(done) = batch.join_next().await {
+            let (answer, conn, took) = done.unwrap();
+            if answer["result"]["opened"] == true {
+                open.push(conn);
+            } else {
+                refused.get_or_insert((answer, took));
+            }
+        }
+        if refused.is_some() {
+            refusal = refused;
+            break 'filling;
+        }
+    }
+    let (answer, took) = refusal.expect("a session was refused");
+    eprintln!(
+        "{} sessions to one service open; the next refused in {took:?}: {answer}",
+        open.len()
+    );
+    assert_eq!(answer["error"]["code"], -32053, "{answer}");
+    assert!(
+        open.len() < mcpmesh_net::endpoint::MAX_STREAMS_PER_CONNECTION as usize,
+        "{} sessions to one service",
+        open.len()
+    );
+    // Another service between the same two nodes still opens, and answers.
+    let (answer, mut conn) = NodeRef(bob.home().to_owned()).open("alice", "other").await;
+    assert_eq!(answer["result"]["opened"], true, "{answer}");
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    conn.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}\n")
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        tokio::io::BufReader::new(&mut conn).read_line(&mut line),
+    )
+    .await
+    .expect("the other service answers in time")
+    .unwrap();
+    let pong: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(pong["id"], 2, "{pong}");
+}
+
+/// A node by its profile folder, for tasks that cannot borrow the [`TestNode`].
+struct NodeRef(std::path::PathBuf);
+
+impl NodeRef {
+    /// Opens a session to `service` on `peer` through the node's control socket; the
+    /// connection carries the session once the answer says `opened`.
+    async fn open(&self, peer: &str, service: &str) -> (Value, tokio::net::UnixStream) {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::UnixStream::connect(self.0.join("mcpmesh.sock"))
+            .await
+            .unwrap();
+        let hello = json!({ "jsonrpc": "2.0", "id": 0, "method": "hello", "params": { "api": 1 } });
+        let open = json!({ "jsonrpc": "2.0", "id": 1, "method": "session.open",
+                           "params": { "peer": peer, "service": service } });
+        conn.write_all(format!("{hello}\n{open}\n").as_bytes())
+            .await
+            .unwrap();
+        // Read the answers a byte at a time: what follows them belongs to the session.
+        let mut reader = tokio::io::BufReader::with_capacity(1, &mut conn);
+        let mut line = Vec::new();
+        for _ in 0..2 {
+            line.clear();
+            tokio::time::timeout(ANSWER_TIMEOUT, reader.read_until(b'\n', &mut line))
+                .await
+                .expect("session.open answered in time")
+                .unwrap();
+        }
+        (serde_json::from_slice(&line).unwrap(), conn)
+    }
+}

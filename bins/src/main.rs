@@ -6,6 +6,7 @@
 mod args;
 mod cli;
 mod doctor;
+mod exec_shim;
 mod mount;
 mod output;
 mod render;
@@ -14,5 +15,9 @@ mod stub_server;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|verb| verb == exec_shim::VERB) {
+        return exec_shim::run(&args[1..]);
+    }
     cli::main()
 }

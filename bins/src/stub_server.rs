@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 /// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
 /// identity env the node set, the request's `_meta["mcpmesh/peer"]`, and the server's pid),
 /// `blob` (a text of `bytes` bytes). With `test_tools`, also `crash` (exits mid-call), `size`
-/// (the length of `text`) and `sleep` (answers after `ms`).
+/// (the length of `text`), `sleep` (answers after `ms`) and `trickle` (a long text, slowly).
 pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
     // Says hello on stderr, where a node sends it to its log (never into the MCP stream).
     eprintln!("{name}: ready (pid {})", std::process::id());
@@ -99,6 +99,17 @@ fn serve(
             out.write_all(b"\n")?;
             out.flush()?;
         }
+        if test_tools
+            && method == "tools/call"
+            && params.get("name").and_then(Value::as_str) == Some("trickle")
+        {
+            trickle(
+                &mut out,
+                id,
+                params.get("arguments").unwrap_or(&Value::Null),
+            )?;
+            continue;
+        }
         let result = match method {
             "initialize" => Ok(json!({
                 "protocolVersion": params.get("protocolVersion").cloned().unwrap_or(json!("2025-06-18")),
@@ -128,6 +139,8 @@ fn tool_list(test_tools: bool) -> Vec<Value> {
                            "inputSchema": { "type": "object", "properties": { "text": { "type": "string" } } } }));
         tools.push(json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
                            "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }));
+        tools.push(json!({ "name": "trickle", "description": "Returns a text of `bytes` bytes, 64 KiB every `ms` milliseconds.",
+                           "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" }, "ms": { "type": "integer" } } } }));
         tools.push(json!({ "name": "ask", "description": "Asks the client for its roots (id \"ask-1\"), then answers.",
                            "inputSchema": { "type": "object" } }));
     }
@@ -186,6 +199,32 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
         "ask" if test_tools => Ok(text_result("asked".to_owned())),
         other => Err((-32602, format!("unknown tool: {other}"))),
     }
+}
+
+/// Answers with a text of `bytes` bytes written 64 KiB at a time, `ms` apart: a long answer
+/// produced slowly, still on its way while the test does something else.
+fn trickle(out: &mut impl Write, id: &Value, args: &Value) -> std::io::Result<()> {
+    let arg = |name: &str, most: u64| {
+        args.get(name)
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(most)
+    };
+    let (mut left, ms) = (arg("bytes", 64 << 20) as usize, arg("ms", 1_000));
+    write!(
+        out,
+        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":""#
+    )?;
+    let chunk = vec![b'x'; 64 * 1024];
+    while left > 0 {
+        let n = left.min(chunk.len());
+        out.write_all(&chunk[..n])?;
+        out.flush()?;
+        left -= n;
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    out.write_all(b"\"}]}}\n")?;
+    out.flush()
 }
 
 fn respond(

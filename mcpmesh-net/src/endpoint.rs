@@ -35,10 +35,13 @@ pub enum EndpointError {
 }
 
 /// Sessions one peer may have open on one connection at once.
-const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
-/// A connection silent this long is gone (iroh keeps live ones busy with 5 s keep-alives), so a
-/// peer that vanished mid-call is noticed in seconds rather than after QUIC's usual 30.
-const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12);
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// A live connection hears from its peer at least this often, so that silence means loss.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+/// A connection (or path) silent this long is gone: with keep-alives every second, a peer that
+/// vanished mid-call (killed, unplugged) is noticed in about four seconds rather than after
+/// QUIC's usual 30, and three lost keep-alives in a row are still forgiven.
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Binds an endpoint with `secret` as its identity. `book` is the address source for dialing
 /// by key (filled from persisted address hints); it is consulted in every mode.
@@ -63,6 +66,9 @@ pub async fn bind_on_port(
     let transport = QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into())
         .max_idle_timeout(IDLE_TIMEOUT.try_into().ok())
+        .keep_alive_interval(KEEP_ALIVE)
+        .default_path_keep_alive_interval(KEEP_ALIVE)
+        .default_path_max_idle_timeout(IDLE_TIMEOUT)
         .build();
     let mut builder = match &config.relay {
         RelayPolicy::Default => Endpoint::builder(presets::N0),

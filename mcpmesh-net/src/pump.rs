@@ -6,7 +6,12 @@
 //! lets the node refuse single lines (limits) without touching the ones it passes, and so
 //! holds each line whole; the plain one passes a long line on as it arrives (cut-through), so
 //! an 8 MiB answer is never held whole by a node and every hop works on it at once.
+//!
+//! A plain pump holds its writer's lock across a long line, so that nothing lands in its
+//! middle; whoever else writes there ends the pump first with its `stop` future, which makes it
+//! end a half-written line with a newline and let go.
 
+use std::future::Future;
 use std::io;
 
 use bytes::Bytes;
@@ -117,6 +122,9 @@ pub enum LongLines {
 
 /// Forwards every line from `reader` to `dest` until EOF (`Ok`) or a failure.
 ///
+/// When `stop` resolves the pump ends (`Ok`): a long line it was passing on is ended there with
+/// a newline, so that what the caller writes next starts a line of its own.
+///
 /// `observe` sees each run before it is written, and a long line passed on in parts before its
 /// last part is written, or once it was cut off (its length, no skeleton); it may record, never
 /// alter. Oversized lines are answered with
@@ -133,6 +141,7 @@ pub async fn forward<R, W, C>(
     dest: &Mutex<W>,
     client: &Mutex<C>,
     long: LongLines,
+    stop: impl Future<Output = ()>,
     observe: impl FnMut(Seen<'_>),
 ) -> Result<(), PumpError>
 where
@@ -140,7 +149,7 @@ where
     W: AsyncWrite + Unpin,
     C: AsyncWrite + Unpin,
 {
-    forward_observed(reader, dest, client, long, &mut Watch(observe)).await
+    forward_observed(reader, dest, client, long, stop, &mut Watch(observe)).await
 }
 
 /// [`forward`] with an [`Observer`]: when an answer is cut off before its id went by, the
@@ -150,6 +159,7 @@ pub async fn forward_observed<R, W, C>(
     dest: &Mutex<W>,
     client: &Mutex<C>,
     long: LongLines,
+    stop: impl Future<Output = ()>,
     observe: &mut impl Observer,
 ) -> Result<(), PumpError>
 where
@@ -159,10 +169,17 @@ where
 {
     let mut strikes = 0u8;
     let too_large = || ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+    let mut stop = std::pin::pin!(stop);
     loop {
-        let piece = match long {
-            LongLines::PassOn => reader.next_piece().await,
-            LongLines::Whole => reader.next_batch().await.map(|b| b.map(Piece::from)),
+        let piece = async {
+            match long {
+                LongLines::PassOn => reader.next_piece().await,
+                LongLines::Whole => reader.next_batch().await.map(|b| b.map(Piece::from)),
+            }
+        };
+        let piece = tokio::select! {
+            piece = piece => piece,
+            () = &mut stop => return Ok(()),
         };
         match piece.map_err(PumpError::Read)? {
             None => return Ok(()),
@@ -172,22 +189,35 @@ where
             }
             Some(Piece::Oversize) => strike(&mut strikes, client, &too_large()).await?,
             Some(Piece::LongStart(head)) => {
-                if !pass_long_line(reader, dest, head, observe).await? {
-                    count_strike(&mut strikes)?;
+                match pass_long_line(reader, dest, head, &mut stop, observe).await? {
+                    LineEnd::Whole => {}
+                    LineEnd::Cut => count_strike(&mut strikes)?,
+                    LineEnd::Stopped => return Ok(()),
                 }
             }
         }
     }
 }
 
+/// How a long line passed on in parts ended.
+enum LineEnd {
+    /// It arrived whole.
+    Whole,
+    /// It ran past the cap, was cut off and answered on its writer.
+    Cut,
+    /// The pump was stopped halfway and ended the line with a newline.
+    Stopped,
+}
+
 /// Passes one long line on part by part, holding `dest` so that nothing is written into its
-/// middle. `false` when it ran past the cap and was cut off (and answered on `dest`).
+/// middle, until it ends, runs past the cap, or `stop` resolves.
 async fn pass_long_line<R, W>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     head: Bytes,
+    stop: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     observe: &mut impl Observer,
-) -> Result<bool, PumpError>
+) -> Result<LineEnd, PumpError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -198,7 +228,20 @@ where
     skeleton.feed(&head);
     w.write_all(&head).await.map_err(PumpError::Write)?;
     loop {
-        match reader.next_part().await.map_err(PumpError::Read)? {
+        let part = tokio::select! {
+            part = reader.next_part() => part.map_err(PumpError::Read)?,
+            () = stop.as_mut() => {
+                tracing::debug!(len, "a pump was stopped halfway through a long line");
+                observe.seen(Seen::Long {
+                    skeleton: None,
+                    len: len + 1,
+                });
+                w.write_all(b"\n").await.map_err(PumpError::Write)?;
+                w.flush().await.map_err(PumpError::Write)?;
+                return Ok(LineEnd::Stopped);
+            }
+        };
+        match part {
             Part::More(bytes) => {
                 skeleton.feed(&bytes);
                 len += bytes.len();
@@ -214,7 +257,7 @@ where
                 });
                 w.write_all(&bytes).await.map_err(PumpError::Write)?;
                 w.flush().await.map_err(PumpError::Write)?;
-                return Ok(true);
+                return Ok(LineEnd::Whole);
             }
             Part::Cut => {
                 tracing::debug!(len, "a long line ran past the frame cap and was cut off");
@@ -233,7 +276,7 @@ where
                 observe.seen(Seen::Lines(&refusal));
                 w.write_all(&refusal).await.map_err(PumpError::Write)?;
                 w.flush().await.map_err(PumpError::Write)?;
-                return Ok(false);
+                return Ok(LineEnd::Cut);
             }
         }
     }
@@ -412,9 +455,14 @@ mod tests {
         let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
         let mut seen = 0;
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
-            let _ = forward(&mut reader, &dest, &client, LongLines::PassOn, |run| {
-                seen += run.len()
-            })
+            let _ = forward(
+                &mut reader,
+                &dest,
+                &client,
+                LongLines::PassOn,
+                std::future::pending(),
+                |run| seen += run.len(),
+            )
             .await;
         })
         .await
@@ -444,9 +492,14 @@ mod tests {
             let mut reader = FrameReader::new(src_r, crate::transport::MAX_FRAME);
             let (dest, client) = (Mutex::new(dst_w), Mutex::new(tokio::io::sink()));
             let mut seen = Vec::new();
-            let r = forward(&mut reader, &dest, &client, LongLines::PassOn, |s| {
-                s.each_frame(|frame, len| seen.push((frame.to_vec(), len)))
-            })
+            let r = forward(
+                &mut reader,
+                &dest,
+                &client,
+                LongLines::PassOn,
+                std::future::pending(),
+                |s| s.each_frame(|frame, len| seen.push((frame.to_vec(), len))),
+            )
             .await;
             r.map(|()| seen)
         };
@@ -489,6 +542,57 @@ mod tests {
         assert_eq!(seen[0].1, long.len());
     }
 
+    #[tokio::test]
+    async fn a_stopped_pump_ends_its_half_written_line_and_lets_go_of_its_writer() {
+        use crate::transport::PASS_AT;
+        let (mut src_w, src_r) = duplex(1 << 20);
+        let (dst_w, mut dst_r) = duplex(1 << 20);
+        let dest = Mutex::new(dst_w);
+        let stop = tokio_util::sync::CancellationToken::new();
+        // The head of a long line, and the rest never comes: the source stays open.
+        src_w.write_all(&vec![b'x'; 2 * PASS_AT]).await.unwrap();
+        let pump = async {
+            let mut reader = FrameReader::new(src_r, crate::transport::MAX_FRAME);
+            let mut seen = 0;
+            let r = forward(
+                &mut reader,
+                &dest,
+                &dest,
+                LongLines::PassOn,
+                stop.cancelled(),
+                |s| seen += s.len(),
+            )
+            .await;
+            r.map(|()| seen)
+        };
+        let after = async {
+            let mut head = vec![0u8; PASS_AT];
+            dst_r.read_exact(&mut head).await.unwrap();
+            stop.cancel();
+        };
+        let (seen, ()) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            tokio::join!(pump, after)
+        })
+        .await
+        .expect("the stopped pump ended");
+        // Its writer is free again, and what is written now is a line of its own.
+        write_run(&dest, b"{\"id\":1}\n").await.unwrap();
+        drop(dest);
+        let mut out = vec![0u8; PASS_AT];
+        out.extend(read_all(&mut dst_r).await);
+        let lines: Vec<&[u8]> = out.split_inclusive(|b| *b == b'\n').collect();
+        assert_eq!(lines.len(), 2, "the ended line and the next one");
+        assert_eq!(lines[1], b"{\"id\":1}\n");
+        assert_eq!(seen.unwrap(), lines[0].len(), "the newline was seen too");
+        drop(src_w);
+    }
+
+    async fn read_all(r: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
     /// Passes `start`, then three times `max` bytes of `x` (a line run past the cap), then
     /// `rest`, through a cut-through pump watched by `watch`; returns what it wrote.
     async fn cut_off(max: usize, start: &[u8], rest: &[u8], watch: &mut impl Observer) -> Vec<u8> {
@@ -500,9 +604,16 @@ mod tests {
         tokio::spawn(async move { src_w.write_all(&input).await.unwrap() });
         let mut reader = FrameReader::new(src_r, max);
         let dest = Mutex::new(dst_w);
-        forward_observed(&mut reader, &dest, &dest, LongLines::PassOn, watch)
-            .await
-            .unwrap();
+        forward_observed(
+            &mut reader,
+            &dest,
+            &dest,
+            LongLines::PassOn,
+            std::future::pending(),
+            watch,
+        )
+        .await
+        .unwrap();
         drop(dest);
         let mut out = Vec::new();
         dst_r.read_to_end(&mut out).await.unwrap();
@@ -639,7 +750,15 @@ mod tests {
         });
         let mut reader = FrameReader::new(src_r, 10);
         let (dest, client) = (Mutex::new(tokio::io::sink()), Mutex::new(tokio::io::sink()));
-        let r = forward(&mut reader, &dest, &client, LongLines::Whole, |_| {}).await;
+        let r = forward(
+            &mut reader,
+            &dest,
+            &client,
+            LongLines::Whole,
+            std::future::pending(),
+            |_| {},
+        )
+        .await;
         assert!(matches!(r, Err(PumpError::TooManyStrikes)));
     }
 }

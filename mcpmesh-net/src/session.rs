@@ -209,12 +209,15 @@ pub enum DialError {
     Refused,
     #[error("no session could be opened within {0:?}")]
     Timeout(Duration),
+    #[error("too many sessions: {0}")]
+    Busy(String),
 }
 
 impl DialError {
     pub fn error_code(&self) -> ErrorCode {
         match self {
             DialError::Refused => ErrorCode::UnknownService,
+            DialError::Busy(_) => ErrorCode::Busy,
             _ => ErrorCode::Unreachable,
         }
     }
@@ -231,6 +234,26 @@ pub fn close_reason_code(reason: Option<&ConnectionError>) -> ErrorCode {
             }
         }
         _ => ErrorCode::Unreachable,
+    }
+}
+
+/// How long a pooled connection gets to show that its peer is still there.
+const LIVENESS_WAIT: Duration = Duration::from_millis(1500);
+
+/// Whether anything arrives on `connection` (past the `heard` datagrams counted before a write
+/// that asks for an acknowledgement) within [`LIVENESS_WAIT`]. A live peer acknowledges within a
+/// round trip and the acknowledgement delay, and sends keep-alives every second anyway.
+async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
+    let deadline = tokio::time::Instant::now() + LIVENESS_WAIT;
+    loop {
+        if connection.stats().udp_rx.datagrams > heard {
+            return true;
+        }
+        if connection.close_reason().is_some() || tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // The transport offers no event for an acknowledgement: look again shortly.
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -260,13 +283,29 @@ pub struct OpenedSession {
 #[derive(Debug)]
 pub struct Lease {
     sessions: Arc<AtomicUsize>,
+    /// Sessions per service on this connection, this one's among them.
+    services: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    service: String,
     connection: Connection,
     idle_close: Duration,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1 {
+        {
+            let mut services = self.services.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = services.get_mut(&self.service) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    services.remove(&self.service);
+                }
+            }
+        }
+        // A connection already closed (a peer that refused this node closes each one) needs no
+        // idle timer, and a timer must not keep a closed connection's state alive either.
+        if self.sessions.fetch_sub(1, Ordering::AcqRel) != 1
+            || self.connection.close_reason().is_some()
+        {
             return;
         }
         let (sessions, conn, idle) = (
@@ -276,9 +315,13 @@ impl Drop for Lease {
         );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                tokio::time::sleep(idle).await;
-                if sessions.load(Ordering::Acquire) == 0 {
-                    conn.close(VarInt::from_u32(0), b"idle");
+                tokio::select! {
+                    () = tokio::time::sleep(idle) => {
+                        if sessions.load(Ordering::Acquire) == 0 {
+                            conn.close(VarInt::from_u32(0), b"idle");
+                        }
+                    }
+                    _ = conn.closed() => {}
                 }
             });
         }
@@ -290,6 +333,42 @@ impl Drop for Lease {
 struct Pooled {
     connection: Connection,
     sessions: Arc<AtomicUsize>,
+    services: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+/// What a connection's sessions are counted in: all of them, and per service.
+type Counts = (
+    Arc<AtomicUsize>,
+    Arc<std::sync::Mutex<HashMap<String, usize>>>,
+);
+
+/// Sessions one connection carries at once: the streams every node allows its peer.
+const MAX_SESSIONS: usize = crate::endpoint::MAX_STREAMS_PER_CONNECTION as usize;
+/// Sessions one service may have on one connection, so that the others always find room.
+const MAX_SESSIONS_PER_SERVICE: usize = MAX_SESSIONS * 3 / 4;
+/// How long opening a stream may wait for the peer to allow one more.
+const STREAM_WAIT: Duration = Duration::from_secs(2);
+
+/// Counts a session of `service` in `counts`, unless the connection or the service's share of it
+/// is full.
+fn claim(counts: &Counts, service: &str) -> Result<(), DialError> {
+    let mut services = counts.1.lock().unwrap_or_else(|p| p.into_inner());
+    let of_service = services.get(service).copied().unwrap_or(0);
+    if of_service >= MAX_SESSIONS_PER_SERVICE {
+        return Err(DialError::Busy(format!(
+            "{of_service} sessions to {service} are open with this peer, the most one service may \
+             have; close one and try again"
+        )));
+    }
+    if counts.0.load(Ordering::Acquire) >= MAX_SESSIONS {
+        return Err(DialError::Busy(format!(
+            "{MAX_SESSIONS} sessions are open with this peer, the most one connection carries; \
+             close one and try again"
+        )));
+    }
+    *services.entry(service.to_owned()).or_default() += 1;
+    counts.0.fetch_add(1, Ordering::AcqRel);
+    Ok(())
 }
 
 impl Dialer {
@@ -328,14 +407,23 @@ impl Dialer {
             // A pooled connection may have died since it was last used: one fresh dial is part
             // of opening, never of a session already running.
             for fresh in [false, true] {
-                let (connection, sessions) = self.connection(peer, fresh).await?;
-                sessions.fetch_add(1, Ordering::AcqRel);
+                let (connection, counts, pooled) = self.connection(peer, fresh).await?;
+                claim(&counts, service)?;
                 let lease = Lease {
-                    sessions,
+                    sessions: counts.0,
+                    services: counts.1,
+                    service: service.to_owned(),
                     connection: connection.clone(),
                     idle_close: self.idle_close,
                 };
-                let Ok((mut send, recv)) = connection.open_bi().await else {
+                let opened = tokio::time::timeout(STREAM_WAIT, connection.open_bi()).await;
+                let Ok(opened) = opened else {
+                    return Err(DialError::Busy(
+                        "the peer allows no more sessions on this connection now; try again shortly"
+                            .into(),
+                    ));
+                };
+                let Ok((mut send, recv)) = opened else {
                     if close_reason_code(connection.close_reason().as_ref())
                         == ErrorCode::UnknownService
                     {
@@ -343,11 +431,20 @@ impl Dialer {
                     }
                     continue;
                 };
+                let heard = connection.stats().udp_rx.datagrams;
                 if send
                     .write_all(&Preamble::new(service).to_line())
                     .await
                     .is_err()
                 {
+                    continue;
+                }
+                // A pooled connection may lead to a peer that is gone (killed, restarted) without
+                // this side having noticed yet: it must answer the preamble (its acknowledgement
+                // is enough) before a session is trusted to it.
+                if pooled && !hears_from_peer(&connection, heard).await {
+                    tracing::debug!(peer = %peer.fmt_short(), "the pooled connection is dead; dialing afresh");
+                    connection.close(VarInt::from_u32(0), b"no answer");
                     continue;
                 }
                 return Ok(OpenedSession {
@@ -366,11 +463,13 @@ impl Dialer {
             .map_err(|_| DialError::Timeout(self.timeout))?
     }
 
+    /// The connection to `peer` (`fresh`: a new one), its session count, and whether it was
+    /// taken from the pool rather than dialed now.
     async fn connection(
         &self,
         peer: EndpointId,
         fresh: bool,
-    ) -> Result<(Connection, Arc<AtomicUsize>), DialError> {
+    ) -> Result<(Connection, Counts, bool), DialError> {
         let slot = {
             let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.entry(peer).or_default().clone()
@@ -381,7 +480,8 @@ impl Dialer {
             .as_ref()
             .filter(|p| !fresh && p.connection.close_reason().is_none())
         {
-            return Ok((p.connection.clone(), p.sessions.clone()));
+            let counts = (p.sessions.clone(), p.services.clone());
+            return Ok((p.connection.clone(), counts, true));
         }
         let conn = self
             .endpoint
@@ -389,12 +489,13 @@ impl Dialer {
             .await
             .map_err(|e| DialError::Unreachable(e.to_string()))?;
         self.registry.register(&conn);
-        let sessions = Arc::new(AtomicUsize::new(0));
+        let counts: Counts = Default::default();
         *slot = Some(Pooled {
             connection: conn.clone(),
-            sessions: sessions.clone(),
+            sessions: counts.0.clone(),
+            services: counts.1.clone(),
         });
-        Ok((conn, sessions))
+        Ok((conn, counts, false))
     }
 
     /// Drops the pooled connection to `peer` (after the peer was removed or severed).

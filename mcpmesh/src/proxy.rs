@@ -245,22 +245,32 @@ pub async fn tunnel(
 
     // One pump for the server's side for the whole session: when the client's side ends first,
     // the same pump drains what is still coming, so an answer halfway through (a long line
-    // passing in parts) goes on where it was.
-    let server_side = forward(&mut mesh_r, &local_w, &local_w, LongLines::PassOn, |seen| {
-        track(&|o| o.server_sent(seen))
-    });
-    let mut server_side = std::pin::pin!(server_side);
+    // passing in parts) goes on where it was. It holds `local_w` across a long line: it is
+    // stopped (and has ended its line) before anything else is written there.
+    let stop = CancellationToken::new();
+    let mut server_side = Box::pin(forward(
+        &mut mesh_r,
+        &local_w,
+        &local_w,
+        LongLines::PassOn,
+        stop.cancelled(),
+        |seen| track(&|o| o.server_sent(seen)),
+    ));
+    let mut server_done = false;
     let end = tokio::select! {
-        r = forward(&mut local_r, &mesh_w, &local_w, LongLines::Whole, |seen| track(&|o| o.client_sent(seen))) => match r {
+        r = forward(&mut local_r, &mesh_w, &local_w, LongLines::Whole, std::future::pending(), |seen| track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
             Err(PumpError::Read(_)) => End::ClientGone,
             Err(PumpError::Write(_)) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             Err(PumpError::TooManyStrikes) => End::ClientGone,
         },
-        r = &mut server_side => match r {
-            Ok(()) => End::ServerClosed,
-            Err(PumpError::Write(_)) => End::ClientGone,
-            Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
+        r = &mut server_side => {
+            server_done = true;
+            match r {
+                Ok(()) => End::ServerClosed,
+                Err(PumpError::Write(_)) => End::ClientGone,
+                Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
+            }
         },
         _ = shutdown.cancelled() => End::Shutdown,
         _ = gone => End::ClientGone,
@@ -268,6 +278,7 @@ pub async fn tunnel(
 
     let (end, code, message) = match end {
         End::ClientGone => {
+            drop(server_side);
             let _ = mesh_w.lock().await.finish();
             finish_report(reporter, Ending::clean()).await;
             return Ending::clean();
@@ -275,7 +286,9 @@ pub async fn tunnel(
         End::ClientClosed => {
             // The client is done sending but may still read: let answers in flight arrive.
             let _ = mesh_w.lock().await.finish();
-            let end = match tokio::time::timeout(DRAIN, &mut server_side).await {
+            let drained = tokio::time::timeout(DRAIN, &mut server_side).await;
+            server_done = drained.is_ok();
+            let end = match drained {
                 Ok(Ok(())) => End::ServerClosed,
                 _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             };
@@ -287,12 +300,19 @@ pub async fn tunnel(
             (other, code, message)
         }
     };
+    let mut line_ended = true;
+    if !server_done {
+        stop.cancel();
+        // A pump that cannot even end its line (the client reads nothing) is dropped.
+        line_ended = tokio::time::timeout(DRAIN, &mut server_side).await.is_ok();
+    }
+    drop(server_side);
     let (answers, requests_seen) = {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
         (o.answer_all(code, message), o.requests_seen)
     };
-    if !answers.is_empty() {
-        let _ = write_run(&local_w, &answers).await;
+    if !answers.is_empty() && line_ended {
+        let _ = tokio::time::timeout(DRAIN, write_run(&local_w, &answers)).await;
     }
     let _ = mesh_w.lock().await.finish();
     // Ending with nothing unanswered is ordinary unless the peer or the node went away.

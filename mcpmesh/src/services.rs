@@ -14,7 +14,7 @@ use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::socket::SocketBackend;
-use crate::backends::spawn::{SpawnBackend, SpawnOptions};
+use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
@@ -97,6 +97,8 @@ pub struct ServiceHost {
     sessions: TaskTracker,
     live: std::sync::Mutex<HashMap<u64, LiveSession>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Starts the servers of `run` services, so that they die with the node.
+    launcher: Option<Launcher>,
 }
 
 /// A session being served.
@@ -135,7 +137,14 @@ impl ServiceHost {
             sessions: TaskTracker::new(),
             live: Default::default(),
             next_id: Default::default(),
+            launcher: None,
         }
+    }
+
+    /// Starts the servers of `run` services through `launcher`.
+    pub fn with_launcher(mut self, launcher: Option<Launcher>) -> Self {
+        self.launcher = launcher;
+        self
     }
 
     /// Sessions currently running.
@@ -233,6 +242,7 @@ impl SessionHandler for ServiceHost {
                         env: entry.spec.env.clone(),
                         cwd: entry.spec.cwd.clone(),
                         session,
+                        launcher: self.launcher.clone(),
                     };
                     backend
                         .run_session(Some(peer.clone()), None, transport, &options)

@@ -306,6 +306,36 @@ impl McpSession {
         }
     }
 
+    /// Reads the head of a long line (the first part a node passed on), or fails the test.
+    pub async fn recv_long_head(&mut self) -> Vec<u8> {
+        use mcpmesh_net::transport::Piece;
+        let first = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_piece())
+            .await
+            .expect("an answer in time")
+            .expect("a readable line");
+        let Some(Piece::LongStart(head)) = first else {
+            panic!("not the start of a long line: {first:?}")
+        };
+        head.to_vec()
+    }
+
+    /// Reads the rest of a long line whose head was read, up to its newline; its length.
+    pub async fn recv_long_rest(&mut self) -> usize {
+        use mcpmesh_net::transport::Part;
+        let mut len = 0;
+        loop {
+            let part = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_part())
+                .await
+                .expect("the rest in time")
+                .expect("a readable line");
+            match part {
+                Part::More(bytes) => len += bytes.len(),
+                Part::Last(bytes) => return len + bytes.len(),
+                Part::Cut => panic!("the line ran past the cap"),
+            }
+        }
+    }
+
     pub async fn wait_eof(&mut self) {
         while self.recv_raw().await.is_some() {}
     }

@@ -287,52 +287,63 @@ impl Host<'_> {
             }
         }
         let mut patience = GRACE;
-        {
-            // One pump for the server's side for the whole session: when the client's side
-            // ends first, the same pump drains what the server still sends, so an answer
-            // halfway through (a long line passing in parts) goes on where it was.
-            let mut server_account = ServerSent {
-                ledger: &ledger,
-                bytes_out: &mut bytes_out,
-            };
-            let server_side = forward_observed(
-                &mut server_r,
-                &mesh_w,
-                &mesh_w,
-                LongLines::PassOn,
-                &mut server_account,
-            );
-            let mut server_side = std::pin::pin!(server_side);
-            if matches!(end, End::ClientClosed) {
-                end = tokio::select! {
-                    r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
-                        Ok(()) => End::ClientClosed,
-                        Err(e) => End::Failed(e.to_string()),
-                    },
-                    r = &mut server_side => match r {
+        // One pump for the server's side for the whole session: when the client's side ends
+        // first, the same pump drains what the server still sends, so an answer halfway
+        // through (a long line passing in parts) goes on where it was. It holds `mesh_w`
+        // across a long line: it is stopped (and has ended its line) before anything else is
+        // written there.
+        let stop = CancellationToken::new();
+        let mut server_account = ServerSent {
+            ledger: &ledger,
+            bytes_out: &mut bytes_out,
+        };
+        let mut server_side = Box::pin(forward_observed(
+            &mut server_r,
+            &mesh_w,
+            &mesh_w,
+            LongLines::PassOn,
+            stop.cancelled(),
+            &mut server_account,
+        ));
+        let mut server_done = false;
+        if matches!(end, End::ClientClosed) {
+            end = tokio::select! {
+                r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
+                    Ok(()) => End::ClientClosed,
+                    Err(e) => End::Failed(e.to_string()),
+                },
+                r = &mut server_side => {
+                    server_done = true;
+                    match r {
                         Ok(()) => End::ServerClosed,
                         Err(e) => End::Failed(e.to_string()),
-                    },
-                    _ = options.shutdown.cancelled() => End::Shutdown,
-                    _ = options.sever.cancelled() => End::Severed,
-                };
+                    }
+                },
+                _ = options.shutdown.cancelled() => End::Shutdown,
+                _ = options.sever.cancelled() => End::Severed,
+            };
+        }
+        // The server's input ends: EOF on a child's stdin, a half-close on a socket.
+        let _ = server_w.into_inner().shutdown().await;
+        if !server_done && matches!(end, End::ClientClosed) {
+            // The client is done sending, perhaps not reading: answers the server still
+            // writes as it sees its input end reach the client, for a short while.
+            server_done = tokio::time::timeout(GRACE, &mut server_side).await.is_ok();
+            if !server_done {
+                patience = Duration::ZERO; // it had its grace while draining
             }
-
-            if matches!(end, End::Severed) {
-                let answers = account()
-                    .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
-                if !answers.is_empty() {
-                    let _ = write_run(&mesh_w, &answers).await;
-                }
-            }
-            // The server's input ends: EOF on a child's stdin, a half-close on a socket.
-            let _ = server_w.into_inner().shutdown().await;
-            if matches!(end, End::ClientClosed) {
-                // The client is done sending, perhaps not reading: answers the server still
-                // writes as it sees its input end reach the client, for a short while.
-                if tokio::time::timeout(GRACE, &mut server_side).await.is_err() {
-                    patience = Duration::ZERO; // it had its grace while draining
-                }
+        }
+        if !server_done {
+            stop.cancel();
+            // A pump that cannot even end its line (the client reads nothing) is dropped.
+            server_done = tokio::time::timeout(GRACE, &mut server_side).await.is_ok();
+        }
+        drop(server_side);
+        if matches!(end, End::Severed) && server_done {
+            let answers = account()
+                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
+            if !answers.is_empty() {
+                let _ = tokio::time::timeout(GRACE, write_run(&mesh_w, &answers)).await;
             }
         }
         // Client-visible end first, so the caller is never kept waiting on the server.

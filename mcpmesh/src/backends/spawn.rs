@@ -44,6 +44,17 @@ pub struct SpawnOptions {
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
     pub session: SessionOptions,
+    /// Starts the child through this program, when set; else the command is run directly.
+    pub launcher: Option<Launcher>,
+}
+
+/// A program that starts a server for the node, run as `PROGRAM ARGS… -- CMD…`: it ties the
+/// server's life to the node's (the kernel kills it when the node dies, even by SIGKILL, which
+/// no teardown of the node's own can see) and then becomes CMD, same pid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launcher {
+    pub program: PathBuf,
+    pub args: Vec<String>,
 }
 
 impl SpawnBackend {
@@ -128,7 +139,14 @@ impl SpawnBackend {
         options: &SpawnOptions,
     ) -> Result<Child, BackendError> {
         let (program, args) = self.cmd.split_first().ok_or(BackendError::NoCommand)?;
-        let mut cmd = Command::new(program);
+        let mut cmd = match &options.launcher {
+            Some(launcher) => {
+                let mut cmd = Command::new(&launcher.program);
+                cmd.args(&launcher.args).arg("--").arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        };
         cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

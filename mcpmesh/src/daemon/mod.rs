@@ -24,6 +24,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditLog, RefusalTally};
+use crate::backends::spawn::Launcher;
 use crate::config::{ConfigError, ConfigFile};
 use crate::control::codes;
 use crate::control::server;
@@ -84,8 +85,13 @@ pub struct Ready {
 }
 
 /// Runs the node for `profile` until it is told to stop (`node.shutdown`, SIGTERM, SIGINT).
-/// `on_ready` is called once the control socket accepts connections.
-pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), DaemonError> {
+/// `on_ready` is called once the control socket accepts connections. With `launcher`, the
+/// servers of `run` services are started through it (see [`Launcher`]).
+pub async fn run(
+    profile: Profile,
+    launcher: Option<Launcher>,
+    on_ready: impl FnOnce(&Ready),
+) -> Result<(), DaemonError> {
     profile.create_dirs().map_err(DaemonError::Files)?;
     let mut lock = std::fs::OpenOptions::new()
         .create(true)
@@ -117,11 +123,9 @@ pub async fn run(profile: Profile, on_ready: impl FnOnce(&Ready)) -> Result<(), 
     let services = Arc::new(RwLock::new(ServiceTable::default()));
     let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
         .map_err(DaemonError::Files)?;
-    let host = Arc::new(ServiceHost::new(
-        services.clone(),
-        audit.clone(),
-        shutdown.clone(),
-    ));
+    let host = Arc::new(
+        ServiceHost::new(services.clone(), audit.clone(), shutdown.clone()).with_launcher(launcher),
+    );
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
         book,
