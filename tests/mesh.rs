@@ -1005,3 +1005,49 @@ impl NodeRef {
         (serde_json::from_slice(&line).unwrap(), conn)
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_peer_going_away_mid_session_makes_connect_fail_when_it_copies_bytes_too() {
+    // Output to a file: connect cannot hand its stdio to the node and copies bytes itself.
+    let m = marker("peer-gone-copy");
+    let (alice, bob) = pair(&m, None);
+    let out_path = bob.home().join("answers.jsonl");
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["connect", "alice/svc"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let line = serde_json::to_vec(&json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
+    .unwrap();
+    use tokio::io::AsyncWriteExt;
+    stdin.write_all(&line).await.unwrap();
+    stdin.write_all(b"\n").await.unwrap();
+    let answered = || {
+        std::fs::read_to_string(&out_path)
+            .unwrap_or_default()
+            .contains("serverInfo")
+    };
+    assert!(
+        eventually(ANSWER_TIMEOUT, answered).await,
+        "initialize answered"
+    );
+    // The client keeps its stdin open; the peer goes.
+    alice.signal(rustix::process::Signal::KILL);
+    let (status, stderr) = exit_and_stderr(&mut child, stderr).await;
+    assert!(
+        !status.success(),
+        "connect exited {status}; stderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("ended before the client did"),
+        "stderr: {stderr}"
+    );
+    drop(stdin);
+}

@@ -425,6 +425,7 @@ pub enum ConnectEnd {
 }
 
 const NODE_GONE: &str = "the local mcpmesh node stopped during the session";
+const ENDED_BY_SERVING_SIDE: &str = "the session ended before the client did: the peer went away, access was revoked, or its server stopped";
 
 /// `mcpmesh connect`, handing off: passes stdin and stdout to the node over `stream` (a
 /// session opened with `attach = "fds"`), then reads the node's [`SessionNote`]s until the
@@ -583,8 +584,17 @@ pub fn pipe_stdio(
             .unwrap_or_else(|p| p.into_inner())
             .ids
             .is_empty();
-    if settled || node_alive() {
+    if settled {
         return Ok(ConnectEnd::Clean);
+    }
+    if node_alive() {
+        // The node ended the session while the client was still talking: the node answered
+        // what was outstanding; say why the session is over.
+        return Ok(if client_done.load(std::sync::atomic::Ordering::Acquire) {
+            ConnectEnd::Clean
+        } else {
+            ConnectEnd::Failed(ENDED_BY_SERVING_SIDE.into())
+        });
     }
     let answers = outstanding
         .lock()
