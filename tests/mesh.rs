@@ -686,60 +686,37 @@ async fn killing_the_calling_node_mid_call_answers_32055_and_connect_fails_sayin
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killing_the_calling_node_mid_call_when_connect_copies_bytes_answers_32055_and_fails() {
-    // Output to a file: connect cannot hand its stdio to the node and copies bytes itself.
     let m = marker("kill-caller-copy");
     let (_alice, bob) = pair(&m, None);
-    let out_path = bob.home().join("answers.jsonl");
-    let mut cmd = tokio::process::Command::new(MCPMESH);
-    cmd.arg("--home")
-        .arg(bob.home())
-        .args(["connect", "alice/svc"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut send = async |v: Value| {
-        use tokio::io::AsyncWriteExt;
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        stdin.write_all(&line).await.unwrap();
-    };
-    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
-                 "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
-    .await;
-    send(
+    let mut c = CopyingConnect::start(&bob, "alice/svc");
+    c.send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
+        .await;
+    c.send(
         json!({ "jsonrpc": "2.0", "id": "outstanding", "method": "tools/call",
                  "params": { "name": "sleep", "arguments": { "ms": 60_000 },
                              "_meta": { "progressToken": "p" } } }),
     )
     .await;
     // A file announces nothing: look for the call's first progress notification.
-    let lines = || -> Vec<Value> {
-        std::fs::read_to_string(&out_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    };
     assert!(
-        eventually(ANSWER_TIMEOUT, || lines()
+        eventually(ANSWER_TIMEOUT, || c
+            .lines()
             .iter()
             .any(|v| v["method"] == "notifications/progress"))
         .await,
         "the call reached the server: {:?}",
-        lines()
+        c.lines()
     );
     bob.signal(rustix::process::Signal::KILL);
-    let (status, stderr) = exit_and_stderr(&mut child, stderr).await;
+    let (status, stderr) = c.exit().await;
     assert!(
         !status.success(),
         "connect exited {status}; stderr: {stderr}"
     );
     assert!(stderr.contains("node stopped"), "stderr: {stderr}");
-    let answer = lines()
+    let answer = c
+        .lines()
         .into_iter()
         .find(|v| v["id"] == "outstanding")
         .expect("the outstanding call is answered");
@@ -1008,39 +985,19 @@ impl NodeRef {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_peer_going_away_mid_session_makes_connect_fail_when_it_copies_bytes_too() {
-    // Output to a file: connect cannot hand its stdio to the node and copies bytes itself.
     let m = marker("peer-gone-copy");
     let (alice, bob) = pair(&m, None);
-    let out_path = bob.home().join("answers.jsonl");
-    let mut cmd = tokio::process::Command::new(MCPMESH);
-    cmd.arg("--home")
-        .arg(bob.home())
-        .args(["connect", "alice/svc"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let line = serde_json::to_vec(&json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
-                 "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
-    .unwrap();
-    use tokio::io::AsyncWriteExt;
-    stdin.write_all(&line).await.unwrap();
-    stdin.write_all(b"\n").await.unwrap();
-    let answered = || {
-        std::fs::read_to_string(&out_path)
-            .unwrap_or_default()
-            .contains("serverInfo")
-    };
+    let mut c = CopyingConnect::start(&bob, "alice/svc");
+    c.send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": { "protocolVersion": "2025-06-18", "capabilities": {} } }))
+        .await;
     assert!(
-        eventually(ANSWER_TIMEOUT, answered).await,
+        eventually(ANSWER_TIMEOUT, || c.lines().iter().any(|v| v["id"] == 1)).await,
         "initialize answered"
     );
     // The client keeps its stdin open; the peer goes.
     alice.signal(rustix::process::Signal::KILL);
-    let (status, stderr) = exit_and_stderr(&mut child, stderr).await;
+    let (status, stderr) = c.exit().await;
     assert!(
         !status.success(),
         "connect exited {status}; stderr: {stderr}"
@@ -1049,5 +1006,59 @@ async fn the_peer_going_away_mid_session_makes_connect_fail_when_it_copies_bytes
         stderr.contains("ended before the client did"),
         "stderr: {stderr}"
     );
-    drop(stdin);
+}
+
+/// `connect` with its output going to a file: it cannot hand its stdio to the node and copies
+/// bytes itself.
+struct CopyingConnect {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stderr: Option<tokio::process::ChildStderr>,
+    out: std::path::PathBuf,
+}
+
+impl CopyingConnect {
+    fn start(node: &TestNode, target: &str) -> Self {
+        let out = node
+            .home()
+            .join(format!("answers-{}.jsonl", marker("copy")));
+        let mut child = tokio::process::Command::new(MCPMESH)
+            .arg("--home")
+            .arg(node.home())
+            .args(["connect", target])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        CopyingConnect {
+            stdin: child.stdin.take().unwrap(),
+            stderr: child.stderr.take(),
+            child,
+            out,
+        }
+    }
+
+    async fn send(&mut self, v: Value) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+    }
+
+    /// What `connect` wrote so far, one value a line.
+    fn lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits (bounded) for `connect` to exit, its stdin still open; its status and stderr.
+    async fn exit(&mut self) -> (std::process::ExitStatus, String) {
+        let stderr = self.stderr.take().unwrap();
+        exit_and_stderr(&mut self.child, stderr).await
+    }
 }

@@ -280,16 +280,9 @@ impl McpSession {
     /// Reads one long line (newline included), closing stdin as soon as its first part has
     /// arrived: the client is done sending while the answer is still on its way.
     pub async fn recv_long_closing_stdin_midway(&mut self) -> Vec<u8> {
-        use mcpmesh_net::transport::{Part, Piece};
-        let first = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_piece())
-            .await
-            .expect("an answer in time")
-            .expect("a readable line");
-        let Some(Piece::LongStart(head)) = first else {
-            panic!("not the start of a long line: {first:?}")
-        };
+        use mcpmesh_net::transport::Part;
+        let mut line = self.recv_long_head().await;
         self.close_stdin();
-        let mut line = head.to_vec();
         loop {
             let part = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_part())
                 .await
