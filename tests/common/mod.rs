@@ -248,8 +248,12 @@ impl McpSession {
                 }),
             )
             .await;
-        self.send(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
-            .await;
+        // As a client does: only an initialize that succeeded is followed by `initialized` (a
+        // refused session may already be gone).
+        if r.get("result").is_some() {
+            self.send(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
+                .await;
+        }
         r
     }
 
@@ -280,23 +284,10 @@ impl McpSession {
     /// Reads one long line (newline included), closing stdin as soon as its first part has
     /// arrived: the client is done sending while the answer is still on its way.
     pub async fn recv_long_closing_stdin_midway(&mut self) -> Vec<u8> {
-        use mcpmesh_net::transport::Part;
         let mut line = self.recv_long_head().await;
         self.close_stdin();
-        loop {
-            let part = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_part())
-                .await
-                .expect("the rest in time")
-                .expect("a readable line");
-            match part {
-                Part::More(bytes) => line.extend_from_slice(&bytes),
-                Part::Last(bytes) => {
-                    line.extend_from_slice(&bytes);
-                    return line;
-                }
-                Part::Cut => panic!("the line ran past the cap"),
-            }
-        }
+        line.extend(self.recv_long_rest().await);
+        line
     }
 
     /// Reads the head of a long line (the first part a node passed on), or fails the test.
@@ -312,18 +303,21 @@ impl McpSession {
         head.to_vec()
     }
 
-    /// Reads the rest of a long line whose head was read, up to its newline; its length.
-    pub async fn recv_long_rest(&mut self) -> usize {
+    /// Reads the rest of a long line whose head was read, up to its newline.
+    pub async fn recv_long_rest(&mut self) -> Vec<u8> {
         use mcpmesh_net::transport::Part;
-        let mut len = 0;
+        let mut rest = Vec::new();
         loop {
             let part = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_part())
                 .await
                 .expect("the rest in time")
                 .expect("a readable line");
             match part {
-                Part::More(bytes) => len += bytes.len(),
-                Part::Last(bytes) => return len + bytes.len(),
+                Part::More(bytes) => rest.extend_from_slice(&bytes),
+                Part::Last(bytes) => {
+                    rest.extend_from_slice(&bytes);
+                    return rest;
+                }
                 Part::Cut => panic!("the line ran past the cap"),
             }
         }

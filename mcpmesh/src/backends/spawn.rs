@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::audit::AuditSink;
 use crate::backends::BackendError;
+use crate::backends::preflight::PreflightError;
 use crate::backends::session::{GRACE, ServiceCtx, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
 use crate::limits::RateLimiter;
@@ -141,6 +142,23 @@ impl SpawnBackend {
         let (program, args) = self.cmd.split_first().ok_or(BackendError::NoCommand)?;
         let mut cmd = match &options.launcher {
             Some(launcher) => {
+                // The launcher starts whatever it is given; a command that is not there fails
+                // here, as it would without it, not inside the launcher.
+                let runnable = crate::backends::preflight::check(
+                    &crate::config::BackendSpec::Run(self.cmd.clone()),
+                    &options.env,
+                    options.cwd.as_deref(),
+                );
+                if let Err(e) = runnable {
+                    let kind = match e {
+                        PreflightError::NotExecutable(_) => std::io::ErrorKind::PermissionDenied,
+                        _ => std::io::ErrorKind::NotFound,
+                    };
+                    return Err(BackendError::Spawn {
+                        cmd: program.clone(),
+                        source: std::io::Error::new(kind, e.to_string()),
+                    });
+                }
                 let mut cmd = Command::new(&launcher.program);
                 cmd.args(&launcher.args).arg("--").arg(program);
                 cmd
