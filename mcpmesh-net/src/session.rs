@@ -498,6 +498,22 @@ impl Dialer {
         Ok((conn, counts, false))
     }
 
+    /// Whether a pooled connection to `peer` is open, or being dialed, right now.
+    pub fn is_connected(&self, peer: &EndpointId) -> bool {
+        let slot = self
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(peer)
+            .cloned();
+        slot.is_some_and(|slot| match slot.try_lock() {
+            Ok(pooled) => pooled
+                .as_ref()
+                .is_some_and(|p| p.connection.close_reason().is_none()),
+            Err(_) => true,
+        })
+    }
+
     /// Drops the pooled connection to `peer` (after the peer was removed or severed).
     pub fn forget(&self, peer: &EndpointId) {
         self.pool

@@ -361,7 +361,12 @@ impl Node {
                 "unknown or unauthorized service",
             ));
         }
-        if let Some(age) = self.reach.recently_down(&peer.id) {
+        // A peer whose last check failed is refused at once, unless a connection to it is
+        // open: its sessions are the better witness (a ping can time out under their load),
+        // and opening on it checks the peer is there.
+        if let Some(age) = self.reach.recently_down(&peer.id)
+            && !self.dialer.is_connected(&peer.id)
+        {
             return Err(ControlError::new(
                 codes::UNREACHABLE,
                 format!(
