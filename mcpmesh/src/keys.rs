@@ -1,7 +1,6 @@
 //! The device key: minted on first run, kept `0600`, never logged.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use iroh::SecretKey;
@@ -53,16 +52,13 @@ fn create(path: &Path) -> Result<SecretKey, KeyError> {
         source,
     };
     let key = SecretKey::generate();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(err)?;
     let hex = data_encoding::HEXLOWER.encode(&key.to_bytes());
-    file.write_all(format!("{hex}\n").as_bytes()).map_err(err)?;
-    file.sync_all().map_err(err)?;
-    Ok(key)
+    // A crash never leaves half a key; of two nodes starting at once, the first key wins.
+    if crate::files::create_private_once(path, format!("{hex}\n").as_bytes()).map_err(err)? {
+        Ok(key)
+    } else {
+        load_or_create(path)
+    }
 }
 
 fn parse_hex(text: &str) -> Option<SecretKey> {

@@ -2,8 +2,8 @@
 //! kept `0600` beside the device key, so it stays the same across gateway restarts and the
 //! clients configured with it keep working. Never logged.
 
-use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// Longer than any token this module mints or a person would write.
@@ -76,30 +76,13 @@ fn mint(path: &Path) -> Result<String, TokenError> {
     let mut raw = [0u8; 32];
     getrandom::fill(&mut raw).map_err(|e| TokenError::Random(e.to_string()))?;
     let token = data_encoding::BASE64URL_NOPAD.encode(&raw);
-    // Written whole under a name of its own, then linked into place: nobody reads half a
-    // token, and of two minting at once (a gateway and `mcpmesh use`) the first link wins and
-    // the other reads what it wrote.
-    let draft = path.with_extension(format!("token.new-{}", std::process::id()));
-    let _ = std::fs::remove_file(&draft);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&draft)?;
-        file.write_all(format!("{token}\n").as_bytes())?;
-        file.sync_all()
-    })();
-    let linked = written.and_then(|()| std::fs::hard_link(&draft, path));
-    let _ = std::fs::remove_file(&draft);
-    match linked {
-        Ok(()) => Ok(token),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let file = std::fs::File::open(path).map_err(failed)?;
-            read(path, file)
-        }
-        Err(source) => Err(failed(source)),
+    // Of two minting at once (a gateway and `mcpmesh use`) the first wins and the other reads
+    // what it wrote.
+    if crate::files::create_private_once(path, format!("{token}\n").as_bytes()).map_err(failed)? {
+        return Ok(token);
     }
+    let file = std::fs::File::open(path).map_err(failed)?;
+    read(path, file)
 }
 
 #[cfg(test)]
