@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::cli::call;
 use crate::output::{Failure, Output};
+use crate::render::joined;
 
 /// Where the gateway listens unless told otherwise.
 const GATEWAY: &str = "127.0.0.1:8484";
@@ -46,7 +47,7 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         if known["source"] == "paired" {
             format!(
                 "{peer} did not share {service:?} when you paired (it shared: {}); unless it granted it since, the client will be refused",
-                list(&known["mounts"])
+                joined(&known["mounts"], ", ", "nothing")
             )
         } else {
             format!(
@@ -135,20 +136,6 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         )
     });
     Ok(())
-}
-
-fn list(v: &Value) -> String {
-    let names: Vec<&str> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    if names.is_empty() {
-        "nothing".to_owned()
-    } else {
-        names.join(", ")
-    }
 }
 
 /// `v` pretty-printed, indented two spaces, ready to paste.

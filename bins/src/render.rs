@@ -100,19 +100,7 @@ pub fn render_peers(v: &Value) -> String {
     if peers.is_empty() {
         return "no peers yet. Next: mcpmesh invite SERVICE (to share), or mcpmesh pair LINE (to redeem an invite)".into();
     }
-    let list = |p: &Value, k: &str| -> String {
-        let items: Vec<&str> = p[k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        if items.is_empty() {
-            "-".to_owned()
-        } else {
-            items.join(",")
-        }
-    };
+    let list = |p: &Value, k: &str| joined(&p[k], ",", "-");
     let mut s = format!(
         "{:<16} {:<14} {:<14} {:<20} {}\n",
         "peer", "id", "reachable", "they may use", "you may use"
@@ -225,4 +213,19 @@ pub fn render_status(v: &Value) -> String {
         }
     }
     s.trim_end().to_owned()
+}
+
+/// The strings of a JSON list joined with `sep`, or `empty` when there are none.
+pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
+    let items: Vec<&str> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if items.is_empty() {
+        empty.to_owned()
+    } else {
+        items.join(sep)
+    }
 }
