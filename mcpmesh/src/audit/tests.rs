@@ -49,6 +49,23 @@ fn rewrite(file: &Path, lines: &[String]) {
     .unwrap();
 }
 
+/// A log of `n` records written three a month from 2001-01, with `retain` months kept.
+fn monthly_log(n: u64, retain: Option<u32>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit");
+    let (mut writer, _) = Writer::open(path.clone(), retain).unwrap();
+    let month_ms = 31 * 86_400_000;
+    let start = 978_307_200_000; // 2001-01-01
+    writer
+        .write(
+            (0..n).map(|i| (start + (i / 3) * month_ms + i, event(i))),
+            |_| {},
+        )
+        .unwrap();
+    writer.close().unwrap();
+    (dir, path)
+}
+
 fn bad(path: &Path) -> BadRecord {
     let report = verify(path).unwrap();
     assert!(!report.ok, "{report:?}");
@@ -136,15 +153,7 @@ async fn a_deleted_head_is_found_alone_and_with_the_end_dropped() {
 
 #[tokio::test]
 async fn a_deleted_month_file_is_found_wherever_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit");
-    let (mut writer, _) = Writer::open(path.clone(), None).unwrap();
-    // Three months, three records each: 2001-01, 2001-02, 2001-03.
-    let month_ms = 31 * 86_400_000;
-    let start = 978_307_200_000; // 2001-01-01
-    let events = (0..9).map(|i| (start + (i / 3) * month_ms + i, event(i)));
-    writer.write(events, |_| {}).unwrap();
-    writer.close().unwrap();
+    let (_dir, path) = monthly_log(9, None);
     assert!(verify(&path).unwrap().ok);
     let files = month_files(&path);
     assert_eq!(files.len(), 3);
@@ -223,18 +232,7 @@ async fn records_removed_from_the_end_before_a_restart_stay_detected() {
 
 #[tokio::test]
 async fn retention_deletes_old_months_and_the_log_still_verifies_from_where_it_starts() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit");
-    let (mut writer, _) = Writer::open(path.clone(), None).unwrap();
-    let month_ms = 31 * 86_400_000;
-    let start = 978_307_200_000; // 2001-01-01
-    writer
-        .write(
-            (0..6).map(|i| (start + (i / 3) * month_ms + i, event(i))),
-            |_| {},
-        )
-        .unwrap();
-    writer.close().unwrap();
+    let (_dir, path) = monthly_log(6, None);
     let (log, sink) = AuditLog::start(path.clone(), Some(3)).unwrap();
     sink.record(event(9));
     log.close().await;
@@ -259,18 +257,7 @@ async fn retention_deletes_old_months_and_the_log_still_verifies_from_where_it_s
 
 #[tokio::test]
 async fn retention_keeps_the_chain_anchored_at_the_oldest_month_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit");
-    let (mut writer, _) = Writer::open(path.clone(), Some(2)).unwrap();
-    let month_ms = 31 * 86_400_000;
-    let start = 978_307_200_000; // 2001-01-01
-    writer
-        .write(
-            (0..9).map(|i| (start + (i / 3) * month_ms + i, event(i))),
-            |_| {},
-        )
-        .unwrap();
-    writer.close().unwrap();
+    let (_dir, path) = monthly_log(9, Some(2));
     // Opening 2001-03 with two months kept deletes 2001-01 and records that the chain now
     // starts at the first record of 2001-02.
     let months: Vec<String> = month_files(&path).into_iter().map(|(m, _)| m).collect();
