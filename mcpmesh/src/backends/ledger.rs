@@ -138,7 +138,10 @@ impl Ledger {
             bytes_in: line.len() as u64 + 1,
             cancelled: None,
         };
-        self.expire_cancelled();
+        // Cancelled requests past their grace matter only to a session at its cap.
+        if self.pending.len() >= self.max_in_flight {
+            self.expire_cancelled();
+        }
         let refusal = if let Err(wait) = self.check_rate() {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
@@ -227,9 +230,13 @@ impl Ledger {
 
     /// Records every request still unanswered when the session ends.
     pub fn close(&mut self) {
-        let keys: Vec<String> = self.pending.keys().cloned().collect();
-        for key in keys {
-            self.finish(&key, "unanswered", None, 0);
+        for (_, p) in std::mem::take(&mut self.pending) {
+            let outcome = if p.cancelled.is_some() {
+                "cancelled"
+            } else {
+                "unanswered"
+            };
+            self.record(p, 0, outcome, None);
         }
     }
 
