@@ -1,10 +1,15 @@
 //! The gateway's bearer token: minted once per profile (32 random bytes, URL-safe base64) and
 //! kept `0600` beside the device key, so it stays the same across gateway restarts and the
-//! clients configured with it keep working. Never logged.
+//! clients configured with it keep working. Never logged. And the policy around it: a token
+//! unless waived on loopback, never waived beyond it.
 
 use std::io::Read;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+
+use super::GatewayError;
+use crate::paths::Profile;
 
 /// Longer than any token this module mints or a person would write.
 const MAX_LEN: u64 = 4096;
@@ -85,6 +90,49 @@ fn mint(path: &Path) -> Result<String, TokenError> {
     read(path, file)
 }
 
+/// Where the gateway's bearer token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenChoice {
+    /// The profile's token file, minted on first use: the default.
+    Profile,
+    /// A token given with `--token` (or `MCPMESH_GATEWAY_TOKEN`).
+    Given(String),
+    /// `--no-token`: every local user may act as this node through the gateway.
+    Waived,
+}
+
+/// Checks the bind policy: a token unless waived on loopback; beyond loopback, `--allow-remote`
+/// and a token.
+pub fn check_bind(
+    listen: SocketAddr,
+    allow_remote: bool,
+    token: &TokenChoice,
+) -> Result<(), GatewayError> {
+    if matches!(token, TokenChoice::Given(t) if t.is_empty()) {
+        return Err(GatewayError::EmptyToken);
+    }
+    if listen.ip().is_loopback() || (allow_remote && *token != TokenChoice::Waived) {
+        return Ok(());
+    }
+    Err(GatewayError::NotLoopback(listen))
+}
+
+/// The token requests must carry: given, or the profile's (minted if it has none yet); `None`
+/// when waived.
+pub fn resolve_token(
+    choice: TokenChoice,
+    profile: &Profile,
+) -> Result<Option<String>, GatewayError> {
+    match choice {
+        TokenChoice::Given(t) => Ok(Some(t)),
+        TokenChoice::Waived => Ok(None),
+        TokenChoice::Profile => {
+            profile.create_dirs().map_err(GatewayError::Dirs)?;
+            Ok(Some(load_or_mint(&profile.gateway_token_file())?))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +177,48 @@ mod tests {
         std::fs::write(&path, "two words\n").unwrap();
         let e = load_or_mint(&path).unwrap_err().to_string();
         assert!(e.contains("damaged") && !e.contains("words"), "{e}");
+    }
+
+    #[test]
+    fn a_token_is_required_unless_waived_on_loopback_and_remote_needs_allow_remote_too() {
+        use TokenChoice::{Given, Profile, Waived};
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:0".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
+        let given = || Given("t".into());
+        for (listen, allow_remote, token, ok) in [
+            (lo, false, Profile, true),
+            (lo, false, given(), true),
+            (lo6, false, Waived, true),
+            (lo, false, Given(String::new()), false),
+            (any, false, Profile, false),
+            (any, false, given(), false),
+            (any, true, Waived, false),
+            (any, true, Given(String::new()), false),
+            (any, true, Profile, true),
+            (any, true, given(), true),
+        ] {
+            let verdict = check_bind(listen, allow_remote, &token);
+            assert_eq!(
+                verdict.is_ok(),
+                ok,
+                "{listen} {allow_remote} {token:?}: {verdict:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_profiles_token_is_minted_once_and_a_waived_one_is_none() {
+        let home = tempfile::tempdir().unwrap();
+        let profile = Profile::at(home.path().join("node"));
+        let first = resolve_token(TokenChoice::Profile, &profile).unwrap();
+        assert!(first.as_ref().is_some_and(|t| t.len() == 43), "{first:?}");
+        assert_eq!(
+            resolve_token(TokenChoice::Profile, &profile).unwrap(),
+            first
+        );
+        assert_eq!(resolve_token(TokenChoice::Waived, &profile).unwrap(), None);
+        let given = resolve_token(TokenChoice::Given("mine".into()), &profile).unwrap();
+        assert_eq!(given.as_deref(), Some("mine"));
     }
 }
