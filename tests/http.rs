@@ -221,7 +221,7 @@ fn connect_args(node: &TestNode, target: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_streamable_http_server_is_shared_with_url_and_used_through_connect() {
     let mut server = EverythingHttp::start().await;
-    let (alice, bob) = two_nodes();
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     alice.serve("web", &["bob"], &["--url", &server.url]);
 
     // The official SDK's client, over HTTP straight to the server, and over stdio through
@@ -256,7 +256,7 @@ async fn a_streamable_http_server_is_shared_with_url_and_used_through_connect() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() {
-    let (alice, bob) = two_nodes();
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     serve_everything(&alice, &[]);
     let gateway = Gateway::start(&bob, &[]).await;
 
@@ -282,7 +282,7 @@ async fn the_gateway_serves_a_mounted_server_to_the_official_sdks_http_client() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_official_conformance_suite_passes_through_the_gateway_where_it_passes_directly() {
-    let (alice, bob) = two_nodes();
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     // The suite opens a session per scenario and never ends one (no DELETE), so the service
     // gets room for all of them.
     serve_everything(&alice, &["--max-sessions", "64"]);

@@ -521,8 +521,19 @@ pub fn deps() -> PathBuf {
 
 /// Two nodes: alice trusts bob, bob trusts alice.
 pub fn two_nodes() -> (TestNode, TestNode) {
-    let alice = TestNode::start("alice");
-    let bob = TestNode::start("bob");
+    two_nodes_with("")
+}
+
+/// Limits for suites that drive a whole third-party client through the mesh: one run of
+/// `everything_client.py` sends about 147 messages in 10–15 s, which the default budget
+/// (120 a minute, each message counted) admits or not depending on the machine's speed. The
+/// rate limit has its own tests (guardrails, http); here it would only make the suite flaky.
+pub const ROOM_FOR_A_WHOLE_CLIENT: &str = "[limits]\nrate_limit_per_min = 100000\n";
+
+/// Two nodes with `extra` in both configs: alice trusts bob, bob trusts alice.
+pub fn two_nodes_with(extra: &str) -> (TestNode, TestNode) {
+    let alice = TestNode::start_with("alice", extra, &[]);
+    let bob = TestNode::start_with("bob", extra, &[]);
     alice.trust(&bob);
     bob.trust(&alice);
     (alice, bob)
