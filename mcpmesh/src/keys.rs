@@ -1,4 +1,5 @@
-//! The device key: minted on first run, kept `0600`, never logged.
+//! The device key (and the org root key, kept the same way): minted on first run, kept
+//! `0600`, never logged.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -25,6 +26,14 @@ pub enum KeyError {
 
 /// Loads the device key, minting and storing it (`0600`) if there is none yet.
 pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
+    match load(path)? {
+        Some(key) => Ok(key),
+        None => create(path),
+    }
+}
+
+/// Loads a key kept `0600` as hex; `None` when there is no file.
+pub fn load(path: &Path) -> Result<Option<SecretKey>, KeyError> {
     let shown = path.display().to_string();
     match std::fs::metadata(path) {
         Ok(meta) => {
@@ -36,9 +45,11 @@ pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
                 path: shown.clone(),
                 source,
             })?;
-            parse_hex(text.trim()).ok_or(KeyError::Malformed { path: shown })
+            parse_hex(text.trim())
+                .map(Some)
+                .ok_or(KeyError::Malformed { path: shown })
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(KeyError::Read {
             path: shown,
             source,
@@ -47,21 +58,29 @@ pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
 }
 
 fn create(path: &Path) -> Result<SecretKey, KeyError> {
-    let err = |source| KeyError::Create {
-        path: path.display().to_string(),
-        source,
-    };
     let key = SecretKey::generate();
-    let hex = data_encoding::HEXLOWER.encode(&key.to_bytes());
     // A crash never leaves half a key; of two nodes starting at once, the first key wins.
-    if crate::files::create_private_once(path, format!("{hex}\n").as_bytes()).map_err(err)? {
+    if store_new(path, &key)? {
         Ok(key)
     } else {
         load_or_create(path)
     }
 }
 
-fn parse_hex(text: &str) -> Option<SecretKey> {
+/// Writes `key` to `path` (`0600`, whole or not at all) unless a file is there already;
+/// `false` when one was.
+pub fn store_new(path: &Path, key: &SecretKey) -> Result<bool, KeyError> {
+    let hex = data_encoding::HEXLOWER.encode(&key.to_bytes());
+    crate::files::create_private_once(path, format!("{hex}\n").as_bytes()).map_err(|source| {
+        KeyError::Create {
+            path: path.display().to_string(),
+            source,
+        }
+    })
+}
+
+/// A secret key from 64 hex characters.
+pub fn parse_hex(text: &str) -> Option<SecretKey> {
     let bytes: [u8; 32] = data_encoding::HEXLOWER_PERMISSIVE
         .decode(text.as_bytes())
         .ok()?

@@ -26,6 +26,7 @@ pub mod paths;
 pub mod peers;
 pub mod principal;
 pub mod proxy;
+pub mod roster;
 pub mod services;
 pub mod store;
 pub mod template;

@@ -96,42 +96,65 @@ fn unquote(mut text: &str) -> &str {
     }
 }
 
+/// The one-line form of a message: `<prefix><base64url(json ‖ checksum)>`.
+pub fn encode_line(prefix: &str, json: &[u8]) -> String {
+    let mut bytes = json.to_vec();
+    let sum = blake3::hash(&bytes);
+    bytes.extend_from_slice(&sum.as_bytes()[..CHECKSUM]);
+    format!("{prefix}{}", BASE64URL_NOPAD.encode(&bytes))
+}
+
+/// Why a line could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineError {
+    /// It does not start with the prefix.
+    OtherKind,
+    /// It does, but a character was changed or lost.
+    Damaged,
+}
+
+/// The JSON of a line made by [`encode_line`], read as people paste it: mail and chat clients
+/// wrap long lines and quote them, so whitespace anywhere (line breaks included) and
+/// surrounding quotes (`'`, `"`, a backtick, `<…>`) are dropped first; the alphabet has none
+/// of them.
+pub fn decode_line(prefix: &str, line: &str) -> Result<Vec<u8>, LineError> {
+    if line.len() > 64 * 1024 {
+        return Err(LineError::Damaged);
+    }
+    let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    let body = unquote(&compact)
+        .strip_prefix(prefix)
+        .ok_or(LineError::OtherKind)?;
+    if body.len() > 8 * 1024 {
+        return Err(LineError::Damaged);
+    }
+    let mut bytes = BASE64URL_NOPAD
+        .decode(body.as_bytes())
+        .map_err(|_| LineError::Damaged)?;
+    let split = bytes
+        .len()
+        .checked_sub(CHECKSUM)
+        .ok_or(LineError::Damaged)?;
+    let sum = bytes.split_off(split);
+    if blake3::hash(&bytes).as_bytes()[..CHECKSUM] != *sum {
+        return Err(LineError::Damaged);
+    }
+    Ok(bytes)
+}
+
 impl Invite {
     /// The one-line form, `mcpmesh-invite:<base64url(json ‖ checksum)>`.
     pub fn encode(&self) -> String {
-        let mut bytes = serde_json::to_vec(self).unwrap_or_default();
-        let sum = blake3::hash(&bytes);
-        bytes.extend_from_slice(&sum.as_bytes()[..CHECKSUM]);
-        format!("{INVITE_PREFIX}{}", BASE64URL_NOPAD.encode(&bytes))
+        encode_line(INVITE_PREFIX, &serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// Parses a line, rejecting anything malformed or altered.
-    /// Decodes an invite line as people paste it: mail and chat clients wrap long lines and
-    /// quote them, so whitespace anywhere (line breaks included) and surrounding quotes
-    /// (`'`, `"`, a backtick, `<…>`) are dropped first; the invite alphabet has none of them.
+    /// Parses a line (see [`decode_line`]), rejecting anything malformed or altered.
     pub fn decode(line: &str) -> Result<Self, InviteError> {
-        if line.len() > 64 * 1024 {
-            return Err(InviteError::Damaged);
-        }
-        let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
-        let body = unquote(&compact)
-            .strip_prefix(INVITE_PREFIX)
-            .ok_or(InviteError::NotAnInvite)?;
-        if body.len() > 8 * 1024 {
-            return Err(InviteError::Damaged);
-        }
-        let bytes = BASE64URL_NOPAD
-            .decode(body.as_bytes())
-            .map_err(|_| InviteError::Damaged)?;
-        let split = bytes
-            .len()
-            .checked_sub(CHECKSUM)
-            .ok_or(InviteError::Damaged)?;
-        let (json, sum) = bytes.split_at(split);
-        if blake3::hash(json).as_bytes()[..CHECKSUM] != *sum {
-            return Err(InviteError::Damaged);
-        }
-        let invite: Invite = serde_json::from_slice(json).map_err(|_| InviteError::Damaged)?;
+        let json = decode_line(INVITE_PREFIX, line).map_err(|e| match e {
+            LineError::OtherKind => InviteError::NotAnInvite,
+            LineError::Damaged => InviteError::Damaged,
+        })?;
+        let invite: Invite = serde_json::from_slice(&json).map_err(|_| InviteError::Damaged)?;
         if invite.v != 1 {
             return Err(InviteError::Version(invite.v));
         }

@@ -68,6 +68,11 @@ impl Profile {
         self.config_dir.join("device.key")
     }
 
+    /// The org root key, on the admin's node only: the one file to back up.
+    pub fn org_root_file(&self) -> PathBuf {
+        self.config_dir.join("org-root.key")
+    }
+
     /// The bearer token HTTP clients of `mcpmesh gateway` send, beside the device key.
     pub fn gateway_token_file(&self) -> PathBuf {
         self.config_dir.join("gateway.token")

@@ -1,0 +1,411 @@
+//! The org roster: who is in a team, on which devices, in which groups, and whose keys are
+//! revoked, signed by the org's root key.
+//!
+//! The root key lives on the admin's node only and signs nothing but rosters. A node pins the
+//! root's public key when it joins and takes a roster only when it verifies under that key,
+//! is newer than the one it holds, is within its validity window and is well formed; anything
+//! else is refused whole, so a node never runs on half a roster.
+//!
+//! The signature covers the RFC 8785 (JCS) canonical form of the `roster` object exactly as it
+//! arrived, so a roster with fields a later version adds still verifies here, and two encoders
+//! that order keys or print numbers differently agree on the bytes signed.
+
+pub mod invite;
+pub mod root;
+pub mod sync;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use iroh::{EndpointId, PublicKey, SecretKey, Signature};
+use mcpmesh_net::session::valid_service_name;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The largest roster accepted, encoded.
+pub const MAX_ROSTER_BYTES: usize = 1024 * 1024;
+/// Clock skew tolerated on `issued_at` and `expires_at`, in seconds.
+pub const CLOCK_SKEW_SECS: u64 = 600;
+/// How long a roster the admin signs is valid, by default.
+pub const DEFAULT_VALIDITY_SECS: u64 = 30 * 24 * 3600;
+/// Longest user id and device name: a device mounted as `USER.DEVICE` stays a valid name.
+pub const MAX_USER_LEN: usize = 32;
+pub const MAX_DEVICE_LEN: usize = 31;
+const MAX_MEMBERS: usize = 4096;
+const MAX_DEVICES: usize = 16;
+const MAX_GROUPS: usize = 64;
+const MAX_ADDRS: usize = 16;
+const MAX_REVOKED: usize = 65536;
+
+/// What the signature is over: this context, then the canonical roster.
+const SIGNING_CONTEXT: &[u8] = b"mcpmesh roster v1\n";
+
+/// A roster's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Roster {
+    pub v: u32,
+    pub org: String,
+    /// The root's public key (hex).
+    pub root: String,
+    pub serial: u64,
+    /// Unix seconds.
+    pub issued_at: u64,
+    /// Unix seconds.
+    pub expires_at: u64,
+    pub members: Vec<Member>,
+    /// Endpoint ids (hex) refused everywhere this roster is held.
+    #[serde(default)]
+    pub revoked: Vec<String>,
+}
+
+/// A user and their devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub user: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+    pub devices: Vec<Device>,
+}
+
+/// One device of a user: its key, and where it was last known to be reachable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    /// The device's endpoint id (hex).
+    pub eid: String,
+    #[serde(default)]
+    pub addrs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
+}
+
+/// Why a roster was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RosterError {
+    #[error("the roster is larger than {MAX_ROSTER_BYTES} bytes")]
+    TooLarge,
+    #[error("the roster is malformed: {0}")]
+    Malformed(String),
+    #[error("the roster belongs to another org (root {0})")]
+    OtherOrg(String),
+    #[error("the roster's signature does not verify under the org's root key")]
+    BadSignature,
+    #[error("the roster's serial {serial} is not above the one held ({held})")]
+    Stale { serial: u64, held: u64 },
+    #[error("the roster is not valid yet (issued at {0})")]
+    NotYetValid(u64),
+    #[error("the roster expired at {0}")]
+    Expired(u64),
+    #[error("the roster is invalid: {0}")]
+    Invalid(String),
+}
+
+impl RosterError {
+    /// A short stable word for the audit log.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RosterError::TooLarge => "too_large",
+            RosterError::Malformed(_) => "malformed",
+            RosterError::OtherOrg(_) => "other_org",
+            RosterError::BadSignature => "bad_signature",
+            RosterError::Stale { .. } => "stale",
+            RosterError::NotYetValid(_) => "not_yet_valid",
+            RosterError::Expired(_) => "expired",
+            RosterError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+/// A roster and the signature that makes it one, as sent and stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedRoster {
+    /// The wire form: `{"roster": {…}, "sig": "<hex>"}`.
+    pub text: String,
+    pub roster: Roster,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    roster: Value,
+    sig: String,
+}
+
+fn canonical(roster: &Value) -> Result<Vec<u8>, RosterError> {
+    let mut bytes = SIGNING_CONTEXT.to_vec();
+    bytes.extend(serde_jcs::to_vec(roster).map_err(|e| RosterError::Malformed(e.to_string()))?);
+    Ok(bytes)
+}
+
+impl SignedRoster {
+    /// Signs `roster` with the org's root key.
+    pub fn sign(roster: Roster, root: &SecretKey) -> Result<Self, RosterError> {
+        let value =
+            serde_json::to_value(&roster).map_err(|e| RosterError::Malformed(e.to_string()))?;
+        let sig = root.sign(&canonical(&value)?);
+        let text = serde_json::to_string(&Envelope {
+            roster: value,
+            sig: data_encoding::HEXLOWER.encode(&sig.to_bytes()),
+        })
+        .map_err(|e| RosterError::Malformed(e.to_string()))?;
+        Ok(SignedRoster { text, roster })
+    }
+
+    /// Reads a roster signed by `root` and checks it is well formed. Whether it is newer
+    /// than the one held and within its validity is [`SignedRoster::check_fresh`]'s part.
+    pub fn open(bytes: &[u8], root: &PublicKey) -> Result<Self, RosterError> {
+        if bytes.len() > MAX_ROSTER_BYTES {
+            return Err(RosterError::TooLarge);
+        }
+        let envelope: Envelope =
+            serde_json::from_slice(bytes).map_err(|e| RosterError::Malformed(e.to_string()))?;
+        let claimed = envelope.roster.get("root").and_then(Value::as_str);
+        let pinned = root.to_string();
+        if let Some(claimed) = claimed
+            && !claimed.eq_ignore_ascii_case(&pinned)
+        {
+            return Err(RosterError::OtherOrg(short(claimed)));
+        }
+        let sig: [u8; 64] = data_encoding::HEXLOWER_PERMISSIVE
+            .decode(envelope.sig.as_bytes())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or(RosterError::BadSignature)?;
+        root.verify(&canonical(&envelope.roster)?, &Signature::from_bytes(&sig))
+            .map_err(|_| RosterError::BadSignature)?;
+        let roster: Roster = serde_json::from_value(envelope.roster)
+            .map_err(|e| RosterError::Malformed(e.to_string()))?;
+        check_shape(&roster)?;
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|_| RosterError::Malformed("not UTF-8".into()))?;
+        Ok(SignedRoster { text, roster })
+    }
+
+    /// Whether this roster may replace one of serial `held` at `now` (unix seconds).
+    pub fn check_fresh(&self, held: u64, now: u64) -> Result<(), RosterError> {
+        let r = &self.roster;
+        if r.serial <= held {
+            return Err(RosterError::Stale {
+                serial: r.serial,
+                held,
+            });
+        }
+        if r.issued_at > now.saturating_add(CLOCK_SKEW_SECS) {
+            return Err(RosterError::NotYetValid(r.issued_at));
+        }
+        if r.expires_at.saturating_add(CLOCK_SKEW_SECS) < now {
+            return Err(RosterError::Expired(r.expires_at));
+        }
+        Ok(())
+    }
+
+    /// Opens and checks in one step: what a node does with a roster from anywhere.
+    pub fn accept(
+        bytes: &[u8],
+        root: &PublicKey,
+        held: u64,
+        now: u64,
+    ) -> Result<Self, RosterError> {
+        let signed = Self::open(bytes, root)?;
+        signed.check_fresh(held, now)?;
+        Ok(signed)
+    }
+}
+
+fn short(hex: &str) -> String {
+    hex.chars().take(16).collect()
+}
+
+fn invalid(message: String) -> RosterError {
+    RosterError::Invalid(message)
+}
+
+/// A user id: a valid name of at most [`MAX_USER_LEN`] characters.
+pub fn valid_user(user: &str) -> bool {
+    valid_service_name(user) && user.len() <= MAX_USER_LEN
+}
+
+/// A device name: a valid name of at most [`MAX_DEVICE_LEN`] characters.
+pub fn valid_device(name: &str) -> bool {
+    valid_service_name(name) && name.len() <= MAX_DEVICE_LEN
+}
+
+/// The structural rules: bounded sizes, valid names, each endpoint once, users and groups
+/// never sharing a name.
+fn check_shape(r: &Roster) -> Result<(), RosterError> {
+    if r.v != 1 {
+        return Err(invalid(format!("format {} is from a newer mcpmesh", r.v)));
+    }
+    if !valid_service_name(&r.org) {
+        return Err(invalid(format!("org name {:?}", r.org)));
+    }
+    if r.members.len() > MAX_MEMBERS || r.revoked.len() > MAX_REVOKED {
+        return Err(invalid("too many members or revoked keys".into()));
+    }
+    if r.expires_at <= r.issued_at {
+        return Err(invalid("it expires before it is issued".into()));
+    }
+    let mut users = HashSet::new();
+    let mut groups = HashSet::new();
+    let mut endpoints = HashSet::new();
+    for m in &r.members {
+        if !valid_user(&m.user) {
+            return Err(invalid(format!("user id {:?}", m.user)));
+        }
+        if !users.insert(m.user.as_str()) {
+            return Err(invalid(format!("user {} appears twice", m.user)));
+        }
+        if m.devices.is_empty() || m.devices.len() > MAX_DEVICES || m.groups.len() > MAX_GROUPS {
+            return Err(invalid(format!(
+                "user {} has no devices, or too many devices or groups",
+                m.user
+            )));
+        }
+        let mut own_groups = HashSet::new();
+        for g in &m.groups {
+            if !valid_service_name(g) || !own_groups.insert(g.as_str()) {
+                return Err(invalid(format!("group {g:?} of user {}", m.user)));
+            }
+            groups.insert(g.as_str());
+        }
+        let mut names = HashSet::new();
+        for d in &m.devices {
+            if !valid_device(&d.name) || !names.insert(d.name.as_str()) {
+                return Err(invalid(format!("device {:?} of user {}", d.name, m.user)));
+            }
+            let id = parse_eid(&d.eid)
+                .ok_or_else(|| invalid(format!("device {} of {}: bad eid", d.name, m.user)))?;
+            if !endpoints.insert(id) {
+                return Err(invalid(format!("endpoint {} appears twice", short(&d.eid))));
+            }
+            if d.addrs.len() > MAX_ADDRS || d.addrs.iter().any(|a| a.parse::<SocketAddr>().is_err())
+            {
+                return Err(invalid(format!("addresses of device {}", d.name)));
+            }
+            if let Some(relay) = &d.relay
+                && relay.parse::<iroh::RelayUrl>().is_err()
+            {
+                return Err(invalid(format!("relay of device {}", d.name)));
+            }
+        }
+    }
+    for eid in &r.revoked {
+        let id = parse_eid(eid).ok_or_else(|| invalid("a revoked key is not an eid".into()))?;
+        if !endpoints.insert(id) {
+            return Err(invalid(format!("endpoint {} appears twice", short(eid))));
+        }
+    }
+    if let Some(both) = users.intersection(&groups).next() {
+        return Err(invalid(format!("{both} is both a user and a group")));
+    }
+    Ok(())
+}
+
+/// An endpoint id from 64 hex characters (either case).
+pub fn parse_eid(hex: &str) -> Option<EndpointId> {
+    let bytes: [u8; 32] = data_encoding::HEXLOWER_PERMISSIVE
+        .decode(hex.as_bytes())
+        .ok()?
+        .try_into()
+        .ok()?;
+    EndpointId::from_bytes(&bytes).ok()
+}
+
+/// One device of the roster, as a node looks it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seat {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub device: String,
+    /// The name this device is mounted by: the user id, or `USER.DEVICE` when the user has
+    /// several devices.
+    pub mount: String,
+    pub id: EndpointId,
+    pub addrs: Vec<SocketAddr>,
+    pub relay: Option<iroh::RelayUrl>,
+}
+
+/// A held roster, indexed for the trust gate.
+#[derive(Debug, Clone)]
+pub struct RosterView {
+    pub signed: SignedRoster,
+    seats: HashMap<EndpointId, Seat>,
+    revoked: HashSet<EndpointId>,
+}
+
+impl RosterView {
+    pub fn new(signed: SignedRoster) -> Self {
+        let mut seats = HashMap::new();
+        for m in &signed.roster.members {
+            for d in &m.devices {
+                let Some(id) = parse_eid(&d.eid) else {
+                    continue;
+                };
+                let mount = if m.devices.len() == 1 {
+                    m.user.clone()
+                } else {
+                    format!("{}.{}", m.user, d.name)
+                };
+                seats.insert(
+                    id,
+                    Seat {
+                        user: m.user.clone(),
+                        groups: m.groups.clone(),
+                        device: d.name.clone(),
+                        mount,
+                        id,
+                        addrs: d.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+                        relay: d.relay.as_deref().and_then(|r| r.parse().ok()),
+                    },
+                );
+            }
+        }
+        let revoked = signed
+            .roster
+            .revoked
+            .iter()
+            .filter_map(|h| parse_eid(h))
+            .collect();
+        RosterView {
+            signed,
+            seats,
+            revoked,
+        }
+    }
+
+    pub fn roster(&self) -> &Roster {
+        &self.signed.roster
+    }
+
+    pub fn is_revoked(&self, id: &EndpointId) -> bool {
+        self.revoked.contains(id)
+    }
+
+    pub fn seat(&self, id: &EndpointId) -> Option<&Seat> {
+        self.seats.get(id)
+    }
+
+    /// Every device, in roster order.
+    pub fn seats(&self) -> Vec<&Seat> {
+        let mut all: Vec<&Seat> = self.seats.values().collect();
+        all.sort_by(|a, b| a.mount.cmp(&b.mount));
+        all
+    }
+
+    /// Whether the roster's validity has run out at `now` (unix seconds, skew allowed).
+    pub fn is_expired(&self, now: u64) -> bool {
+        self.roster().expires_at.saturating_add(CLOCK_SKEW_SECS) < now
+    }
+}
+
+/// The next roster after `current`: the same org, serial + 1, issued now for `validity`.
+pub fn successor(current: &Roster, now: u64, validity: u64) -> Roster {
+    Roster {
+        serial: current.serial + 1,
+        issued_at: now,
+        expires_at: now + validity,
+        ..current.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

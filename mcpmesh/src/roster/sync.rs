@@ -1,0 +1,30 @@
+//! Rosters between nodes, over the gated `mcpmesh/roster/1`: each side says which org and
+//! serial it holds, and the side holding the newer roster sends it.
+//!
+//! The dialer opens one stream and sends an [`Offer`]; the other side answers with its own
+//! `Offer`, with its roster when that is newer. When the dialer's was the newer one, it then
+//! sends its roster in a third message. Every roster received is checked as from anywhere
+//! (`SignedRoster::accept`); a node learns nothing it could not verify.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// ALPN of roster exchange; gated like every mesh ALPN.
+pub const ALPN_ROSTER: &[u8] = b"mcpmesh/roster/1";
+/// How long either side waits on the other.
+pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest message: a roster at its cap, plus the envelope.
+pub const MAX_MESSAGE: usize = super::MAX_ROSTER_BYTES + 4096;
+
+/// What a node holds: its org's root (hex) and serial, and the roster itself when it is
+/// sending it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    #[serde(default)]
+    pub serial: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roster: Option<String>,
+}
