@@ -33,6 +33,15 @@ pub mod methods {
     pub const WATCH: &str = "watch";
     pub const SERVICES_SERVE: &str = "services.serve";
     pub const SESSION_OPEN: &str = "session.open";
+    pub const ORG_CREATE: &str = "org.create";
+    pub const ORG_INVITE: &str = "org.invite";
+    pub const ORG_JOIN: &str = "org.join";
+    pub const ORG_MEMBERS: &str = "org.members";
+    pub const ORG_REMOVE: &str = "org.remove";
+    pub const ORG_GROUPS: &str = "org.groups";
+    pub const ORG_STATUS: &str = "org.status";
+    pub const ORG_EXPORT_ROOT: &str = "org.export_root";
+    pub const ORG_IMPORT_ROOT: &str = "org.import_root";
 }
 
 /// Stable error codes of the control API. The session codes are the mesh error band's.
