@@ -1,10 +1,10 @@
 //! The org roster verbs (`mcpmesh org …` and `mcpmesh join`): one function per verb, each
 //! one `org.*` request to the node, its answer printed verbatim with `--json`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
-use mcpmesh::control::methods;
+use mcpmesh::control::{codes, methods};
 use serde_json::{Value, json};
 
 use crate::args::OrgAction;
@@ -257,9 +257,16 @@ fn import_root(ctx: &Ctx, file: &Path, user: Option<&str>) -> Result<(), Failure
     Ok(())
 }
 
-/// The node resolves nothing against the CLI's working directory, so a path goes absolute.
-fn absolute(file: &Path) -> Result<PathBuf, Failure> {
-    Ok(std::path::absolute(file).with_context(|| format!("the path {}", file.display()))?)
+/// The node resolves nothing against the CLI's working directory, so a path goes absolute
+/// (and as text: JSON carries nothing else).
+fn absolute(file: &Path) -> Result<String, Failure> {
+    let path = std::path::absolute(file).with_context(|| format!("the path {}", file.display()))?;
+    path.to_str().map(str::to_owned).ok_or_else(|| {
+        Failure::new(
+            codes::INVALID_PARAMS,
+            format!("{} is not valid UTF-8; choose another name", file.display()),
+        )
+    })
 }
 
 /// `eng,ops` as a list; an empty string is no groups at all.
@@ -351,11 +358,16 @@ mod tests {
         assert_eq!(user.as_deref(), Some("alice"));
         let sent = absolute(&file).ok();
         let cwd = std::env::current_dir().ok();
-        assert_eq!(sent, cwd.map(|d| d.join("acme-root.json")));
+        let expected = cwd.map(|d| d.join("acme-root.json").display().to_string());
+        assert_eq!(sent, expected);
         assert_eq!(
-            absolute(Path::new("/media/usb/k.json")).ok(),
-            Some(PathBuf::from("/media/usb/k.json"))
+            absolute(Path::new("/media/usb/k.json")).ok().as_deref(),
+            Some("/media/usb/k.json")
         );
+        use std::os::unix::ffi::OsStrExt;
+        let not_utf8 = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/\xff.json"));
+        let refused = absolute(not_utf8).err().map(|f| f.code);
+        assert_eq!(refused, Some(codes::INVALID_PARAMS));
     }
 
     #[test]
