@@ -404,11 +404,16 @@ impl Node {
                 ),
             ));
         }
+        let fresh = !self.dialer.is_connected(&peer.id);
         let opened = self.dialer.open(peer.id, &open.service).await;
         match &opened {
             Ok(_) => {
                 self.reach.record(peer.id, true, None);
                 self.reach.poke();
+                // Two members that just connected compare rosters.
+                if fresh && peer.user.is_some() {
+                    self.sync_soon(peer.id);
+                }
             }
             Err(DialError::Refused) => {}
             Err(_) => self.reach.record(peer.id, false, None),
