@@ -345,7 +345,8 @@ async fn next_offer(wire: &mut RosterWire) -> Option<Offer> {
     serde_json::from_value(value).ok()
 }
 
-/// The `mcpmesh/roster/1` handler: gated like every mesh ALPN.
+/// The `mcpmesh/roster/1` handler: gated like every mesh ALPN, and open to the members of
+/// the roster held even once it expired.
 #[derive(Debug)]
 pub(in crate::daemon) struct RosterProtocol<G> {
     node: Arc<Node>,
@@ -361,7 +362,13 @@ impl<G> RosterProtocol<G> {
 impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
         let peer = conn.remote_id();
-        if self.gate.resolve(&peer).is_none() {
+        // A member of the roster held is heard even when that roster has expired: a fresh
+        // roster from the admin is how an expired one is replaced.
+        let member = self
+            .node
+            .roster()
+            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
+        if !member && self.gate.resolve(&peer).is_none() {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             self.gate.refused(&peer);
             return Ok(());
