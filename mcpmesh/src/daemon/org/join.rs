@@ -341,7 +341,7 @@ impl Node {
         match outcome {
             Ok(JoinStep::Accepted((signed, user))) => {
                 let signed_view = Arc::new(RosterView::new(signed.clone()));
-                *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(signed_view);
+                self.hold(signed_view);
                 self.audit.record(AuditEvent::RosterInstalled {
                     org: signed.roster.org.clone(),
                     serial: signed.roster.serial,

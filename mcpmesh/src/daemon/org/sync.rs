@@ -3,6 +3,7 @@
 //! `mcpmesh/roster/1`, the periodic pull, and re-signing before expiry.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 
@@ -20,6 +21,7 @@ use crate::control::{ControlError, codes};
 use crate::roster::sync::{ALPN_ROSTER, EXCHANGE_TIMEOUT, MAX_MESSAGE, Offer};
 use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView, SignedRoster};
 use crate::store::OrgRecord;
+use crate::time::unix_ms;
 
 use super::super::node::Node;
 use super::{not_in_org, now_secs};
@@ -42,12 +44,40 @@ impl Node {
             return;
         };
         match SignedRoster::open(text.as_bytes(), &root) {
-            Ok(signed) => {
-                *self.held.write().unwrap_or_else(|p| p.into_inner()) =
-                    Some(Arc::new(RosterView::new(signed)));
-            }
+            Ok(signed) => self.hold(Arc::new(RosterView::new(signed))),
             Err(e) => tracing::error!("the stored roster does not open: {e}"),
         }
+    }
+
+    /// Makes `view` the roster held, and arranges for trust to be refreshed the moment it
+    /// expires (its members then stop matching, and their sessions are cut).
+    pub(in crate::daemon) fn hold(&self, view: Arc<RosterView>) {
+        let serial = view.roster().serial;
+        let expiry_ms = view
+            .roster()
+            .expires_at
+            .saturating_add(roster::CLOCK_SKEW_SECS + 1)
+            .saturating_mul(1000);
+        *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
+        let Some(node) = self.this.get().cloned() else {
+            return;
+        };
+        let stop = self.shutdown.clone();
+        let wait = Duration::from_millis(expiry_ms.saturating_sub(unix_ms()));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(wait) => {
+                    // Weak: a timer never keeps a stopped node (and its store) alive.
+                    if let Some(node) = node.upgrade()
+                        && node.roster().is_some_and(|v| v.roster().serial == serial)
+                    {
+                        tracing::warn!(serial, "the org roster expired; user and group grants stop matching");
+                        node.refresh();
+                    }
+                }
+            }
+        });
     }
 
     /// Checks `bytes` as a roster from `from` and installs it when it verifies under the
@@ -127,7 +157,7 @@ impl Node {
         self.store
             .put_org(&updated)
             .map_err(|e| RosterError::Invalid(format!("could not store it: {e}")))?;
-        *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(view.clone());
+        self.hold(view.clone());
         tracing::debug!(from, "roster stored");
         Ok(Some(view))
     }
@@ -172,6 +202,16 @@ impl Node {
                 })
                 .await;
         });
+    }
+
+    /// Whether `peer` is the admin's node of a join this node has pending.
+    pub(in crate::daemon) fn is_pending_admin(&self, peer: &EndpointId) -> bool {
+        self.store
+            .org()
+            .ok()
+            .flatten()
+            .and_then(|r| r.pending)
+            .is_some_and(|p| roster::parse_eid(&p.admin).as_ref() == Some(peer))
     }
 
     /// One roster exchange with `peer`, in the background.
@@ -364,10 +404,12 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
         let peer = conn.remote_id();
         // A member of the roster held is heard even when that roster has expired: a fresh
         // roster from the admin is how an expired one is replaced.
+        // So is the admin's node while this node's join is pending: its roster completes it.
         let member = self
             .node
             .roster()
-            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
+            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer))
+            || self.node.is_pending_admin(&peer);
         if !member && self.gate.resolve(&peer).is_none() {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             self.gate.refused(&peer);
