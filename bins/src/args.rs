@@ -134,6 +134,27 @@ pub enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Join an org with the `mcpmesh-join:…` line its admin gave you: this device gets the
+    /// user and groups the admin chose, and the org's members trust it.
+    #[command(
+        after_help = "Examples:\n  mcpmesh join 'mcpmesh-join:…'\n  mcpmesh join 'mcpmesh-join:…' --device laptop\n\nCompare the three-word code it prints with the admin's."
+    )]
+    Join {
+        /// The `mcpmesh-join:…` line.
+        invite: String,
+        /// What to call this device in the roster.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
+    },
+    /// A team roster: users, their devices and groups, signed by the org's admin node, so
+    /// `allow` lists can name `user:ID` and `group:NAME`.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org create acme --user alice\n  mcpmesh org invite bob --groups eng\n  mcpmesh org members"
+    )]
+    Org {
+        #[command(subcommand)]
+        action: OrgAction,
+    },
     /// Let a peer use one of your services.
     #[command(after_help = "Examples:\n  mcpmesh grant bob notes")]
     Grant {
@@ -274,6 +295,90 @@ pub enum AuditAction {
         /// Only records this recent (30m, 24h, 7d).
         #[arg(long, value_name = "DURATION")]
         since: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OrgAction {
+    /// Start an org with this node as its admin: a new root key signs the roster.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org create acme\n  mcpmesh org create acme --user alice\n\nBack up the root key afterwards: mcpmesh org export-root FILE"
+    )]
+    Create {
+        /// The org's name.
+        name: String,
+        /// Your user id in it (default: this node's nickname, else `admin`).
+        #[arg(long, value_name = "ID")]
+        user: Option<String>,
+    },
+    /// Mint a one-line join invite for a user's device (admin only).
+    ///
+    /// The line alone goes to stdout, so it can be piped; the notes go to stderr.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org invite bob\n  mcpmesh org invite bob --groups eng,ops --device laptop --ttl 7d\n  mcpmesh org invite bob | mail -s 'join acme' bob@example.org"
+    )]
+    Invite {
+        /// The user the device joins as.
+        user: String,
+        /// The user's groups, comma-separated.
+        #[arg(long, value_name = "G1,G2")]
+        groups: Option<String>,
+        /// What to call the device in the roster.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
+        /// How long it stays valid (e.g. 30m, 24h, 7d; at most 7d).
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+    },
+    /// The roster: every user, their groups and devices, and the revoked keys.
+    #[command(after_help = "Examples:\n  mcpmesh org members\n  mcpmesh org members --json")]
+    Members,
+    /// Take a user, or one of their devices, out of the roster (admin only).
+    ///
+    /// The keys removed are revoked and their connections end.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org remove bob\n  mcpmesh org remove bob --device old-laptop"
+    )]
+    Remove {
+        /// The user.
+        user: String,
+        /// Only this device of theirs.
+        #[arg(long, value_name = "NAME")]
+        device: Option<String>,
+    },
+    /// Set a user's groups (admin only), replacing the ones they had.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org groups bob eng,ops\n  mcpmesh org groups bob ''      no groups at all"
+    )]
+    Groups {
+        /// The user.
+        user: String,
+        /// The groups, comma-separated; an empty string clears them.
+        #[arg(value_name = "G1,G2")]
+        groups: String,
+    },
+    /// The roster this node holds and each member device: reachable or not, and its serial.
+    #[command(after_help = "Examples:\n  mcpmesh org status\n  mcpmesh org status --json")]
+    Status,
+    /// Back up the org's root key and roster to FILE (admin only).
+    ///
+    /// The file is created 0600 and an existing one is never overwritten. Keep it offline, or
+    /// use it to move the admin to another machine.
+    #[command(after_help = "Examples:\n  mcpmesh org export-root /media/usb/acme-root.json")]
+    ExportRoot {
+        /// The file to create.
+        file: PathBuf,
+    },
+    /// Make this node the org's admin from a file `org export-root` wrote.
+    #[command(
+        after_help = "Examples:\n  mcpmesh org import-root /media/usb/acme-root.json\n  mcpmesh org import-root acme-root.json --user alice"
+    )]
+    ImportRoot {
+        /// The file `org export-root` wrote.
+        file: PathBuf,
+        /// Your user id in the org.
+        #[arg(long, value_name = "ID")]
+        user: Option<String>,
     },
 }
 

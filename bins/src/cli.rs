@@ -169,6 +169,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             ttl,
         } => invite(&ctx, &services, uses, &ttl),
         Command::Pair { invite, name } => pair(&ctx, &invite, name.as_deref()),
+        Command::Join { invite, device } => crate::org::join(&ctx, &invite, device.as_deref()),
+        Command::Org { action } => crate::org::run(&ctx, action),
         Command::Use { target } => crate::mount::use_lines(&profile, &exe, &target, &out),
         Command::Status => status(&ctx),
         Command::Doctor => doctor(&profile, &out),
@@ -204,15 +206,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 /// What every verb that talks to the node needs.
-struct Ctx<'a> {
-    profile: &'a Profile,
-    exe: &'a Path,
-    out: &'a Output,
+pub(crate) struct Ctx<'a> {
+    pub profile: &'a Profile,
+    pub exe: &'a Path,
+    pub out: &'a Output,
 }
 
 impl Ctx<'_> {
     /// One request to the node (started if needed).
-    fn call(&self, method: &str, params: Value) -> Result<Value, Failure> {
+    pub fn call(&self, method: &str, params: Value) -> Result<Value, Failure> {
         call(self.profile, self.exe, method, params)
     }
 }
@@ -419,13 +421,18 @@ fn revoke(ctx: &Ctx, peer: &str, service: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-fn invite(ctx: &Ctx, services: &[String], uses: u32, ttl: &str) -> Result<(), Failure> {
-    let ttl = mcpmesh::time::parse_duration(ttl).ok_or_else(|| {
+/// A duration as people write it (`--ttl`, `--since`): 30m, 24h, 7d.
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, Failure> {
+    mcpmesh::time::parse_duration(text).ok_or_else(|| {
         Failure::new(
             codes::INVALID_PARAMS,
-            format!("{ttl:?} is not a duration like 30m, 24h or 7d"),
+            format!("{text:?} is not a duration like 30m, 24h or 7d"),
         )
-    })?;
+    })
+}
+
+fn invite(ctx: &Ctx, services: &[String], uses: u32, ttl: &str) -> Result<(), Failure> {
+    let ttl = parse_duration(ttl)?;
     let started = std::time::Instant::now();
     let v = ctx.call(
         methods::INVITE,
@@ -640,12 +647,7 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
             let since_ms = match since {
                 None => 0,
                 Some(text) => {
-                    let d = mcpmesh::time::parse_duration(&text).ok_or_else(|| {
-                        Failure::new(
-                            codes::INVALID_PARAMS,
-                            format!("{text:?} is not a duration like 30m, 24h or 7d"),
-                        )
-                    })?;
+                    let d = parse_duration(&text)?;
                     mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
                 }
             };

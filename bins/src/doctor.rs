@@ -91,6 +91,15 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
             ),
         },
     }
+    // Which org this node is in, if any: only a running node knows.
+    let org = node
+        .as_mut()
+        .and_then(|client| client.call(methods::STATUS, json!({})).ok())
+        .map(|status| status["org"].clone())
+        .filter(|org| org.is_object());
+    if let Some((status, message)) = org.as_ref().and_then(org_check) {
+        check("org", status, message);
+    }
     if let Some(s) = &settings {
         for svc in &s.services {
             let what = format!("service {}", svc.name);
@@ -156,7 +165,7 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
         };
         for svc in &s.services {
             for entry in &svc.allow {
-                if let Some(why) = matches_nobody(entry, peers.as_deref()) {
+                if let Some(why) = matches_nobody(entry, peers.as_deref(), org.is_some()) {
                     check(
                         &format!("service {}", svc.name),
                         "warn",
@@ -272,11 +281,38 @@ fn known_peers(
     Ok(peers)
 }
 
+/// The org check: a roster past its validity is an error, because every `user:` and
+/// `group:` grant stops matching until the admin's node re-signs it.
+fn org_check(org: &serde_json::Value) -> Option<(&'static str, String)> {
+    let name = org["name"].as_str()?;
+    let until =
+        mcpmesh::time::format_time(org["expires_at"].as_u64().unwrap_or(0).saturating_mul(1000));
+    if org["expired"] == json!(true) {
+        return Some((
+            "error",
+            format!(
+                "the roster of org {name} expired at {until} UTC: user: and group: grants no longer match anyone. Ask the admin's node to come online (it re-signs the roster and its members pass it on)"
+            ),
+        ));
+    }
+    Some((
+        "ok",
+        format!(
+            "org {name}, roster serial {}, valid until {until} UTC",
+            org["serial"]
+        ),
+    ))
+}
+
 /// Why an `allow` entry admits nobody, if it does not (`peers`: the trusted peers, when
-/// known).
-fn matches_nobody(entry: &Principal, peers: Option<&[(String, [u8; 32])]>) -> Option<&'static str> {
+/// known; `in_org`: whether this node holds an org roster).
+fn matches_nobody(
+    entry: &Principal,
+    peers: Option<&[(String, [u8; 32])]>,
+    in_org: bool,
+) -> Option<&'static str> {
     match (entry, peers) {
-        (Principal::User(_) | Principal::Group(_), _) => {
+        (Principal::User(_) | Principal::Group(_), _) if !in_org => {
             Some("matches nobody until this node joins an org roster")
         }
         (Principal::Peer(name), Some(peers)) if !peers.iter().any(|(n, _)| n == name) => {
@@ -307,4 +343,35 @@ fn resolve_command(program: &str, cwd: Option<&std::path::Path>) -> Option<std::
             .map(|d| d.join(program))
             .find(|p| executable(p))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_roster_fails_the_check_and_says_what_to_do() {
+        let expired = json!({ "name": "acme", "serial": 3, "expires_at": 0, "expired": true });
+        let (status, message) = org_check(&expired).unwrap_or_default();
+        assert_eq!(status, "error");
+        assert!(
+            message.contains("user: and group: grants no longer match"),
+            "{message}"
+        );
+        assert!(message.contains("admin's node to come online"), "{message}");
+        let fine = json!({ "name": "acme", "serial": 3, "expires_at": 86_400, "expired": false });
+        let (status, message) = org_check(&fine).unwrap_or_default();
+        assert_eq!(status, "ok");
+        assert_eq!(
+            message,
+            "org acme, roster serial 3, valid until 1970-01-02 00:00:00 UTC"
+        );
+    }
+
+    #[test]
+    fn user_and_group_entries_are_only_suspect_outside_an_org() {
+        let group = Principal::Group("eng".into());
+        assert!(matches_nobody(&group, None, false).is_some());
+        assert!(matches_nobody(&group, None, true).is_none());
+    }
 }

@@ -8,6 +8,7 @@ mod cli;
 mod doctor;
 mod exec_shim;
 mod mount;
+mod org;
 mod output;
 mod render;
 mod stub_server;

@@ -60,4 +60,12 @@ impl Output {
             writeln!(stdout, "{}", human())
         };
     }
+
+    /// Words for people beside an answer that scripts pipe (on stderr, and not at all with
+    /// `--json`).
+    pub fn note(&self, human: impl FnOnce() -> String) {
+        if !self.json {
+            let _ = writeln!(std::io::stderr().lock(), "{}", human());
+        }
+    }
 }

@@ -101,17 +101,26 @@ pub fn render_peers(v: &Value) -> String {
         return "no peers yet. Next: mcpmesh invite SERVICE (to share), or mcpmesh pair LINE (to redeem an invite)".into();
     }
     let list = |p: &Value, k: &str| joined(&p[k], ",", "-");
-    let mut s = format!(
-        "{:<16} {:<14} {:<14} {:<20} {}\n",
-        "peer", "id", "reachable", "they may use", "you may use"
+    // Roster members also show their user and groups, in a last column so that the others
+    // line up as they always have.
+    let with_users = peers.iter().any(|p| p["user"].is_string());
+    let header = format!(
+        "{:<16} {:<14} {:<14} {:<20} {:<20}{}",
+        "peer",
+        "id",
+        "reachable",
+        "they may use",
+        "you may use",
+        if with_users { " user" } else { "" }
     );
-    for p in peers {
+    let mut s = format!("{}\n", header.trim_end());
+    for p in &peers {
         let reach = match p["rtt_ms"].as_f64() {
             Some(ms) => format!("yes {ms:.1} ms"),
             None => "no".to_owned(),
         };
-        s.push_str(&format!(
-            "{:<16} {:<14} {:<14} {:<20} {}\n",
+        let row = format!(
+            "{:<16} {:<14} {:<14} {:<20} {:<20}{}",
             p["name"].as_str().unwrap_or_default(),
             format!(
                 "{}…",
@@ -122,9 +131,12 @@ pub fn render_peers(v: &Value) -> String {
                     .unwrap_or_default()
             ),
             reach,
-            list(&p, "services"),
-            list(&p, "mounts"),
-        ));
+            list(p, "services"),
+            list(p, "mounts"),
+            user_cell(p),
+        );
+        s.push_str(row.trim_end());
+        s.push('\n');
     }
     s.trim_end().to_owned()
 }
@@ -174,6 +186,9 @@ pub fn render_status(v: &Value) -> String {
             ));
         }
     }
+    if let Some(line) = org_line(&v["org"]) {
+        s.push_str(&format!("{line}\n\n"));
+    }
     s.push('\n');
     s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
     let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
@@ -215,6 +230,14 @@ pub fn render_status(v: &Value) -> String {
     s.trim_end().to_owned()
 }
 
+/// A roster member's `user (groups)`, after a space; nothing for other peers.
+fn user_cell(p: &Value) -> String {
+    match p["user"].as_str() {
+        Some(user) => format!(" {user} ({})", joined(&p["groups"], ",", "no groups")),
+        None => String::new(),
+    }
+}
+
 /// The strings of a JSON list joined with `sep`, or `empty` when there are none.
 pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
     let items: Vec<&str> = v
@@ -227,5 +250,63 @@ pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
         empty.to_owned()
     } else {
         items.join(sep)
+    }
+}
+
+/// The one line `status` shows about the org this node is in, if it is in one.
+pub(crate) fn org_line(org: &Value) -> Option<String> {
+    let name = org["name"].as_str()?;
+    let validity = if org["expired"] == json!(true) {
+        format!("EXPIRED since {}", utc(&org["expires_at"]))
+    } else {
+        format!("valid until {}", utc(&org["expires_at"]))
+    };
+    let mut line = format!("org {name}: roster serial {}, {validity}", org["serial"]);
+    if let Some(user) = org["user"].as_str() {
+        line.push_str(&format!("; you are user {user}"));
+    }
+    if org["admin"] == json!(true) {
+        line.push_str("; this is the admin node");
+    }
+    Some(line)
+}
+
+/// A Unix time in seconds as people read it.
+pub(crate) fn utc(unix_secs: &Value) -> String {
+    format!(
+        "{} UTC",
+        mcpmesh::time::format_time(unix_secs.as_u64().unwrap_or(0).saturating_mul(1000))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roster_members_among_peers_show_user_and_groups() {
+        let v = json!({ "peers": [
+            { "name": "bob", "id": "ab", "services": [], "mounts": [], "user": "bob", "groups": ["eng", "ops"] },
+            { "name": "carol", "id": "cd", "services": ["notes"], "mounts": [] }
+        ]});
+        let table = render_peers(&v);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with(" user"), "{table}");
+        assert!(lines[1].ends_with(" bob (eng,ops)"), "{table}");
+        assert!(lines[2].ends_with("-"), "{table}");
+        let plain = render_peers(&json!({ "peers": [{ "name": "carol", "id": "cd" }] }));
+        assert!(plain.lines().all(|l| l == l.trim_end()), "{plain:?}");
+    }
+
+    #[test]
+    fn status_names_the_org_when_there_is_one() {
+        let org = json!({ "name": "acme", "serial": 3, "expires_at": 0, "expired": true });
+        let shown = render_status(&json!({ "id": "ab", "org": org }));
+        assert!(
+            shown.contains("org acme: roster serial 3, EXPIRED since 1970-01-01"),
+            "{shown}"
+        );
+        let none = render_status(&json!({ "id": "ab", "org": null }));
+        assert!(!none.contains("org "), "{none}");
     }
 }

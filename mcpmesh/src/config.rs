@@ -46,6 +46,8 @@ pub struct Config {
     #[serde(default)]
     pub audit: AuditSection,
     #[serde(default)]
+    pub org: OrgSection,
+    #[serde(default)]
     pub services: BTreeMap<String, ServiceConfig>,
     #[serde(default)]
     pub peers: BTreeMap<String, PeerConfig>,
@@ -85,6 +87,16 @@ pub struct AuditSection {
     /// Month files older than this many months are deleted; unset keeps everything.
     pub retain_months: Option<u32>,
 }
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrgSection {
+    /// How often the node pulls the roster from reachable members, in seconds.
+    pub sync_secs: Option<u64>,
+}
+
+/// How often a node pulls the roster from reachable members, by default.
+pub const DEFAULT_ORG_SYNC_SECS: u64 = 120;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -270,6 +282,8 @@ pub struct Settings {
     pub services: Vec<ServiceSpec>,
     pub peers: Vec<PeerSpec>,
     pub audit_retain_months: Option<u32>,
+    /// How often the roster is pulled from reachable members.
+    pub org_sync: Duration,
 }
 
 impl Config {
@@ -351,6 +365,9 @@ impl Config {
             services,
             peers,
             audit_retain_months: self.audit.retain_months,
+            org_sync: Duration::from_secs(
+                self.org.sync_secs.unwrap_or(DEFAULT_ORG_SYNC_SECS).max(1),
+            ),
         })
     }
 }

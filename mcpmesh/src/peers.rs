@@ -1,41 +1,129 @@
 //! The peer table: whom this node trusts, by key, and the trust gate over it.
+//!
+//! Three sources feed it, with one precedence: a key the org roster revokes is refused
+//! whatever else trusts it; a roster member holds its user and groups; a static or paired
+//! peer keeps the name this node gave it (and a roster member with no such name is known by
+//! the name the roster mounts it under).
 
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use iroh::{EndpointAddr, EndpointId};
+use iroh::{EndpointAddr, EndpointId, RelayUrl};
 use mcpmesh_net::{PeerIdentity, TrustGate};
 
-use crate::config::PeerSpec;
+/// Where the node's trust in a peer comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `[peers.NAME]` in config.
+    Static,
+    /// A pairing.
+    Paired,
+    /// The org roster only.
+    Roster,
+}
 
-/// Peers trusted statically (`[peers.NAME]`). Swapped whole when the config changes.
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Static => "static",
+            Source::Paired => "paired",
+            Source::Roster => "roster",
+        }
+    }
+}
+
+/// One trusted peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownPeer {
+    pub name: String,
+    pub id: EndpointId,
+    pub addrs: Vec<SocketAddr>,
+    pub relay: Option<RelayUrl>,
+    /// From the roster only.
+    pub user: Option<String>,
+    pub groups: Vec<String>,
+    pub source: Source,
+}
+
+impl KnownPeer {
+    pub fn new(
+        name: impl Into<String>,
+        id: EndpointId,
+        addrs: Vec<SocketAddr>,
+        source: Source,
+    ) -> Self {
+        KnownPeer {
+            name: name.into(),
+            id,
+            addrs,
+            relay: None,
+            user: None,
+            groups: Vec::new(),
+            source,
+        }
+    }
+
+    /// The identity the gate resolves this peer to.
+    pub fn identity(&self) -> PeerIdentity {
+        PeerIdentity {
+            endpoint: *self.id.as_bytes(),
+            name: self.name.clone(),
+            user_id: self.user.clone(),
+            groups: self.groups.clone(),
+        }
+    }
+}
+
+/// Every peer this node trusts, and the keys a roster revoked. Swapped whole on any change.
 #[derive(Debug, Default, Clone)]
 pub struct PeerTable {
-    peers: Vec<PeerSpec>,
+    peers: Vec<KnownPeer>,
+    revoked: HashSet<EndpointId>,
 }
 
 impl PeerTable {
-    pub fn new(peers: Vec<PeerSpec>) -> Self {
-        PeerTable { peers }
+    pub fn new(peers: Vec<KnownPeer>) -> Self {
+        PeerTable {
+            peers,
+            revoked: HashSet::new(),
+        }
     }
 
-    pub fn by_name(&self, name: &str) -> Option<&PeerSpec> {
+    /// The table with `revoked` keys refused: they leave it, whatever trusted them.
+    pub fn with_revoked(mut self, revoked: HashSet<EndpointId>) -> Self {
+        self.peers.retain(|p| !revoked.contains(&p.id));
+        self.revoked = revoked;
+        self
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&KnownPeer> {
         self.peers.iter().find(|p| p.name == name)
     }
 
-    pub fn by_id(&self, id: &EndpointId) -> Option<&PeerSpec> {
+    pub fn by_id(&self, id: &EndpointId) -> Option<&KnownPeer> {
         self.peers.iter().find(|p| &p.id == id)
     }
 
-    pub fn all(&self) -> &[PeerSpec] {
+    pub fn all(&self) -> &[KnownPeer] {
         &self.peers
+    }
+
+    pub fn is_revoked(&self, id: &EndpointId) -> bool {
+        self.revoked.contains(id)
     }
 
     /// The address hints of every peer, for the dialer's address book.
     pub fn address_hints(&self) -> impl Iterator<Item = EndpointAddr> + '_ {
         self.peers.iter().map(|p| {
-            p.addrs
+            let addr = p
+                .addrs
                 .iter()
-                .fold(EndpointAddr::new(p.id), |a, s| a.with_ip_addr(*s))
+                .fold(EndpointAddr::new(p.id), |a, s| a.with_ip_addr(*s));
+            match &p.relay {
+                Some(relay) => addr.with_relay_url(relay.clone()),
+                None => addr,
+            }
         })
     }
 }
@@ -60,13 +148,18 @@ impl PeerGate {
     pub fn snapshot(&self) -> PeerTable {
         self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    pub fn is_revoked(&self, id: &EndpointId) -> bool {
+        self.table
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_revoked(id)
+    }
 }
 
 impl TrustGate for PeerGate {
     fn resolve(&self, remote: &EndpointId) -> Option<PeerIdentity> {
         let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-        table
-            .by_id(remote)
-            .map(|p| PeerIdentity::new(p.id, p.name.clone()))
+        table.by_id(remote).map(KnownPeer::identity)
     }
 }

@@ -128,6 +128,20 @@ pub enum AuditEvent {
         first_seq: u64,
         first_prev: String,
     },
+    /// The node took a new org roster; `from` is `self` (signed here) or the peer it came
+    /// from.
+    RosterInstalled {
+        org: String,
+        serial: u64,
+        from: String,
+    },
+    /// The node refused a roster: `reason` is one word (`bad_signature`, `stale`, `expired`,
+    /// `not_yet_valid`, `other_org`, `invalid`, `malformed`, `too_large`, `no_org`).
+    RosterRefused {
+        from: String,
+        reason: String,
+        message: String,
+    },
 }
 
 impl AuditEvent {
@@ -146,7 +160,9 @@ impl AuditEvent {
             | AuditEvent::ConnectionsRefused { .. }
             | AuditEvent::AuditRepaired { .. }
             | AuditEvent::AuditDamaged { .. }
-            | AuditEvent::AuditPruned { .. } => (None, None),
+            | AuditEvent::AuditPruned { .. }
+            | AuditEvent::RosterRefused { .. } => (None, None),
+            AuditEvent::RosterInstalled { from, .. } => (Some(from), None),
         }
     }
 }

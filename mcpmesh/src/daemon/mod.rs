@@ -2,6 +2,7 @@
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
 mod node;
+mod org;
 mod reach;
 mod status;
 mod trust;
@@ -32,10 +33,13 @@ use crate::keys;
 use crate::pairing::ALPN_PAIR;
 use crate::paths::Profile;
 use crate::peers::PeerGate;
+use crate::roster::invite::ALPN_JOIN;
+use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoreError};
 
-use node::{Node, peer_table};
+use node::Node;
+use org::{JoinProtocol, RosterProtocol};
 use trust::PairProtocol;
 
 /// How often the node prunes expired invites and idle rate-limit state.
@@ -133,7 +137,6 @@ pub async fn run(
         settings.dial_timeout,
         settings.idle_close,
     ));
-    let initial = peer_table(&settings, &store.peers()?);
     let node = Arc::new(Node {
         config_file,
         settings: RwLock::new(settings.clone()),
@@ -149,8 +152,13 @@ pub async fn run(
         naming: Default::default(),
         outgoing: Default::default(),
         reach: Default::default(),
+        held: Default::default(),
+        org_lock: Default::default(),
+        root_file: profile.org_root_file(),
+        this: Default::default(),
     });
-    gate.replace(initial);
+    let _ = node.this.set(Arc::downgrade(&node));
+    node.load_roster();
     node.apply(settings);
     // Before any peer can call: grants a pairing committed just before a crash.
     node.settle_owed_grants();
@@ -164,8 +172,10 @@ pub async fn run(
             ALPN_MCP,
             MeshProtocol::new(audited.clone(), host.clone(), registry.clone()),
         )
-        .accept(ALPN_PING, PingProtocol::new(audited))
+        .accept(ALPN_PING, PingProtocol::new(audited.clone()))
+        .accept(ALPN_ROSTER, RosterProtocol::new(node.clone(), audited))
         .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
+        .accept(ALPN_JOIN, JoinProtocol::new(node.clone()))
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();
@@ -182,8 +192,25 @@ pub async fn run(
                     _ = every.tick() => {
                         refusals.flush();
                         node.housekeeping();
+                        node.roster_upkeep();
                         node.confirm_pending().await;
+                        node.confirm_pending_join().await;
                     }
+                }
+            }
+        })
+    };
+
+    let puller = {
+        let (node, stop) = (node.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(node.settings().org_sync);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    // The first tick is immediate: a node coming back catches up at once.
+                    _ = every.tick() => node.sync_all().await,
                 }
             }
         })
@@ -222,6 +249,8 @@ pub async fn run(
     let _ = upkeep.await;
     checker.abort();
     let _ = checker.await;
+    puller.abort();
+    let _ = puller.await;
     refusals.flush();
     audit_log.close().await;
     tracing::info!("node stopped");

@@ -5,25 +5,28 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use iroh::{Endpoint, EndpointId};
+use mcpmesh_net::TrustGate;
 use mcpmesh_net::endpoint;
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
 use mcpmesh_net::registry::ConnectionRegistry;
 use mcpmesh_net::session::{ALPN_MCP, DialError, Dialer, OpenedSession, valid_service_name};
-use mcpmesh_net::{PeerIdentity, TrustGate};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::preflight;
-use crate::config::{self, ConfigFile, PeerSpec, Settings, parse_endpoint_id};
+use crate::config::{self, ConfigFile, Settings, parse_endpoint_id};
 use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
 use crate::pairing::ALPN_PAIR;
-use crate::peers::{PeerGate, PeerTable};
+use crate::peers::{KnownPeer, PeerGate, PeerTable, Source};
 use crate::principal::{Principal, is_allowed};
 use crate::proxy;
+use crate::roster::RosterView;
+use crate::roster::invite::ALPN_JOIN;
+use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
 
@@ -50,6 +53,14 @@ pub(super) struct Node {
     pub(super) outgoing: Outgoing,
     /// What the node last found of each peer's reachability.
     pub(super) reach: Reachability,
+    /// The org roster this node holds, if it is in an org.
+    pub(super) held: RwLock<Option<Arc<RosterView>>>,
+    /// Held while a roster is checked and installed, so two never interleave.
+    pub(super) org_lock: std::sync::Mutex<()>,
+    /// Where the org root key is kept on the admin's node.
+    pub(super) root_file: std::path::PathBuf,
+    /// The node itself, for work it hands to tasks of its own.
+    pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
 }
 
 /// Sessions this node opened to peers' services, for `status`.
@@ -113,7 +124,12 @@ impl Node {
             tracing::error!("{e}");
             Vec::new()
         });
-        let new = peer_table(&settings, &stored);
+        let new = peer_table(
+            &settings,
+            &stored,
+            self.roster().as_deref(),
+            self.endpoint.id(),
+        );
         let old = self.gate.snapshot();
         for gone in old.all().iter().filter(|p| new.by_id(&p.id).is_none()) {
             let n = self
@@ -143,6 +159,11 @@ impl Node {
                 _ => true,
             }
         })
+    }
+
+    /// The node as a shared handle (`None` only while it is being torn down).
+    pub(super) fn arc(&self) -> Option<Arc<Node>> {
+        self.this.get()?.upgrade()
     }
 
     /// Re-applies the current settings (after the store changed).
@@ -176,15 +197,22 @@ impl Node {
         });
     }
 
-    /// Offers the pairing ALPN only while an invite is live.
+    /// Offers the pairing and join ALPNs only while an invite of theirs is live.
     pub(super) fn update_alpns(&self) {
         let live = self
             .store
             .prune_invites(crate::time::unix_ms() / 1000)
             .unwrap_or(0);
-        let mut alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec()];
+        let joins = self
+            .store
+            .prune_join_invites(crate::time::unix_ms() / 1000)
+            .unwrap_or(0);
+        let mut alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec(), ALPN_ROSTER.to_vec()];
         if live > 0 {
             alpns.push(ALPN_PAIR.to_vec());
+        }
+        if joins > 0 {
+            alpns.push(ALPN_JOIN.to_vec());
         }
         self.endpoint.set_alpns(alpns);
     }
@@ -316,7 +344,7 @@ impl Node {
             .snapshot()
             .all()
             .iter()
-            .filter(|p| is_allowed(allow, &PeerIdentity::new(p.id, p.name.clone())))
+            .filter(|p| is_allowed(allow, &p.identity()))
             .map(|p| p.name.clone())
             .collect()
     }
@@ -376,11 +404,16 @@ impl Node {
                 ),
             ));
         }
+        let fresh = !self.dialer.is_connected(&peer.id);
         let opened = self.dialer.open(peer.id, &open.service).await;
         match &opened {
             Ok(_) => {
                 self.reach.record(peer.id, true, None);
                 self.reach.poke();
+                // Two members that just connected compare rosters.
+                if fresh && peer.user.is_some() {
+                    self.sync_soon(peer.id);
+                }
             }
             Err(DialError::Refused) => {}
             Err(_) => self.reach.record(peer.id, false, None),
@@ -397,9 +430,22 @@ fn shared_with(peers: &[String]) -> String {
     }
 }
 
-/// Static peers from config, then peers met by pairing (a config entry wins on a clash).
-pub(super) fn peer_table(settings: &Settings, stored: &[StoredPeer]) -> PeerTable {
-    let mut peers = settings.peers.clone();
+/// Static peers from config, then peers met by pairing (a config entry wins on a clash), then
+/// the roster's members: a member already trusted gains its user and groups; one that is not
+/// is known by its mount name (or, when this node gave that name to another key, by
+/// `USER.DEVICE`, else not by name at all but by key). An expired roster trusts nobody new,
+/// and its revoked keys are refused whatever else trusts them.
+pub(super) fn peer_table(
+    settings: &Settings,
+    stored: &[StoredPeer],
+    roster: Option<&RosterView>,
+    me: EndpointId,
+) -> PeerTable {
+    let mut peers: Vec<KnownPeer> = settings
+        .peers
+        .iter()
+        .map(|p| KnownPeer::new(p.name.clone(), p.id, p.addrs.clone(), Source::Static))
+        .collect();
     for sp in stored {
         let Some(id) = parse_endpoint_id(&sp.id) else {
             continue;
@@ -407,13 +453,45 @@ pub(super) fn peer_table(settings: &Settings, stored: &[StoredPeer]) -> PeerTabl
         if peers.iter().any(|p| p.id == id || p.name == sp.name) {
             continue;
         }
-        peers.push(PeerSpec {
-            name: sp.name.clone(),
-            id,
-            addrs: sp.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
-        });
+        let addrs = sp.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        peers.push(KnownPeer::new(sp.name.clone(), id, addrs, Source::Paired));
     }
-    PeerTable::new(peers)
+    let Some(roster) = roster else {
+        return PeerTable::new(peers);
+    };
+    if !roster.is_expired(crate::time::unix_ms() / 1000) {
+        for seat in roster.seats() {
+            if seat.id == me {
+                continue;
+            }
+            if let Some(known) = peers.iter_mut().find(|p| p.id == seat.id) {
+                known.user = Some(seat.user.clone());
+                known.groups = seat.groups.clone();
+                if known.addrs.is_empty() {
+                    known.addrs = seat.addrs.clone();
+                }
+                known.relay = seat.relay.clone();
+                continue;
+            }
+            let candidates = [
+                seat.mount.clone(),
+                format!("{}.{}", seat.user, seat.device),
+                format!("{}.{}", seat.mount, &seat.id.to_string()[..8]),
+            ];
+            let Some(name) = candidates
+                .into_iter()
+                .find(|n| valid_service_name(n) && !peers.iter().any(|p| &p.name == n))
+            else {
+                continue;
+            };
+            let mut known = KnownPeer::new(name, seat.id, seat.addrs.clone(), Source::Roster);
+            known.relay = seat.relay.clone();
+            known.user = Some(seat.user.clone());
+            known.groups = seat.groups.clone();
+            peers.push(known);
+        }
+    }
+    PeerTable::new(peers).with_revoked(roster.revoked().clone())
 }
 
 pub(super) fn params_of<T: serde::de::DeserializeOwned>(params: Value) -> Result<T, ControlError> {
@@ -435,6 +513,15 @@ impl ControlHandler for Node {
             methods::SERVICES_SERVE => self.serve(params)?,
             methods::SERVICES_UNSERVE => self.unserve(params)?,
             methods::STATUS => self.status().await,
+            methods::ORG_CREATE => self.org_create(params)?,
+            methods::ORG_INVITE => self.org_invite(params)?,
+            methods::ORG_JOIN => self.org_join(params).await?,
+            methods::ORG_MEMBERS => self.org_members()?,
+            methods::ORG_REMOVE => self.org_remove(params)?,
+            methods::ORG_GROUPS => self.org_groups(params)?,
+            methods::ORG_STATUS => self.org_status().await?,
+            methods::ORG_EXPORT_ROOT => self.org_export_root(params)?,
+            methods::ORG_IMPORT_ROOT => self.org_import_root(params)?,
             methods::SESSION_OPEN => {
                 let open: SessionOpen = params_of(params)?;
                 let session = self.open_session(&open).await?;

@@ -1,7 +1,7 @@
 //! What the node can say about itself: its peers (with reachability and round-trip time),
-//! what it serves and to whom, live sessions, recent pairings.
+//! what it serves and to whom, live sessions, recent pairings, the org it is in.
 
-use mcpmesh_net::PeerIdentity;
+use crate::peers::Source;
 use serde_json::{Value, json};
 
 use super::node::Node;
@@ -28,7 +28,7 @@ impl Node {
             .all()
             .iter()
             .map(|p| {
-                let identity = PeerIdentity::new(p.id, p.name.clone());
+                let identity = p.identity();
                 let hex = p.id.to_string();
                 let record = stored.iter().find(|s| s.id == hex);
                 let seen = self.reach.get(&p.id);
@@ -38,11 +38,18 @@ impl Node {
                     "addrs": p.addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "services": services.granted_to(&identity),
                     "mounts": record.map(|r| r.mounts.clone()).unwrap_or_default(),
-                    "source": if record.is_some() { "paired" } else { "config" },
+                    "source": match p.source {
+                        Source::Static => "config",
+                        other => other.as_str(),
+                    },
                     "pending": record.is_some_and(|r| r.pending),
                     "connected": connected.contains(&p.id),
                     "reachable": seen.is_some_and(|s| s.reachable),
                 });
+                if let Some(user) = &p.user {
+                    v["user"] = json!(user);
+                    v["groups"] = json!(p.groups);
+                }
                 if let Some(seen) = seen {
                     v["checked_at"] = json!(seen.checked_at_ms / 1000);
                     if let Some(rtt) = seen.rtt.filter(|_| seen.reachable) {
@@ -103,6 +110,7 @@ impl Node {
             "sessions": live,
             "outgoing": outgoing,
             "invites_live": invites,
+            "org": self.org_summary(),
         })
     }
 }

@@ -83,7 +83,7 @@ impl Node {
             .map(|s| s.name.clone())
     }
 
-    fn peer_by_name(&self, name: &str) -> Result<crate::config::PeerSpec, ControlError> {
+    fn peer_by_name(&self, name: &str) -> Result<crate::peers::KnownPeer, ControlError> {
         self.gate.snapshot().by_name(name).cloned().ok_or_else(|| {
             ControlError::new(
                 codes::NOT_FOUND,
@@ -214,7 +214,7 @@ impl Node {
             self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
         self.trust_event("revoke", Some(&g.peer), Some(&g.service));
         // Access may remain through a user or group entry; say so rather than pretend.
-        let identity = mcpmesh_net::PeerIdentity::new(peer.id, peer.name.clone());
+        let identity = peer.identity();
         let still = self
             .services
             .read()
@@ -806,6 +806,11 @@ impl ProtocolHandler for PairProtocol {
             return Ok(());
         };
         let redeemer = conn.remote_id();
+        // A key the org revoked is refused on every ALPN, pairing included.
+        if self.node.gate.is_revoked(&redeemer) {
+            conn.close(VarInt::from_u32(401), b"unknown peer");
+            return Ok(());
+        }
         let Ok(Ok((send, recv))) =
             tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, conn.accept_bi()).await
         else {

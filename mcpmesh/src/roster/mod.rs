@@ -380,6 +380,10 @@ impl RosterView {
         self.revoked.contains(id)
     }
 
+    pub fn revoked(&self) -> &HashSet<EndpointId> {
+        &self.revoked
+    }
+
     pub fn seat(&self, id: &EndpointId) -> Option<&Seat> {
         self.seats.get(id)
     }

@@ -1,7 +1,10 @@
-//! The node's embedded store (redb): peers met by pairing, live invites, recent pairings.
+//! The node's embedded store (redb): peers met by pairing, live invites, recent pairings,
+//! and the org this node belongs to (see `org`).
 //!
 //! Every change is one transaction, so a crash leaves the old state or the new one, never a
 //! torn one. Values are JSON, so records can grow fields without a migration.
+
+mod org;
 
 use std::path::Path;
 
@@ -22,6 +25,8 @@ const PAIRINGS_KEPT: usize = 32;
 #[derive(Debug, thiserror::Error)]
 #[error("the node's store: {0}")]
 pub struct StoreError(String);
+
+pub use org::{JoinStep, OrgRecord, PendingJoin, StoredJoinInvite};
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
@@ -98,6 +103,8 @@ impl Store {
             txn.open_table(PEERS).map_err(err)?;
             txn.open_table(INVITES).map_err(err)?;
             txn.open_table(PAIRINGS).map_err(err)?;
+            txn.open_table(org::ORG).map_err(err)?;
+            txn.open_table(org::JOIN_INVITES).map_err(err)?;
         }
         txn.commit().map_err(err)?;
         use std::os::unix::fs::PermissionsExt;

@@ -1,0 +1,512 @@
+//! Joining an org: the joiner's `join` verb and the admin node's side of `mcpmesh/join/1`,
+//! crash-safe like pairing (see `roster::invite`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use iroh::endpoint::{Connection, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use iroh::{EndpointAddr, EndpointId, RelayUrl};
+use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
+use mcpmesh_net::ping::{PingOutcome, ping_outcome};
+use mcpmesh_net::transport::NdjsonTransport;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+use crate::audit::AuditEvent;
+use crate::control::{ControlError, codes};
+use crate::pairing;
+use crate::roster::invite::{
+    ALPN_JOIN, JoinCommit, JoinHello, JoinInvite, JoinReply, MAX_MESSAGE as MAX_JOIN_MESSAGE,
+};
+use crate::roster::sync::{EXCHANGE_TIMEOUT, MAX_MESSAGE};
+use crate::roster::{
+    self, DEFAULT_VALIDITY_SECS, Device, Member, RosterView, SignedRoster, valid_device,
+};
+use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin};
+use crate::time::unix_ms;
+
+use super::super::node::{Node, params_of};
+use super::sync::{RosterWire, next_message};
+use super::{bad, device_name, free_device_name, not_in_org, now_secs, store_err};
+
+/// Failed join attempts after which a join invite is void.
+const MAX_JOIN_FAILURES: u32 = 10;
+/// Join exchanges (from keys not yet trusted) handled at once.
+const MAX_CONCURRENT_JOINS: usize = 16;
+
+impl Node {
+    /// Settles a join left pending by a crash: the admin's node answers a roster exchange
+    /// only if it admitted this device (then its roster completes the join), and refuses the
+    /// connection if it did not (then the join is dropped). Unreachable: ask later.
+    pub(in crate::daemon) async fn confirm_pending_join(&self) {
+        let Ok(Some(record)) = self.store.org() else {
+            return;
+        };
+        let Some(pending) = record.pending.clone() else {
+            return;
+        };
+        let Some(admin) = roster::parse_eid(&pending.admin) else {
+            return;
+        };
+        self.dialer
+            .add_address_hint(hint(admin, &pending.addrs, pending.relay.as_deref()));
+        match ping_outcome(&self.endpoint, admin, EXCHANGE_TIMEOUT).await {
+            PingOutcome::Reachable(_) => {
+                self.sync_with(admin).await;
+            }
+            PingOutcome::Refused => {
+                let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+                if let Ok(Some(now)) = self.store.org()
+                    && now.pending.is_some()
+                {
+                    // A node that held a roster before keeps it; a fresh joiner leaves the org.
+                    let outcome = if now.roster.is_some() {
+                        self.store.put_org(&OrgRecord {
+                            pending: None,
+                            ..now
+                        })
+                    } else {
+                        self.store.remove_org()
+                    };
+                    if outcome.is_ok() {
+                        tracing::info!(org = %record.org, "join undone: the admin never completed it");
+                    }
+                }
+            }
+            PingOutcome::Unreachable => {}
+        }
+    }
+
+    pub(in crate::daemon) async fn org_join(&self, params: Value) -> Result<Value, ControlError> {
+        #[derive(Deserialize)]
+        struct Join {
+            invite: String,
+            #[serde(default)]
+            device: Option<String>,
+        }
+        let j: Join = params_of(params)?;
+        let invite = JoinInvite::decode(&j.invite).map_err(|e| bad(e.to_string()))?;
+        let (Some(admin), Some(_), Some(secret)) =
+            (invite.admin_id(), invite.root_key(), invite.secret_bytes())
+        else {
+            return Err(bad("this invite is damaged"));
+        };
+        let me = self.endpoint.id();
+        if admin == me {
+            return Err(bad("this is one of this node's own invites"));
+        }
+        if invite.exp <= now_secs() {
+            return Err(ControlError::new(
+                codes::REFUSED,
+                format!(
+                    "this invite expired at {} UTC; ask for a new one",
+                    crate::time::format_time(invite.exp * 1000)
+                ),
+            ));
+        }
+        if let Some(d) = &j.device
+            && !valid_device(d)
+        {
+            return Err(bad(format!(
+                "{d:?}: a device name is 1-{} letters, digits, '.', '_' or '-'",
+                roster::MAX_DEVICE_LEN
+            )));
+        }
+        if let Some(existing) = self.store.org().map_err(store_err)? {
+            let same = existing.root.eq_ignore_ascii_case(&invite.root);
+            let member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+            if !same {
+                return Err(ControlError::new(
+                    codes::CONFLICT,
+                    format!(
+                        "this node is in the org {} already; a node belongs to one org",
+                        existing.org
+                    ),
+                ));
+            }
+            if member {
+                return Err(ControlError::new(
+                    codes::CONFLICT,
+                    format!("this node is a member of {} already", existing.org),
+                ));
+            }
+        }
+        self.dialer
+            .add_address_hint(hint(admin, &invite.addrs, invite.relay.as_deref()));
+        let hello = JoinHello {
+            join: 1,
+            invite: invite.iid.clone(),
+            proof: pairing::proof(&secret, &admin, &me),
+            device: j
+                .device
+                .clone()
+                .or_else(|| self.settings().nickname.clone()),
+            addrs: self.direct_addrs(),
+        };
+        let limit = self.settings().dial_timeout + EXCHANGE_TIMEOUT;
+        let unanswered = || {
+            ControlError::new(
+                codes::UNREACHABLE,
+                "the admin's node did not answer in time",
+            )
+        };
+        let mut exchange = tokio::time::timeout(limit, JoinExchange::open(&self.endpoint, admin))
+            .await
+            .map_err(|_| unanswered())??;
+        let reply = tokio::time::timeout(limit, exchange.ask(&hello))
+            .await
+            .map_err(|_| unanswered())??;
+        if !reply.ok {
+            return Err(join_refusal(reply));
+        }
+        // Pinned and pending before the admin commits: whatever crashes next, recovery can
+        // tell from the admin's node whether the join happened (see `confirm_pending_join`).
+        {
+            let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let held = self.store.org().map_err(store_err)?;
+            self.store
+                .put_org(&OrgRecord {
+                    org: invite.org.clone(),
+                    root: invite.root.clone(),
+                    roster: held.and_then(|h| h.roster),
+                    pending: Some(PendingJoin {
+                        admin: invite.admin.clone(),
+                        addrs: invite.addrs.clone(),
+                        relay: invite.relay.clone(),
+                        user: invite.user.clone(),
+                        at: unix_ms(),
+                    }),
+                })
+                .map_err(store_err)?;
+        }
+        let done = tokio::time::timeout(limit, exchange.ask(&JoinCommit { commit: true })).await;
+        exchange.close();
+        let roster_text = match done {
+            Ok(Ok(JoinReply {
+                ok: true,
+                roster: Some(text),
+                ..
+            })) => text,
+            Ok(Ok(refused)) => {
+                let _ = self.store.org().map(|held| match held {
+                    Some(h) if h.roster.is_some() => {
+                        self.store.put_org(&OrgRecord { pending: None, ..h })
+                    }
+                    _ => self.store.remove_org(),
+                });
+                return Err(join_refusal(refused));
+            }
+            Err(_) | Ok(Err(_)) => {
+                return Err(ControlError::new(
+                    codes::UNREACHABLE,
+                    "the admin's node did not confirm the join; it will be confirmed or undone when it can be reached",
+                ));
+            }
+        };
+        let admin_name = format!("eid:{}", admin.fmt_short());
+        self.install_roster(roster_text.as_bytes(), &admin_name)
+            .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
+        let view = self.roster().ok_or_else(not_in_org)?;
+        let seat = view.seat(&me).ok_or_else(|| {
+            ControlError::new(
+                codes::REFUSED,
+                "the admin's roster does not name this device",
+            )
+        })?;
+        let code = pairing::code(&admin, &me, &secret);
+        self.trust_event("org_join", Some(&seat.user), None);
+        Ok(json!({
+            "org": view.roster().org,
+            "user": seat.user,
+            "groups": seat.groups,
+            "device": seat.device,
+            "code": code,
+            "serial": view.roster().serial,
+        }))
+    }
+
+    /// On the admin's node, on the joiner's hello: the proof must hold for a live invite.
+    /// Nothing is stored but a failed attempt. Blocking (store transactions).
+    pub(super) fn check_join(&self, joiner: EndpointId, hello: &JoinHello) -> JoinReply {
+        if self.gate.is_revoked(&joiner) {
+            return JoinReply::refused("this device was removed from the org");
+        }
+        let me = self.endpoint.id();
+        let checked =
+            self.store
+                .attempt_join(&hello.invite, now_secs(), MAX_JOIN_FAILURES, |invite| {
+                    if pairing::proof_matches(&invite.secret, &me, &joiner, &hello.proof) {
+                        Ok((None, ()))
+                    } else {
+                        Err("the invite's secret does not match".to_owned())
+                    }
+                });
+        let reply = match checked {
+            Ok(JoinStep::Accepted(())) => JoinReply {
+                ok: true,
+                ..Default::default()
+            },
+            Ok(JoinStep::Refused(reason)) => {
+                tracing::info!(peer = %joiner.fmt_short(), "refused a join: {reason}");
+                JoinReply::refused(reason)
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                JoinReply::refused("the admin's store failed")
+            }
+        };
+        self.update_alpns();
+        reply
+    }
+
+    /// On the admin's node, on the joiner's commit: the used invite and the roster naming
+    /// the new device, signed as the next serial, in one store transaction; then installed
+    /// here and pushed to the members. Blocking.
+    pub(super) fn complete_join(&self, joiner: EndpointId, hello: &JoinHello) -> JoinReply {
+        let Ok((key, view)) = self.require_admin() else {
+            return JoinReply::refused("this node is no longer the org's admin");
+        };
+        let me = self.endpoint.id();
+        let addrs: Vec<String> = hello
+            .addrs
+            .iter()
+            .filter(|a| a.parse::<SocketAddr>().is_ok())
+            .take(16)
+            .cloned()
+            .collect();
+        let now = now_secs();
+        let record = match self.store.org() {
+            Ok(Some(r)) => r,
+            _ => return JoinReply::refused("the admin's store failed"),
+        };
+        let outcome = {
+            let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.store
+                .attempt_join(&hello.invite, now, MAX_JOIN_FAILURES, |invite| {
+                    if !pairing::proof_matches(&invite.secret, &me, &joiner, &hello.proof) {
+                        return Err("the invite's secret does not match".to_owned());
+                    }
+                    let mut next = roster::successor(view.roster(), now, DEFAULT_VALIDITY_SECS);
+                    next.revoked
+                        .retain(|r| roster::parse_eid(r) != Some(joiner));
+                    let wanted = device_name(invite.device.as_deref().or(hello.device.as_deref()));
+                    let device = |member: &Member| Device {
+                        name: free_device_name(member, &wanted),
+                        eid: joiner.to_string(),
+                        addrs: addrs.clone(),
+                        relay: None,
+                    };
+                    if next.members.iter().any(|m| {
+                        m.devices
+                            .iter()
+                            .any(|d| roster::parse_eid(&d.eid) == Some(joiner))
+                    }) {
+                        return Err("this device is a member already".to_owned());
+                    }
+                    match next.members.iter_mut().find(|m| m.user == invite.user) {
+                        Some(member) => {
+                            let d = device(member);
+                            member.devices.push(d);
+                        }
+                        None => {
+                            let member = Member {
+                                user: invite.user.clone(),
+                                groups: invite.groups.clone(),
+                                devices: Vec::new(),
+                            };
+                            let d = device(&member);
+                            next.members.push(Member {
+                                devices: vec![d],
+                                ..member
+                            });
+                        }
+                    }
+                    let signed = SignedRoster::sign(next, &key).map_err(|e| e.to_string())?;
+                    let code = pairing::code(&me, &joiner, &invite.secret);
+                    let stored = OrgRecord {
+                        roster: Some(signed.text.clone()),
+                        ..record.clone()
+                    };
+                    let pairing = Pairing {
+                        peer: format!("{} (org {})", invite.user, record.org),
+                        code,
+                        at: unix_ms(),
+                    };
+                    Ok((Some((stored, pairing)), (signed, invite.user.clone())))
+                })
+        };
+        self.update_alpns();
+        match outcome {
+            Ok(JoinStep::Accepted((signed, user))) => {
+                let signed_view = Arc::new(RosterView::new(signed.clone()));
+                *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(signed_view);
+                self.audit.record(AuditEvent::RosterInstalled {
+                    org: signed.roster.org.clone(),
+                    serial: signed.roster.serial,
+                    from: "self".to_owned(),
+                });
+                self.refresh();
+                self.trust_event("org_join", Some(&user), None);
+                tracing::info!(user = %user, device = %joiner.fmt_short(), "a device joined the org");
+                self.push_all();
+                JoinReply {
+                    ok: true,
+                    error: None,
+                    roster: Some(signed.text),
+                }
+            }
+            Ok(JoinStep::Refused(reason)) => JoinReply::refused(reason),
+            Err(e) => {
+                tracing::error!("{e}");
+                JoinReply::refused("the admin's store failed")
+            }
+        }
+    }
+}
+
+fn hint(id: EndpointId, addrs: &[String], relay: Option<&str>) -> EndpointAddr {
+    let mut hint = EndpointAddr::new(id);
+    for a in addrs.iter().filter_map(|a| a.parse::<SocketAddr>().ok()) {
+        hint = hint.with_ip_addr(a);
+    }
+    if let Some(relay) = relay.and_then(|u| u.parse::<RelayUrl>().ok()) {
+        hint = hint.with_relay_url(relay);
+    }
+    hint
+}
+
+fn join_refusal(reply: JoinReply) -> ControlError {
+    ControlError::new(
+        codes::REFUSED,
+        format!(
+            "the admin's node refused: {}",
+            reply.error.unwrap_or_else(|| "no reason given".into())
+        ),
+    )
+}
+
+/// The joiner's side of the join exchange.
+struct JoinExchange {
+    conn: Connection,
+    wire: RosterWire,
+}
+
+impl JoinExchange {
+    async fn open(endpoint: &iroh::Endpoint, admin: EndpointId) -> Result<Self, ControlError> {
+        let conn = endpoint.connect(admin, ALPN_JOIN).await.map_err(|e| {
+            // A node with no live join invite does not offer the protocol at all.
+            if e.to_string().contains("known protocol") {
+                ControlError::new(
+                    codes::REFUSED,
+                    "the admin's node is not accepting this invite: it was used, expired or withdrawn",
+                )
+            } else {
+                unreachable(&e)
+            }
+        })?;
+        let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
+        Ok(JoinExchange {
+            conn,
+            wire: NdjsonTransport::new(recv, send, MAX_JOIN_MESSAGE + MAX_MESSAGE),
+        })
+    }
+
+    async fn ask(&mut self, message: &impl serde::Serialize) -> Result<JoinReply, ControlError> {
+        let value = serde_json::to_value(message).map_err(|e| bad(e.to_string()))?;
+        self.wire
+            .send_value(value)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let answer = self
+            .wire
+            .recv_value()
+            .await
+            .map_err(|e| unreachable(&e))?
+            .ok_or_else(|| unreachable(&"the connection closed"))?;
+        serde_json::from_value(answer).map_err(|e| unreachable(&e))
+    }
+
+    fn close(self) {
+        self.conn.close(VarInt::from_u32(0), b"done");
+    }
+}
+
+fn unreachable(e: &dyn std::fmt::Display) -> ControlError {
+    ControlError::new(
+        codes::UNREACHABLE,
+        format!("cannot reach the admin's node ({e}); is it running, and the invite still live?"),
+    )
+}
+
+/// The `mcpmesh/join/1` handler, on the admin's node. Open to unknown keys by design: the
+/// invite secret is the credential, with an attempt budget per invite. Revoked keys are
+/// turned away.
+#[derive(Debug)]
+pub(in crate::daemon) struct JoinProtocol {
+    node: Arc<Node>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl JoinProtocol {
+    pub(in crate::daemon) fn new(node: Arc<Node>) -> Self {
+        JoinProtocol {
+            node,
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_JOINS)),
+        }
+    }
+}
+
+impl ProtocolHandler for JoinProtocol {
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let joiner = conn.remote_id();
+        if self.node.gate.is_revoked(&joiner) {
+            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            return Ok(());
+        }
+        let Ok(_slot) = self.slots.clone().try_acquire_owned() else {
+            conn.close(VarInt::from_u32(503), b"busy");
+            return Ok(());
+        };
+        let Ok(Ok((send, recv))) = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.accept_bi()).await
+        else {
+            return Ok(());
+        };
+        let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_JOIN_MESSAGE);
+        let hello = next_message(&mut wire)
+            .await
+            .and_then(|v| serde_json::from_value::<JoinHello>(v).ok());
+        let reply = match hello.clone() {
+            Some(hello) if hello.join == 1 => {
+                let node = self.node.clone();
+                tokio::task::spawn_blocking(move || node.check_join(joiner, &hello))
+                    .await
+                    .unwrap_or_else(|_| JoinReply::refused("the admin's store failed"))
+            }
+            _ => JoinReply::refused("malformed join request"),
+        };
+        if send_reply(&mut wire, &reply).await && reply.ok {
+            let commit = next_message(&mut wire)
+                .await
+                .and_then(|v| serde_json::from_value::<JoinCommit>(v).ok());
+            if let (Some(hello), Some(JoinCommit { commit: true })) = (hello, commit) {
+                let node = self.node.clone();
+                let done = tokio::task::spawn_blocking(move || node.complete_join(joiner, &hello))
+                    .await
+                    .unwrap_or_else(|_| JoinReply::refused("the admin's store failed"));
+                send_reply(&mut wire, &done).await;
+            }
+        }
+        let _ = wire.writer_mut().shutdown().await;
+        let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.closed()).await;
+        Ok(())
+    }
+}
+
+async fn send_reply(wire: &mut RosterWire, reply: &JoinReply) -> bool {
+    match serde_json::to_value(reply) {
+        Ok(v) => wire.send_value(v).await.is_ok(),
+        Err(_) => false,
+    }
+}

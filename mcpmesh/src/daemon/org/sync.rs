@@ -1,0 +1,386 @@
+//! The roster's life in the node: installing rosters from anywhere after checking them,
+//! signing changes on the admin's node and pushing them, the exchange over
+//! `mcpmesh/roster/1`, the periodic pull, and re-signing before expiry.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+
+use iroh::EndpointId;
+use iroh::endpoint::{Connection, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use mcpmesh_net::TrustGate;
+use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
+use mcpmesh_net::transport::NdjsonTransport;
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+
+use crate::audit::AuditEvent;
+use crate::control::{ControlError, codes};
+use crate::roster::sync::{ALPN_ROSTER, EXCHANGE_TIMEOUT, MAX_MESSAGE, Offer};
+use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView, SignedRoster};
+use crate::store::OrgRecord;
+
+use super::super::node::Node;
+use super::{not_in_org, now_secs};
+
+/// Members a roster is pushed to (or pulled from) at once.
+pub(super) const SYNC_FANOUT: usize = 16;
+
+impl Node {
+    /// The roster this node holds.
+    pub(in crate::daemon) fn roster(&self) -> Option<Arc<RosterView>> {
+        self.held.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Loads the held roster from the store at start (it was checked when it was installed).
+    pub(in crate::daemon) fn load_roster(&self) {
+        let Ok(Some(record)) = self.store.org() else {
+            return;
+        };
+        let (Some(text), Some(root)) = (record.roster, roster::parse_eid(&record.root)) else {
+            return;
+        };
+        match SignedRoster::open(text.as_bytes(), &root) {
+            Ok(signed) => {
+                *self.held.write().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Arc::new(RosterView::new(signed)));
+            }
+            Err(e) => tracing::error!("the stored roster does not open: {e}"),
+        }
+    }
+
+    /// Checks `bytes` as a roster from `from` and installs it when it verifies under the
+    /// pinned root and is newer than the one held. Every refusal is audited. Returns whether
+    /// it was installed.
+    pub(in crate::daemon) fn install_roster(
+        &self,
+        bytes: &[u8],
+        from: &str,
+    ) -> Result<bool, RosterError> {
+        let installed = {
+            let _one_at_a_time = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.install_locked(bytes, from)
+        };
+        match &installed {
+            Ok(Some(view)) => {
+                let r = view.roster();
+                tracing::info!(org = %r.org, serial = r.serial, from, "roster installed");
+                self.audit.record(AuditEvent::RosterInstalled {
+                    org: r.org.clone(),
+                    serial: r.serial,
+                    from: from.to_owned(),
+                });
+                // Peers revoked or dropped lose their connections and sessions here.
+                self.refresh();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(from, "refused a roster: {e}");
+                self.audit.record(AuditEvent::RosterRefused {
+                    from: from.to_owned(),
+                    reason: e.kind().to_owned(),
+                    message: e.to_string(),
+                });
+            }
+        }
+        installed.map(|v| v.is_some())
+    }
+
+    pub(super) fn install_locked(
+        &self,
+        bytes: &[u8],
+        from: &str,
+    ) -> Result<Option<Arc<RosterView>>, RosterError> {
+        let record = self
+            .store
+            .org()
+            .ok()
+            .flatten()
+            .ok_or_else(|| RosterError::Invalid("this node is not in an org".into()))?;
+        let root = roster::parse_eid(&record.root)
+            .ok_or_else(|| RosterError::Invalid("the pinned root is damaged".into()))?;
+        let held = self.roster();
+        let held_serial = held.as_ref().map_or(0, |v| v.roster().serial);
+        let signed = match SignedRoster::accept(bytes, &root, held_serial, now_secs()) {
+            Ok(signed) => signed,
+            // The same roster again (a push and a pull crossing): nothing to do.
+            Err(RosterError::Stale { serial, held: h }) if serial == h => {
+                if held.is_some_and(|v| v.signed.text.as_bytes() == bytes) {
+                    return Ok(None);
+                }
+                return Err(RosterError::Stale { serial, held: h });
+            }
+            Err(e) => return Err(e),
+        };
+        let me = self.endpoint.id();
+        let view = Arc::new(RosterView::new(signed));
+        let pending = record
+            .pending
+            .filter(|_| view.seat(&me).is_none() && !view.is_revoked(&me));
+        let updated = OrgRecord {
+            org: view.roster().org.clone(),
+            root: record.root,
+            roster: Some(view.signed.text.clone()),
+            pending,
+        };
+        self.store
+            .put_org(&updated)
+            .map_err(|e| RosterError::Invalid(format!("could not store it: {e}")))?;
+        *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(view.clone());
+        tracing::debug!(from, "roster stored");
+        Ok(Some(view))
+    }
+
+    /// On the admin's node: signs `change` applied to the held roster as the next serial,
+    /// installs it and pushes it to every member it can reach.
+    pub(super) fn publish(
+        &self,
+        change: impl FnOnce(&mut Roster) -> Result<(), ControlError>,
+    ) -> Result<Arc<RosterView>, ControlError> {
+        let (key, view) = self.require_admin()?;
+        let mut next = roster::successor(view.roster(), now_secs(), DEFAULT_VALIDITY_SECS);
+        change(&mut next)?;
+        let signed = SignedRoster::sign(next, &key)
+            .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
+        self.install_roster(signed.text.as_bytes(), "self")
+            .map_err(|e| ControlError::new(codes::REFUSED, e.to_string()))?;
+        let view = self.roster().ok_or_else(not_in_org)?;
+        self.push_all();
+        Ok(view)
+    }
+
+    /// Offers the held roster to every member device at once (those behind take it).
+    pub(in crate::daemon) fn push_all(&self) {
+        let (Some(view), Some(node)) = (self.roster(), self.arc()) else {
+            return;
+        };
+        let me = self.endpoint.id();
+        let targets: Vec<EndpointId> = view
+            .seats()
+            .iter()
+            .map(|s| s.id)
+            .filter(|id| *id != me)
+            .collect();
+        tokio::spawn(async move {
+            futures_util::stream::iter(targets)
+                .for_each_concurrent(SYNC_FANOUT, |id| {
+                    let node = node.clone();
+                    async move {
+                        node.sync_with(id).await;
+                    }
+                })
+                .await;
+        });
+    }
+
+    /// One roster exchange with `peer`, in the background.
+    pub(in crate::daemon) fn sync_soon(&self, peer: EndpointId) {
+        if let Some(node) = self.arc() {
+            tokio::spawn(async move {
+                node.sync_with(peer).await;
+            });
+        }
+    }
+
+    /// Pulls from (and pushes to) every member device the node can reach; at start and
+    /// every `[org] sync_secs`.
+    pub(in crate::daemon) async fn sync_all(self: &Arc<Self>) {
+        let Some(view) = self.roster() else {
+            return;
+        };
+        let me = self.endpoint.id();
+        let targets: Vec<EndpointId> = view
+            .seats()
+            .iter()
+            .map(|s| s.id)
+            .filter(|id| *id != me)
+            .collect();
+        futures_util::stream::iter(targets)
+            .for_each_concurrent(SYNC_FANOUT, |id| {
+                let node = self.clone();
+                async move {
+                    node.sync_with(id).await;
+                }
+            })
+            .await;
+    }
+
+    /// One roster exchange with `peer`: the newer side sends its roster. Returns the serial
+    /// the peer held when asked, or `None` when it could not be reached.
+    pub(in crate::daemon) async fn sync_with(&self, peer: EndpointId) -> Option<u64> {
+        let record = self.store.org().ok()??;
+        let mine = self.roster();
+        let offer = Offer {
+            root: Some(record.root.clone()),
+            serial: mine.as_ref().map_or(0, |v| v.roster().serial),
+            roster: None,
+        };
+        let exchange = async {
+            let conn = self.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
+            let (send, recv) = conn.open_bi().await.ok()?;
+            let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
+            wire.send_value(serde_json::to_value(&offer).ok()?)
+                .await
+                .ok()?;
+            let theirs: Offer = serde_json::from_value(wire.recv_value().await.ok()??).ok()?;
+            let same_org = theirs
+                .root
+                .as_deref()
+                .is_some_and(|r| r.eq_ignore_ascii_case(&record.root));
+            if same_org {
+                if let Some(text) = &theirs.roster {
+                    let from = self.name_of(&peer);
+                    let _ = self.install_roster(text.as_bytes(), &from);
+                } else if let Some(view) =
+                    mine.as_ref().filter(|v| v.roster().serial > theirs.serial)
+                {
+                    let push = Offer {
+                        root: None,
+                        serial: view.roster().serial,
+                        roster: Some(view.signed.text.clone()),
+                    };
+                    wire.send_value(serde_json::to_value(&push).ok()?)
+                        .await
+                        .ok()?;
+                }
+            }
+            // The other side ends its stream once it has read (and installed) what it was
+            // sent; only then does the connection go.
+            let _ = wire.writer_mut().shutdown().await;
+            let _ = wire.recv_value().await;
+            conn.close(VarInt::from_u32(0), b"done");
+            Some(theirs.serial)
+        };
+        tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The name this node knows `id` by, for the records.
+    pub(super) fn name_of(&self, id: &EndpointId) -> String {
+        self.gate
+            .snapshot()
+            .by_id(id)
+            .map(|p| p.name.clone())
+            .unwrap_or_else(|| format!("eid:{}", id.fmt_short()))
+    }
+
+    /// The acceptor's side of a roster exchange with a peer the gate admitted.
+    pub(super) async fn answer_sync(&self, peer: EndpointId, wire: &mut RosterWire) {
+        let Some(theirs) = next_offer(wire).await else {
+            return;
+        };
+        let record = self.store.org().ok().flatten();
+        let mine = self.roster();
+        let same_org = match (&record, &theirs.root) {
+            (Some(r), Some(root)) => root.eq_ignore_ascii_case(&r.root),
+            _ => false,
+        };
+        let my_serial = mine.as_ref().map_or(0, |v| v.roster().serial);
+        let answer = Offer {
+            root: record.as_ref().map(|r| r.root.clone()),
+            serial: my_serial,
+            roster: mine
+                .as_ref()
+                .filter(|_| same_org && my_serial > theirs.serial)
+                .map(|v| v.signed.text.clone()),
+        };
+        let Ok(value) = serde_json::to_value(&answer) else {
+            return;
+        };
+        if wire.send_value(value).await.is_err() {
+            return;
+        }
+        if same_org
+            && theirs.serial > my_serial
+            && let Some(pushed) = next_offer(wire).await
+            && let Some(text) = pushed.roster
+        {
+            let from = self.name_of(&peer);
+            let _ = self.install_roster(text.as_bytes(), &from);
+        }
+    }
+
+    /// On the admin's node: re-signs the roster when less than a third of its validity is
+    /// left, and refreshes trust when the held roster has just expired (its members stop
+    /// matching).
+    pub(in crate::daemon) fn roster_upkeep(&self) {
+        let Some(view) = self.roster() else {
+            return;
+        };
+        let now = now_secs();
+        let r = view.roster();
+        let left = r.expires_at.saturating_sub(now);
+        if left < DEFAULT_VALIDITY_SECS / 3
+            && self.root_key().is_some()
+            && let Err(e) = self.publish(|_| Ok(()))
+        {
+            tracing::warn!("re-signing the roster failed: {}", e.message);
+        }
+        if view.is_expired(now) {
+            // The table drops the members (a no-op when it already has).
+            self.refresh();
+        }
+    }
+}
+
+pub(super) type RosterWire =
+    NdjsonTransport<iroh::endpoint::RecvStream, iroh::endpoint::SendStream>;
+
+pub(super) async fn next_message(wire: &mut RosterWire) -> Option<Value> {
+    tokio::time::timeout(EXCHANGE_TIMEOUT, wire.recv_value())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+}
+
+async fn next_offer(wire: &mut RosterWire) -> Option<Offer> {
+    let value = tokio::time::timeout(EXCHANGE_TIMEOUT, wire.recv_value())
+        .await
+        .ok()?
+        .ok()??;
+    serde_json::from_value(value).ok()
+}
+
+/// The `mcpmesh/roster/1` handler: gated like every mesh ALPN, and open to the members of
+/// the roster held even once it expired.
+#[derive(Debug)]
+pub(in crate::daemon) struct RosterProtocol<G> {
+    node: Arc<Node>,
+    gate: Arc<G>,
+}
+
+impl<G> RosterProtocol<G> {
+    pub(in crate::daemon) fn new(node: Arc<Node>, gate: Arc<G>) -> Self {
+        RosterProtocol { node, gate }
+    }
+}
+
+impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let peer = conn.remote_id();
+        // A member of the roster held is heard even when that roster has expired: a fresh
+        // roster from the admin is how an expired one is replaced.
+        let member = self
+            .node
+            .roster()
+            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
+        if !member && self.gate.resolve(&peer).is_none() {
+            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            self.gate.refused(&peer);
+            return Ok(());
+        }
+        let Ok(Ok((send, recv))) = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.accept_bi()).await
+        else {
+            return Ok(());
+        };
+        let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
+        self.node.answer_sync(peer, &mut wire).await;
+        let _ = wire.writer_mut().shutdown().await;
+        let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.closed()).await;
+        Ok(())
+    }
+}
