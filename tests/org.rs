@@ -583,7 +583,11 @@ async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
             joining.wait()
         })
         .await;
-        // Both nodes up again (any verb starts one); a pending join settles with the admin.
+        // Both nodes restarted, the admin first: a joiner left pending asks it at start.
+        for node in [&alice, &bob] {
+            assert_eq!(node.json(&["down"])["stopped"], true);
+            node.json(&["up"]);
+        }
         let alice_has = || {
             org(&alice, &["members"])["members"]
                 .as_array()
