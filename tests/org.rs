@@ -80,6 +80,16 @@ fn join(admin: &TestNode, node: &TestNode, groups: &str) -> Value {
         "{joined}"
     );
     assert!(joined["serial"].as_u64().is_some(), "{joined}");
+    // The admin's node shows the same three words, as a pairing's inviter does.
+    let status = admin.json(&["status"]);
+    let shown = status["pairings"].as_array().unwrap().iter().any(|p| {
+        p["code"] == joined["code"] && p["peer"].as_str().unwrap().contains(node.name.as_str())
+    });
+    assert!(
+        shown,
+        "the admin's status shows {}'s code: {status}",
+        node.name
+    );
     joined
 }
 
