@@ -314,6 +314,13 @@ async fn a_team_of_four_shares_a_service_by_group_and_the_child_sees_user_and_gr
     // carol is a member, but not in eng: what a missing service gets.
     let error = refused_session(&t.carol, "dave/notes").await;
     assert_eq!(error["code"], -32054, "{error}");
+    assert!(
+        !error["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not trust"),
+        "carol is a member: dave's node admits her, its notes do not: {error}"
+    );
 
     let members = org(&t.alice, &["members"]);
     assert_eq!(members["org"], "acme");
@@ -464,6 +471,11 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
         expires_at: now - 2 * CLOCK_SKEW_SECS,
         ..next.clone()
     });
+    let early = sign(Roster {
+        issued_at: now + 3 * CLOCK_SKEW_SECS,
+        expires_at: now + DEFAULT_VALIDITY_SECS,
+        ..next.clone()
+    });
     let foreign = SignedRoster::sign(
         Roster {
             org: "evil".into(),
@@ -494,6 +506,8 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
         // (The very roster held, sent again, is a push and a pull crossing: no refusal.)
         ("replayed", "stale", first.text.clone()),
         ("expired", "expired", expired),
+        ("issued in the future", "not_yet_valid", early),
+        ("not a roster", "malformed", "{\"roster\": 1}".to_owned()),
         ("from another org", "other_org", foreign),
         ("an endpoint twice", "invalid", duplicated),
     ];
