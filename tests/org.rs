@@ -378,6 +378,18 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
     });
     t.dave.serve_stub("notes", &["group:eng"], None, &m);
     converged(&t.all(), t.serial()).await;
+    // On carol's node bob keeps her name for him and gains his user and groups.
+    let peers = t.carol.json(&["peers"]);
+    let robert = peers["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == t.bob.id)
+        .cloned()
+        .unwrap_or_else(|| panic!("carol lists bob: {peers}"));
+    assert_eq!(robert["name"], "robert", "{robert}");
+    assert_eq!(robert["user"], "bob", "{robert}");
+    assert_eq!(robert["groups"], json!(["eng"]), "{robert}");
     admitted_session(&t.bob, "carol/diary").await;
 
     let mut s = t.bob.connect("dave/notes");
@@ -537,6 +549,7 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
     }
     let status = org(&bob, &["status"]);
     assert_eq!(status["root"], root_hex.as_str(), "{status}");
+    assert_eq!(status["serial"], held, "{status}");
 
     let good = sign(next.clone());
     let (_, seen) = deliver(&ep, target, &root_hex, next.serial, &good, || {
@@ -666,6 +679,7 @@ fn a_damaged_pairing_or_used_join_line_is_refused_with_one_json_error_line() {
     chars[i] = if chars[i] == 'x' { 'y' } else { 'x' };
     let tampered: String = chars.into_iter().collect();
     let damaged = refused(&carol.cli(&["--json", "join", &tampered]));
+    assert!(damaged["error"]["code"].as_i64().is_some(), "{damaged}");
     assert!(
         damaged["error"]["message"]
             .as_str()
@@ -680,6 +694,10 @@ fn a_damaged_pairing_or_used_join_line_is_refused_with_one_json_error_line() {
         .unwrap()
         .to_owned();
     let wrong_kind = refused(&carol.cli(&["--json", "join", &pairing]));
+    assert!(
+        wrong_kind["error"]["code"].as_i64().is_some(),
+        "{wrong_kind}"
+    );
     assert!(
         wrong_kind["error"]["message"]
             .as_str()
