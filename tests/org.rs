@@ -198,6 +198,15 @@ fn audit(node: &TestNode) -> Vec<Value> {
         .clone()
 }
 
+/// The `trust` actions in the node's audit log, oldest first.
+fn trust_actions(node: &TestNode) -> Vec<String> {
+    audit(node)
+        .iter()
+        .filter(|r| r["event"] == "trust")
+        .filter_map(|r| r["action"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// The node's `roster_refused` records with this `reason`.
 fn refusals(node: &TestNode, reason: &str) -> Vec<Value> {
     audit(node)
@@ -362,6 +371,19 @@ async fn a_team_of_four_shares_a_service_by_group_and_the_child_sees_user_and_gr
     assert_eq!(status["org"]["serial"], serial, "{status}");
     assert_eq!(status["org"]["admin"], false, "{status}");
     assert_eq!(t.alice.json(&["status"])["org"]["admin"], true);
+
+    // Every change of trust is in the audit log, on the node that made it.
+    let actions = trust_actions(&t.alice);
+    assert!(actions.iter().any(|a| a == "org_create"), "{actions:?}");
+    assert_eq!(
+        actions.iter().filter(|a| *a == "org_invite").count(),
+        3,
+        "{actions:?}"
+    );
+    for member in [&t.bob, &t.carol, &t.dave] {
+        let actions = trust_actions(member);
+        assert!(actions.iter().any(|a| a == "org_join"), "{actions:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -408,6 +430,12 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
     assert!(cut < Duration::from_secs(5), "the cut took {cut:?}");
 
     let serial = removed["serial"].as_u64().unwrap();
+    let recorded = || trust_actions(&t.alice).iter().any(|a| a == "org_remove");
+    assert!(
+        eventually(ANSWER_TIMEOUT, recorded).await,
+        "{:?}",
+        trust_actions(&t.alice)
+    );
     assert!(
         removed["revoked"]
             .as_array()
@@ -713,16 +741,17 @@ fn a_damaged_pairing_or_used_join_line_is_refused_with_one_json_error_line() {
     let joined = carol.json(&["join", &good]);
     assert_eq!(joined["user"], "carol", "the good line still works");
 
-    // The invite secrets are nowhere in the admin's log or audit records.
+    // The invite secrets are nowhere in either side's log or audit records.
     for line in [&line, &good] {
         let secret = mcpmesh::roster::invite::JoinInvite::decode(line)
             .unwrap()
             .secret;
-        assert!(!alice.log().contains(&secret));
-        assert!(!alice.log().contains(line.as_str()));
-        for entry in std::fs::read_dir(alice.home().join("state/audit")).unwrap() {
-            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-            assert!(!text.contains(&secret));
+        for node in [&alice, &bob, &carol] {
+            assert!(!node.log().contains(&secret), "{}'s log", node.name);
+            for entry in std::fs::read_dir(node.home().join("state/audit")).unwrap() {
+                let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+                assert!(!text.contains(&secret), "{}'s audit", node.name);
+            }
         }
     }
 }
