@@ -2,7 +2,8 @@
 //! with no pairing between its members; a removal reaches live sessions on other nodes and
 //! wins over static trust; forged, replayed, expired and foreign rosters are refused and
 //! audited; a node that was offline catches up from any member; a join killed halfway leaves
-//! the device on both sides or neither.
+//! the device on both sides or neither; damaged, used and wrong-kind join lines are refused
+//! plainly; an expired roster grants nothing by group and doctor says so.
 
 mod common;
 
