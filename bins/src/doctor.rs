@@ -64,6 +64,18 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
         ),
         Some(_) => check("device key", "ok", "private (0600)".into()),
     }
+    // The org root key, on the admin's node only: readable by others, the node ignores it.
+    if let Some(m) = mode_of(&profile.org_root_file()).filter(|m| m & 0o077 != 0) {
+        check(
+            "org root key",
+            "error",
+            format!(
+                "{} has mode {m:o}; it must be private, and the node will not sign with it until it is: chmod 600 {}",
+                profile.org_root_file().display(),
+                profile.org_root_file().display()
+            ),
+        );
+    }
     let mut node = None;
     match mode_of(&profile.socket_path()) {
         None => check("node", "ok", "not running (any verb starts it)".into()),

@@ -92,6 +92,20 @@ impl Node {
         })
     }
 
+    /// A peer known from the org roster only is the admin's to rename or remove.
+    fn refuse_roster_only(&self, peer: &crate::peers::KnownPeer) -> Result<(), ControlError> {
+        if peer.source == crate::peers::Source::Roster {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!(
+                    "{} is known from the org roster; only the org's admin node can change that (mcpmesh org remove / org groups)",
+                    peer.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn is_static(&self, name: &str) -> bool {
         self.settings().peers.iter().any(|p| p.name == name)
     }
@@ -144,6 +158,7 @@ impl Node {
         let r: Rename = params_of(params)?;
         check_name(&r.new)?;
         let peer = self.peer_by_name(&r.old)?;
+        self.refuse_roster_only(&peer)?;
         if r.old == r.new {
             return Ok(json!({ "peer": r.new, "id": peer.id.to_string() }));
         }
@@ -178,6 +193,7 @@ impl Node {
         }
         let r: Remove = params_of(params)?;
         let peer = self.peer_by_name(&r.name)?;
+        self.refuse_roster_only(&peer)?;
         let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
         let is_static = self.is_static(&r.name);
         if self.stored_peer(&peer.id).is_some() {
