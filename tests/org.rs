@@ -851,3 +851,175 @@ async fn an_expired_roster_stops_group_grants_and_doctor_says_so() {
         "{report}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_device_is_mounted_as_user_dot_device_and_holds_the_users_groups() {
+    let m = marker("org-device");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let laptop = TestNode::start("laptop");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    alice.serve_stub("notes", &["group:eng"], None, &m);
+
+    // A second device for bob: the invite names the device, and the user keeps his groups.
+    let invite = org(&alice, &["invite", "bob", "--device", "laptop"]);
+    assert_eq!(invite["groups"], json!(["eng"]), "{invite}");
+    let joined = laptop.json(&["join", invite["invite"].as_str().unwrap()]);
+    assert_eq!(joined["user"], "bob", "{joined}");
+    assert_eq!(joined["device"], "laptop", "{joined}");
+    assert_eq!(joined["groups"], json!(["eng"]), "{joined}");
+    // Inviting bob again without a device is refused: he is a member already.
+    let again = alice.cli(&["--json", "org", "invite", "bob"]);
+    assert_eq!(refused(&again)["error"]["code"], 1005);
+
+    let members = org(&alice, &["members"]);
+    let bob_entry = members["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["user"] == "bob")
+        .cloned()
+        .unwrap();
+    let mounts: Vec<&str> = bob_entry["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["mount"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["bob.bob", "bob.laptop"], "{members}");
+
+    let mut s = laptop.connect("alice/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_USER"], "bob", "{env}");
+    assert_eq!(env["MCPMESH_PEER_GROUPS"], "eng", "{env}");
+    assert_eq!(env["MCPMESH_PEER_NAME"], "bob.laptop", "{env}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_group_change_cuts_the_sessions_the_new_groups_no_longer_admit() {
+    let m = marker("org-groups");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let dave = TestNode::start("dave");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    join(&alice, &dave, "eng");
+    dave.serve_stub("notes", &["group:eng"], None, &m);
+    converged(
+        &[&alice, &bob, &dave],
+        org(&alice, &["members"])["serial"].as_u64().unwrap(),
+    )
+    .await;
+
+    let mut s = bob.connect("dave/notes");
+    s.initialize().await;
+    s.start_long_call(json!("long"), 30_000).await;
+    let changed = org(&alice, &["groups", "bob", "sales"]);
+    assert_eq!(changed["groups"], json!(["sales"]), "{changed}");
+    if let Some(answer) = s.recv().await {
+        assert_eq!(answer["error"]["code"], -32052, "{answer}");
+        s.wait_eof().await;
+    }
+    // Still a member, now refused by the service rather than the gate.
+    let error = refused_session(&bob, "dave/notes").await;
+    assert_eq!(error["code"], -32054, "{error}");
+    assert_eq!(org_summary(&bob)["user"], "bob");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_admin_re_signs_a_roster_near_its_expiry_on_its_own() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let (root, current) = root_and_roster(&alice, "root.json");
+    converged(&[&alice, &bob], current.roster.serial).await;
+
+    // A roster with a day left, as if the admin's node had been off for four weeks.
+    let now = unix_now();
+    let short = Roster {
+        expires_at: now + 24 * 3600,
+        ..successor(&current.roster, now, DEFAULT_VALIDITY_SECS)
+    };
+    let text = SignedRoster::sign(short.clone(), &root).unwrap().text;
+    let (ep, target) = raw_client(&alice, true).await;
+    let (_, seen) = deliver(
+        &ep,
+        target,
+        &current.roster.root,
+        short.serial,
+        &text,
+        || serial_of(&alice) == Some(short.serial),
+    )
+    .await;
+    assert!(seen, "the admin took the short roster");
+
+    // The admin's upkeep runs at start: the roster is re-signed for 30 days and pushed.
+    alice.json(&["down"]);
+    alice.json(&["up"]);
+    let renewed = short.serial + 1;
+    converged(&[&alice, &bob], renewed).await;
+    let held = org_summary(&bob);
+    let left = held["expires_at"].as_u64().unwrap() - unix_now();
+    assert!(left > DEFAULT_VALIDITY_SECS - 3600, "{held}");
+    assert_eq!(installed(&bob, renewed).await["from"], "alice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_root_moves_to_a_new_admin_node_and_the_org_goes_on() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let carol = TestNode::start("carol");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    join(&alice, &carol, "eng");
+    let file = alice.home().join("acme-root.json");
+    let exported = org(&alice, &["export-root", file.to_str().unwrap()]);
+    let serial = exported["serial"].as_u64().unwrap();
+    converged(&[&alice, &bob, &carol], serial).await;
+    // The admin's machine is lost; its export reaches bob's.
+    alice.json(&["down"]);
+    let moved = bob.home().join("acme-root.json");
+    std::fs::copy(&file, &moved).unwrap();
+
+    // Only the admin's node changes the roster.
+    let refused_remove = bob.cli(&["--json", "org", "remove", "carol"]);
+    assert_eq!(refused(&refused_remove)["error"]["code"], 1007);
+    let imported = org(&bob, &["import-root", moved.to_str().unwrap()]);
+    assert_eq!(imported["org"], "acme", "{imported}");
+    assert_eq!(org_summary(&bob)["admin"], true);
+    let changed = org(&bob, &["groups", "carol", "sales"]);
+    let next = changed["serial"].as_u64().unwrap();
+    assert!(next > serial, "{changed}");
+    // carol's node takes the new admin's rosters: same root, newer serial.
+    converged(&[&bob, &carol], next).await;
+    let carol_seen = carol.json(&["peers"])["peers"].as_array().unwrap().clone();
+    assert!(
+        carol_seen
+            .iter()
+            .any(|p| p["id"] == bob.id && p["user"] == "bob"),
+        "{carol_seen:?}"
+    );
+    assert_eq!(installed(&carol, next).await["from"], "bob");
+}
+
+#[test]
+fn a_root_key_readable_by_others_is_not_used_and_doctor_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    let alice = TestNode::start("alice");
+    org(&alice, &["create", "acme"]);
+    let key = alice.home().join("org-root.key");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let invite = alice.cli(&["--json", "org", "invite", "bob"]);
+    assert_eq!(refused(&invite)["error"]["code"], 1007);
+    let doctor = alice.cli(&["doctor"]);
+    assert_eq!(doctor.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(report.contains("org root key"), "{report}");
+    assert!(report.contains("chmod 600"), "{report}");
+}
