@@ -649,11 +649,10 @@ async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
             joining.wait()
         })
         .await;
-        // Both nodes restarted, the admin first: a joiner left pending asks it at start.
-        for node in [&alice, &bob] {
-            assert_eq!(node.json(&["down"])["stopped"], true);
-            node.json(&["up"]);
-        }
+        // Only the killed node comes back: a joiner left pending asks the admin's node at
+        // start, and an admin that committed pushes its roster to the pending joiner.
+        assert_eq!(victim.json(&["down"])["stopped"], true);
+        victim.json(&["up"]);
         let alice_has = || {
             org(&alice, &["members"])["members"]
                 .as_array()
@@ -1022,4 +1021,58 @@ fn a_root_key_readable_by_others_is_not_used_and_doctor_says_so() {
     let report = String::from_utf8_lossy(&doctor.stdout);
     assert!(report.contains("org root key"), "{report}");
     assert!(report.contains("chmod 600"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_that_committed_a_join_completes_it_for_the_pending_joiner_when_it_returns() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let serial = org(&alice, &["members"])["serial"].as_u64().unwrap();
+    converged(&[&alice, &bob], serial).await;
+
+    // bob's node as a crash leaves it when the admin committed and died before answering:
+    // the root pinned, the join pending, no roster yet.
+    alice.json(&["down"]);
+    bob.json(&["down"]);
+    let store_file = mcpmesh::paths::Profile::at(bob.home()).store_file();
+    {
+        let store = mcpmesh::store::Store::open(&store_file).unwrap();
+        let record = store.org().unwrap().unwrap();
+        store
+            .put_org(&mcpmesh::store::OrgRecord {
+                roster: None,
+                pending: Some(mcpmesh::store::PendingJoin {
+                    admin: alice.id.clone(),
+                    addrs: alice.addrs.clone(),
+                    relay: None,
+                    user: "bob".into(),
+                    at: mcpmesh::time::unix_ms(),
+                }),
+                ..record
+            })
+            .unwrap();
+    }
+    // bob comes back while the admin is away: it cannot ask, so the join stays pending.
+    bob.json(&["up"]);
+    let asked = eventually(Duration::from_secs(20), || {
+        bob.log()
+            .contains("join still pending: the admin's node is unreachable")
+    })
+    .await;
+    assert!(asked, "bob's node never asked the admin's: {}", bob.log());
+    assert!(org_summary(&bob).is_null());
+
+    // The admin's node returns and offers its roster to every member, bob's pending node
+    // included, which takes it from the admin it is joining (not a minute later on its own).
+    alice.json(&["up"]);
+    let started = Instant::now();
+    let done = eventually(Duration::from_secs(15), || serial_of(&bob) == Some(serial)).await;
+    assert!(done, "bob's join is still pending: {}", org_summary(&bob));
+    eprintln!(
+        "pending join completed {:?} after the admin returned",
+        started.elapsed()
+    );
+    assert_eq!(org_summary(&bob)["user"], "bob");
 }

@@ -75,7 +75,9 @@ impl Node {
                     }
                 }
             }
-            PingOutcome::Unreachable => {}
+            PingOutcome::Unreachable => {
+                tracing::info!(org = %record.org, "join still pending: the admin's node is unreachable");
+            }
         }
     }
 
