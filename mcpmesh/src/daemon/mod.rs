@@ -1,6 +1,7 @@
 //! The node daemon: the composition root. It builds every subsystem, hands each a narrow
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
+mod exchange;
 mod node;
 mod org;
 mod reach;

@@ -22,6 +22,7 @@ use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use crate::time::unix_ms;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
+use super::exchange::{Exchange, Wire, next_message, send_message};
 use super::node::{Node, params_of};
 
 fn bad(message: impl Into<String>) -> ControlError {
@@ -370,10 +371,17 @@ impl Node {
         let limit = self.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
         let unanswered =
             || ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time");
-        let mut exchange = tokio::time::timeout(limit, Exchange::open(&self.endpoint, inviter))
+        let open = Exchange::open(
+            &self.endpoint,
+            inviter,
+            ALPN_PAIR,
+            pairing::MAX_MESSAGE,
+            "the inviter",
+        );
+        let mut exchange = tokio::time::timeout(limit, open)
             .await
             .map_err(|_| unanswered())??;
-        let reply = tokio::time::timeout(limit, exchange.ask(&hello))
+        let reply: PairReply = tokio::time::timeout(limit, exchange.ask(&hello))
             .await
             .map_err(|_| unanswered())??;
         if !reply.ok {
@@ -402,8 +410,11 @@ impl Node {
         self.store.put_peer(&peer, None).map_err(store_err)?;
         self.refresh();
         drop(naming);
-        let done =
-            tokio::time::timeout(limit, exchange.ask(&pairing::PairCommit { commit: true })).await;
+        let done = tokio::time::timeout(
+            limit,
+            exchange.ask::<PairReply>(&pairing::PairCommit { commit: true }),
+        )
+        .await;
         exchange.close();
         match done {
             Ok(Ok(done)) if done.ok => {}
@@ -724,76 +735,6 @@ fn store_err(e: crate::store::StoreError) -> ControlError {
     ControlError::new(codes::NODE_UNAVAILABLE, e.to_string())
 }
 
-/// The redeemer's side of the pairing exchange: messages out, the inviter's answers back.
-struct Exchange {
-    conn: Connection,
-    wire: PairWire,
-}
-
-impl Exchange {
-    async fn open(endpoint: &iroh::Endpoint, inviter: EndpointId) -> Result<Self, ControlError> {
-        let conn = endpoint.connect(inviter, ALPN_PAIR).await.map_err(|e| {
-            // A node with no live invite does not offer the pairing protocol at all.
-            if e.to_string().contains("known protocol") {
-                ControlError::new(
-                    codes::REFUSED,
-                    "the inviter is not accepting this invite: it was used up, expired or withdrawn",
-                )
-            } else {
-                unreachable(&e)
-            }
-        })?;
-        let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
-        Ok(Exchange {
-            conn,
-            wire: NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE),
-        })
-    }
-
-    async fn ask(&mut self, message: &impl serde::Serialize) -> Result<PairReply, ControlError> {
-        let value = serde_json::to_value(message).map_err(|e| bad(e.to_string()))?;
-        self.wire
-            .send_value(value)
-            .await
-            .map_err(|e| unreachable(&e))?;
-        let answer = self
-            .wire
-            .recv_value()
-            .await
-            .map_err(|e| unreachable(&e))?
-            .ok_or_else(|| unreachable(&"the connection closed"))?;
-        serde_json::from_value(answer).map_err(|e| unreachable(&e))
-    }
-
-    fn close(self) {
-        self.conn.close(VarInt::from_u32(0), b"done");
-    }
-}
-
-fn unreachable(e: &dyn std::fmt::Display) -> ControlError {
-    ControlError::new(
-        codes::UNREACHABLE,
-        format!("cannot reach the inviter ({e}); is its node running, and the invite still live?"),
-    )
-}
-
-type PairWire = NdjsonTransport<iroh::endpoint::RecvStream, iroh::endpoint::SendStream>;
-
-async fn next_message(wire: &mut PairWire) -> Option<Value> {
-    tokio::time::timeout(pairing::EXCHANGE_TIMEOUT, wire.recv_value())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten()
-}
-
-async fn answer(wire: &mut PairWire, reply: &PairReply) -> bool {
-    match serde_json::to_value(reply) {
-        Ok(v) => wire.send_value(v).await.is_ok(),
-        Err(_) => false,
-    }
-}
-
 /// The `mcpmesh/pair/1` handler. Open to unknown keys by design: the invite secret is the
 /// credential, checked against the stored invite, with an attempt budget per invite.
 #[derive(Debug)]
@@ -832,8 +773,8 @@ impl ProtocolHandler for PairProtocol {
         else {
             return Ok(());
         };
-        let mut wire: PairWire = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
-        let hello = next_message(&mut wire)
+        let mut wire: Wire = NdjsonTransport::new(recv, send, pairing::MAX_MESSAGE);
+        let hello = next_message(&mut wire, pairing::EXCHANGE_TIMEOUT)
             .await
             .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
         let reply = match hello.clone() {
@@ -845,8 +786,8 @@ impl ProtocolHandler for PairProtocol {
             }
             _ => PairReply::refused("malformed pairing request"),
         };
-        if answer(&mut wire, &reply).await && reply.ok {
-            let commit = next_message(&mut wire)
+        if send_message(&mut wire, &reply).await && reply.ok {
+            let commit = next_message(&mut wire, pairing::EXCHANGE_TIMEOUT)
                 .await
                 .and_then(|v| serde_json::from_value::<pairing::PairCommit>(v).ok());
             if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (hello, commit) {
@@ -854,7 +795,7 @@ impl ProtocolHandler for PairProtocol {
                     .node
                     .complete_redemption(redeemer, hello, reply.services)
                     .await;
-                answer(&mut wire, &done).await;
+                send_message(&mut wire, &done).await;
             }
         }
         let _ = wire.writer_mut().shutdown().await;

@@ -21,15 +21,13 @@ use crate::roster::invite::{
     ALPN_JOIN, JoinCommit, JoinHello, JoinInvite, JoinReply, MAX_MESSAGE as MAX_JOIN_MESSAGE,
 };
 use crate::roster::sync::{EXCHANGE_TIMEOUT, MAX_MESSAGE};
-use crate::roster::{
-    self, DEFAULT_VALIDITY_SECS, Device, Member, RosterView, SignedRoster, valid_device,
-};
+use crate::roster::{self, DEFAULT_VALIDITY_SECS, Device, Member, RosterView, SignedRoster};
 use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin};
 use crate::time::unix_ms;
 
+use super::super::exchange::{Exchange, Wire, next_message, send_message};
 use super::super::node::{Node, params_of};
-use super::sync::{RosterWire, next_message};
-use super::{bad, device_name, free_device_name, not_in_org, now_secs, store_err};
+use super::{bad, check_device, device_name, free_device_name, not_in_org, now_secs, store_err};
 
 /// Failed join attempts after which a join invite is void.
 const MAX_JOIN_FAILURES: u32 = 10;
@@ -108,14 +106,7 @@ impl Node {
                 ),
             ));
         }
-        if let Some(d) = &j.device
-            && !valid_device(d)
-        {
-            return Err(bad(format!(
-                "{d:?}: a device name is 1-{} letters, digits, '.', '_' or '-'",
-                roster::MAX_DEVICE_LEN
-            )));
-        }
+        check_device(j.device.as_deref())?;
         if let Some(existing) = self.store.org().map_err(store_err)? {
             let same = existing.root.eq_ignore_ascii_case(&invite.root);
             let member = self.roster().is_some_and(|v| v.seat(&me).is_some());
@@ -154,10 +145,17 @@ impl Node {
                 "the admin's node did not answer in time",
             )
         };
-        let mut exchange = tokio::time::timeout(limit, JoinExchange::open(&self.endpoint, admin))
+        let open = Exchange::open(
+            &self.endpoint,
+            admin,
+            ALPN_JOIN,
+            MAX_JOIN_MESSAGE + MAX_MESSAGE,
+            "the admin's node",
+        );
+        let mut exchange = tokio::time::timeout(limit, open)
             .await
             .map_err(|_| unanswered())??;
-        let reply = tokio::time::timeout(limit, exchange.ask(&hello))
+        let reply: JoinReply = tokio::time::timeout(limit, exchange.ask(&hello))
             .await
             .map_err(|_| unanswered())??;
         if !reply.ok {
@@ -183,7 +181,11 @@ impl Node {
                 })
                 .map_err(store_err)?;
         }
-        let done = tokio::time::timeout(limit, exchange.ask(&JoinCommit { commit: true })).await;
+        let done = tokio::time::timeout(
+            limit,
+            exchange.ask::<JoinReply>(&JoinCommit { commit: true }),
+        )
+        .await;
         exchange.close();
         let roster_text = match done {
             Ok(Ok(JoinReply {
@@ -389,59 +391,6 @@ fn join_refusal(reply: JoinReply) -> ControlError {
     )
 }
 
-/// The joiner's side of the join exchange.
-struct JoinExchange {
-    conn: Connection,
-    wire: RosterWire,
-}
-
-impl JoinExchange {
-    async fn open(endpoint: &iroh::Endpoint, admin: EndpointId) -> Result<Self, ControlError> {
-        let conn = endpoint.connect(admin, ALPN_JOIN).await.map_err(|e| {
-            // A node with no live join invite does not offer the protocol at all.
-            if e.to_string().contains("known protocol") {
-                ControlError::new(
-                    codes::REFUSED,
-                    "the admin's node is not accepting this invite: it was used, expired or withdrawn",
-                )
-            } else {
-                unreachable(&e)
-            }
-        })?;
-        let (send, recv) = conn.open_bi().await.map_err(|e| unreachable(&e))?;
-        Ok(JoinExchange {
-            conn,
-            wire: NdjsonTransport::new(recv, send, MAX_JOIN_MESSAGE + MAX_MESSAGE),
-        })
-    }
-
-    async fn ask(&mut self, message: &impl serde::Serialize) -> Result<JoinReply, ControlError> {
-        let value = serde_json::to_value(message).map_err(|e| bad(e.to_string()))?;
-        self.wire
-            .send_value(value)
-            .await
-            .map_err(|e| unreachable(&e))?;
-        let answer = self
-            .wire
-            .recv_value()
-            .await
-            .map_err(|e| unreachable(&e))?
-            .ok_or_else(|| unreachable(&"the connection closed"))?;
-        serde_json::from_value(answer).map_err(|e| unreachable(&e))
-    }
-
-    fn close(self) {
-        self.conn.close(VarInt::from_u32(0), b"done");
-    }
-}
-
-fn unreachable(e: &dyn std::fmt::Display) -> ControlError {
-    ControlError::new(
-        codes::UNREACHABLE,
-        format!("cannot reach the admin's node ({e}); is it running, and the invite still live?"),
-    )
-}
-
 /// The `mcpmesh/join/1` handler, on the admin's node. Open to unknown keys by design: the
 /// invite secret is the credential, with an attempt budget per invite. Revoked keys are
 /// turned away.
@@ -475,8 +424,8 @@ impl ProtocolHandler for JoinProtocol {
         else {
             return Ok(());
         };
-        let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_JOIN_MESSAGE);
-        let hello = next_message(&mut wire)
+        let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_JOIN_MESSAGE);
+        let hello = next_message(&mut wire, EXCHANGE_TIMEOUT)
             .await
             .and_then(|v| serde_json::from_value::<JoinHello>(v).ok());
         let reply = match hello.clone() {
@@ -488,8 +437,8 @@ impl ProtocolHandler for JoinProtocol {
             }
             _ => JoinReply::refused("malformed join request"),
         };
-        if send_reply(&mut wire, &reply).await && reply.ok {
-            let commit = next_message(&mut wire)
+        if send_message(&mut wire, &reply).await && reply.ok {
+            let commit = next_message(&mut wire, EXCHANGE_TIMEOUT)
                 .await
                 .and_then(|v| serde_json::from_value::<JoinCommit>(v).ok());
             if let (Some(hello), Some(JoinCommit { commit: true })) = (hello, commit) {
@@ -497,18 +446,11 @@ impl ProtocolHandler for JoinProtocol {
                 let done = tokio::task::spawn_blocking(move || node.complete_join(joiner, &hello))
                     .await
                     .unwrap_or_else(|_| JoinReply::refused("the admin's store failed"));
-                send_reply(&mut wire, &done).await;
+                send_message(&mut wire, &done).await;
             }
         }
         let _ = wire.writer_mut().shutdown().await;
         let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.closed()).await;
         Ok(())
-    }
-}
-
-async fn send_reply(wire: &mut RosterWire, reply: &JoinReply) -> bool {
-    match serde_json::to_value(reply) {
-        Ok(v) => wire.send_value(v).await.is_ok(),
-        Err(_) => false,
     }
 }

@@ -62,6 +62,16 @@ fn check_groups(groups: &[String]) -> Result<(), ControlError> {
     }
 }
 
+fn check_device(device: Option<&str>) -> Result<(), ControlError> {
+    match device {
+        Some(d) if !valid_device(d) => Err(bad(format!(
+            "{d:?}: a device name is 1-{} letters, digits, '.', '_' or '-'",
+            roster::MAX_DEVICE_LEN
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn check_user(user: &str) -> Result<(), ControlError> {
     if valid_user(user) {
         Ok(())
@@ -225,14 +235,7 @@ impl Node {
         let m: Mint = params_of(params)?;
         check_user(&m.user)?;
         check_groups(&m.groups)?;
-        if let Some(d) = &m.device
-            && !valid_device(d)
-        {
-            return Err(bad(format!(
-                "{d:?}: a device name is 1-{} letters, digits, '.', '_' or '-'",
-                roster::MAX_DEVICE_LEN
-            )));
-        }
+        check_device(m.device.as_deref())?;
         let (_key, view) = self.require_admin()?;
         let r = view.roster();
         let existing = r.members.iter().find(|x| x.user == m.user);

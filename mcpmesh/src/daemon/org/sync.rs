@@ -13,7 +13,6 @@ use iroh::protocol::{AcceptError, ProtocolHandler};
 use mcpmesh_net::TrustGate;
 use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
 use mcpmesh_net::transport::NdjsonTransport;
-use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
 use crate::audit::AuditEvent;
@@ -23,6 +22,7 @@ use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView
 use crate::store::OrgRecord;
 use crate::time::unix_ms;
 
+use super::super::exchange::{Wire, next_message};
 use super::super::node::Node;
 use super::{not_in_org, now_secs};
 
@@ -182,26 +182,9 @@ impl Node {
 
     /// Offers the held roster to every member device at once (those behind take it).
     pub(in crate::daemon) fn push_all(&self) {
-        let (Some(view), Some(node)) = (self.roster(), self.arc()) else {
-            return;
-        };
-        let me = self.endpoint.id();
-        let targets: Vec<EndpointId> = view
-            .seats()
-            .iter()
-            .map(|s| s.id)
-            .filter(|id| *id != me)
-            .collect();
-        tokio::spawn(async move {
-            futures_util::stream::iter(targets)
-                .for_each_concurrent(SYNC_FANOUT, |id| {
-                    let node = node.clone();
-                    async move {
-                        node.sync_with(id).await;
-                    }
-                })
-                .await;
-        });
+        if let Some(node) = self.arc() {
+            tokio::spawn(async move { node.sync_all().await });
+        }
     }
 
     /// Whether `peer` is the admin's node of a join this node has pending.
@@ -259,7 +242,7 @@ impl Node {
         let exchange = async {
             let conn = self.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
             let (send, recv) = conn.open_bi().await.ok()?;
-            let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
+            let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
             wire.send_value(serde_json::to_value(&offer).ok()?)
                 .await
                 .ok()?;
@@ -308,7 +291,7 @@ impl Node {
     }
 
     /// The acceptor's side of a roster exchange with a peer the gate admitted.
-    pub(super) async fn answer_sync(&self, peer: EndpointId, wire: &mut RosterWire) {
+    pub(super) async fn answer_sync(&self, peer: EndpointId, wire: &mut Wire) {
         let Some(theirs) = next_offer(wire).await else {
             return;
         };
@@ -366,23 +349,8 @@ impl Node {
     }
 }
 
-pub(super) type RosterWire =
-    NdjsonTransport<iroh::endpoint::RecvStream, iroh::endpoint::SendStream>;
-
-pub(super) async fn next_message(wire: &mut RosterWire) -> Option<Value> {
-    tokio::time::timeout(EXCHANGE_TIMEOUT, wire.recv_value())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten()
-}
-
-async fn next_offer(wire: &mut RosterWire) -> Option<Offer> {
-    let value = tokio::time::timeout(EXCHANGE_TIMEOUT, wire.recv_value())
-        .await
-        .ok()?
-        .ok()??;
-    serde_json::from_value(value).ok()
+async fn next_offer(wire: &mut Wire) -> Option<Offer> {
+    serde_json::from_value(next_message(wire, EXCHANGE_TIMEOUT).await?).ok()
 }
 
 /// The `mcpmesh/roster/1` handler: gated like every mesh ALPN, and open to the members of
@@ -419,7 +387,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
         else {
             return Ok(());
         };
-        let mut wire: RosterWire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
+        let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
         self.node.answer_sync(peer, &mut wire).await;
         let _ = wire.writer_mut().shutdown().await;
         let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.closed()).await;
