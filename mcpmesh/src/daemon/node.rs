@@ -252,6 +252,15 @@ impl Node {
             .collect()
     }
 
+    /// The relay this node can be reached through, when it has one (never waited for).
+    pub(super) fn home_relay(&self) -> Option<String> {
+        self.endpoint
+            .addr()
+            .relay_urls()
+            .next()
+            .map(ToString::to_string)
+    }
+
     fn node_id_result(&self) -> Value {
         json!({ "id": self.endpoint.id().to_string(), "addrs": self.direct_addrs() })
     }

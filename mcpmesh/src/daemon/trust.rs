@@ -292,14 +292,12 @@ impl Node {
             .map_err(|e| ControlError::new(codes::NODE_UNAVAILABLE, e.to_string()))?;
         self.store.put_invite(&iid, &stored).map_err(store_err)?;
         self.update_alpns();
-        // Addresses known now; never wait for a relay (there may be none).
-        let addr = self.endpoint.addr();
         let invite = Invite {
             v: 1,
             id: self.endpoint.id().to_string(),
             iid,
             addrs: self.direct_addrs(),
-            relay: addr.relay_urls().next().map(ToString::to_string),
+            relay: self.home_relay(),
             secret: pairing::encode_secret(&secret),
             services: m.services.clone(),
             exp: expires_at,

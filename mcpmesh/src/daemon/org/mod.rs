@@ -189,12 +189,7 @@ impl Node {
                     name: device_name(nickname.as_deref()),
                     eid: self.endpoint.id().to_string(),
                     addrs: self.direct_addrs(),
-                    relay: self
-                        .endpoint
-                        .addr()
-                        .relay_urls()
-                        .next()
-                        .map(ToString::to_string),
+                    relay: self.home_relay(),
                 }],
             }],
             revoked: Vec::new(),
@@ -300,12 +295,7 @@ impl Node {
             root: r.root.clone(),
             admin: self.endpoint.id().to_string(),
             addrs: self.direct_addrs(),
-            relay: self
-                .endpoint
-                .addr()
-                .relay_urls()
-                .next()
-                .map(ToString::to_string),
+            relay: self.home_relay(),
             iid,
             secret: pairing::encode_secret(&secret),
             user: m.user.clone(),
