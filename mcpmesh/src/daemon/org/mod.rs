@@ -437,6 +437,8 @@ impl Node {
             .buffered(SYNC_FANOUT)
             .collect::<Vec<_>>()
             .await;
+        // The exchanges may have brought a newer roster: report what is held now.
+        let view = self.roster().unwrap_or(view);
         let r = view.roster();
         let members: Vec<Value> = seats
             .iter()
