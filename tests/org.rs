@@ -1076,3 +1076,33 @@ async fn an_admin_that_committed_a_join_completes_it_for_the_pending_joiner_when
     );
     assert_eq!(org_summary(&bob)["user"], "bob");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_socket_service_sees_the_members_user_and_groups_in_meta() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("server.sock");
+    let mut cmd = tokio::process::Command::new(STUB);
+    cmd.arg("--socket").arg(&sock);
+    // It says so on stderr once it listens.
+    let (_server, _) = Started::until(&mut cmd, "listening").await;
+    alice.serve(
+        "tools",
+        &["group:eng"],
+        &["--socket", sock.to_str().unwrap()],
+    );
+
+    let mut s = bob.connect("alice/tools");
+    s.initialize().await;
+    let who = whoami(&mut s).await;
+    let expected = json!({
+        "eid": format!("eid:{}", bob.id),
+        "name": "bob",
+        "user_id": "bob",
+        "groups": ["eng"],
+    });
+    assert_eq!(who["meta_peer"], expected, "{who}");
+}

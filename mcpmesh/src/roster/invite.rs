@@ -145,6 +145,9 @@ pub struct JoinHello {
     /// Where the joiner can be reached, recorded in the roster.
     #[serde(default)]
     pub addrs: Vec<String>,
+    /// The joiner's home relay, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
 }
 
 /// The admin's answers: to the hello (proof holds, nothing stored), then to the commit (the

@@ -137,6 +137,7 @@ impl Node {
                 .clone()
                 .or_else(|| self.settings().nickname.clone()),
             addrs: self.direct_addrs(),
+            relay: self.home_relay(),
         };
         let limit = self.settings().dial_timeout + EXCHANGE_TIMEOUT;
         let unanswered = || {
@@ -300,7 +301,10 @@ impl Node {
                         name: free_device_name(member, &wanted),
                         eid: joiner.to_string(),
                         addrs: addrs.clone(),
-                        relay: None,
+                        relay: hello
+                            .relay
+                            .clone()
+                            .filter(|r| r.parse::<iroh::RelayUrl>().is_ok()),
                     };
                     if next.members.iter().any(|m| {
                         m.devices
