@@ -10,8 +10,9 @@ use mcpmesh::roster::{RosterView, SignedRoster};
 use mcpmesh_net::SecretKey;
 use mcpmesh_net::session::valid_service_name;
 
-/// The root the seed corpus is signed with: a fixed key, so seeds (and their mutations that
-/// keep the canonical form) verify and the fuzzer reaches the checks past the signature.
+/// The root the seeds in `seeds/roster/` are signed with: a fixed key, so seeds (and their
+/// mutations that keep the canonical form) verify and the fuzzer reaches the checks past the
+/// signature.
 const ROOT_SECRET: [u8; 32] = [0x5a; 32];
 /// The serial held and the clock `accept` runs at; the seeds are fresh there.
 const HELD: u64 = 1;

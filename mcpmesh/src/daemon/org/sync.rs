@@ -162,6 +162,16 @@ impl Node {
         Ok(Some(view))
     }
 
+    /// [`Node::install_roster`] on the blocking pool: it syncs the store to disk, and the
+    /// node's one runtime thread keeps serving meanwhile.
+    async fn install_off_runtime(&self, text: String, from: String) {
+        let Some(node) = self.arc() else {
+            return;
+        };
+        let _ =
+            tokio::task::spawn_blocking(move || node.install_roster(text.as_bytes(), &from)).await;
+    }
+
     /// On the admin's node: signs `change` applied to the held roster as the next serial,
     /// installs it and pushes it to every member it can reach.
     pub(super) fn publish(
@@ -254,7 +264,7 @@ impl Node {
             if same_org {
                 if let Some(text) = &theirs.roster {
                     let from = self.name_of(&peer);
-                    let _ = self.install_roster(text.as_bytes(), &from);
+                    self.install_off_runtime(text.clone(), from).await;
                 } else if let Some(view) =
                     mine.as_ref().filter(|v| v.roster().serial > theirs.serial)
                 {
@@ -322,7 +332,7 @@ impl Node {
             && let Some(text) = pushed.roster
         {
             let from = self.name_of(&peer);
-            let _ = self.install_roster(text.as_bytes(), &from);
+            self.install_off_runtime(text, from).await;
         }
     }
 
