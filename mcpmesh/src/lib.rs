@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod demo;
 pub mod files;
 pub mod gateway;
+pub mod hub;
 pub mod keys;
 pub mod limits;
 pub mod memory;
