@@ -32,3 +32,4 @@ pub mod services;
 pub mod store;
 pub mod template;
 pub mod time;
+pub mod tool_policy;
