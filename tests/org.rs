@@ -39,6 +39,16 @@ fn serial_of(node: &TestNode) -> Option<u64> {
     org_summary(node)["serial"].as_u64()
 }
 
+/// What `node`'s `peers` says of the key `id`, if it lists it.
+fn peer_entry(node: &TestNode, id: &str) -> Option<Value> {
+    node.json(&["peers"])["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .cloned()
+}
+
 /// A failed verb: exit status 1 and one JSON line on stderr, returned.
 fn refused(out: &std::process::Output) -> Value {
     assert_eq!(
@@ -295,14 +305,7 @@ async fn a_team_of_four_shares_a_service_by_group_and_the_child_sees_user_and_gr
     converged(&t.all(), serial).await;
 
     // bob and dave never paired: the roster is all bob's node knows dave by.
-    let peers = t.bob.json(&["peers"]);
-    let dave = peers["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == t.dave.id)
-        .cloned()
-        .unwrap_or_else(|| panic!("bob's node lists dave: {peers}"));
+    let dave = peer_entry(&t.bob, &t.dave.id).expect("bob's node lists dave");
     assert_eq!(dave["source"], "roster", "{dave}");
     assert_eq!(dave["user"], "dave", "{dave}");
     assert_eq!(dave["groups"], json!(["eng"]), "{dave}");
@@ -402,14 +405,7 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
     t.dave.serve_stub("notes", &["group:eng"], None, &m);
     converged(&t.all(), t.serial()).await;
     // On carol's node bob keeps her name for him and gains his user and groups.
-    let peers = t.carol.json(&["peers"]);
-    let robert = peers["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == t.bob.id)
-        .cloned()
-        .unwrap_or_else(|| panic!("carol lists bob: {peers}"));
+    let robert = peer_entry(&t.carol, &t.bob.id).expect("carol lists bob");
     assert_eq!(robert["name"], "robert", "{robert}");
     assert_eq!(robert["user"], "bob", "{robert}");
     assert_eq!(robert["groups"], json!(["eng"]), "{robert}");
@@ -469,12 +465,7 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
             "{target}: {error}"
         );
     }
-    let robert = t.carol.json(&["peers"])["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == t.bob.id)
-        .cloned();
+    let robert = peer_entry(&t.carol, &t.bob.id);
     assert!(robert.is_none(), "carol lists a revoked key: {robert:?}");
 }
 
@@ -994,13 +985,8 @@ async fn the_root_moves_to_a_new_admin_node_and_the_org_goes_on() {
     assert!(next > serial, "{changed}");
     // carol's node takes the new admin's rosters: same root, newer serial.
     converged(&[&bob, &carol], next).await;
-    let carol_seen = carol.json(&["peers"])["peers"].as_array().unwrap().clone();
-    assert!(
-        carol_seen
-            .iter()
-            .any(|p| p["id"] == bob.id && p["user"] == "bob"),
-        "{carol_seen:?}"
-    );
+    let bob_seen = peer_entry(&carol, &bob.id).expect("carol lists bob");
+    assert_eq!(bob_seen["user"], "bob", "{bob_seen}");
     assert_eq!(installed(&carol, next).await["from"], "bob");
 }
 
