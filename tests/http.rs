@@ -485,19 +485,35 @@ async fn with_a_token_every_request_must_carry_it() {
     let ping = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": { "protocolVersion": "2025-11-25", "capabilities": {},
                     "clientInfo": { "name": "t", "version": "1" } } });
-    let send = |token: Option<&str>| {
+    let send = |authorization: Option<&str>| {
         let mut r = http
             .post(gateway.url("alice/svc"))
             .header("accept", "application/json, text/event-stream")
             .body(ping.to_string());
-        if let Some(t) = token {
-            r = r.bearer_auth(t);
+        if let Some(a) = authorization {
+            r = r.header("authorization", a);
         }
         r.send()
     };
     assert_eq!(send(None).await.unwrap().status(), 401);
-    assert_eq!(send(Some("wrong")).await.unwrap().status(), 401);
-    assert_eq!(send(Some("s3cret-t0ken")).await.unwrap().status(), 200);
+    assert_eq!(send(Some("Bearer wrong")).await.unwrap().status(), 401);
+    assert_eq!(
+        send(Some("Basic s3cret-t0ken")).await.unwrap().status(),
+        401
+    );
+    assert_eq!(
+        send(Some("Bearers3cret-t0ken")).await.unwrap().status(),
+        401
+    );
+    // The scheme is case-insensitive (RFC 9110 §11.1), and clients differ in how they write it.
+    for header in [
+        "Bearer s3cret-t0ken",
+        "bearer s3cret-t0ken",
+        "BEARER s3cret-t0ken",
+        "Bearer  s3cret-t0ken",
+    ] {
+        assert_eq!(send(Some(header)).await.unwrap().status(), 200, "{header}");
+    }
 }
 
 /// An `initialize` POST to `url`, with `Authorization: Bearer <token>` when given.

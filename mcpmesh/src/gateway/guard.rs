@@ -21,7 +21,7 @@ pub(super) async fn guard(
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .unwrap_or_default();
         if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
             let mut r = plain(StatusCode::UNAUTHORIZED, "a bearer token is required");
@@ -52,6 +52,15 @@ pub(super) async fn guard(
         }
     }
     next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive and
+/// may be followed by more than one space (RFC 9110 §11.1); anything else is no token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
