@@ -634,7 +634,7 @@ async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
             .unwrap();
         // Where in the join the kill lands is the variable under test, not synchronization.
         tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
-        victim.signal(rustix::process::Signal::KILL);
+        victim.kill_daemon().await;
         let _ = tokio::task::spawn_blocking(move || {
             let mut joining = joining;
             joining.wait()

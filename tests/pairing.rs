@@ -427,7 +427,7 @@ async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
             .spawn()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
-        victim.signal(rustix::process::Signal::KILL);
+        victim.kill_daemon().await;
         let _ = tokio::task::spawn_blocking(move || {
             let mut pair = pair;
             pair.wait()

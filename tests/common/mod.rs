@@ -446,6 +446,18 @@ impl TestNode {
         let pid = rustix::process::Pid::from_raw(self.daemon_pid() as i32).unwrap();
         let _ = rustix::process::kill_process(pid, signal);
     }
+
+    /// Kills this node's daemon (`kill -9`) and waits until it is gone: until then its
+    /// control socket may still take a connection and drop it, failing the next verb.
+    pub async fn kill_daemon(&self) {
+        let pid = self.daemon_pid();
+        self.signal(rustix::process::Signal::KILL);
+        assert!(
+            wait_exit(pid, Duration::from_secs(10)).await,
+            "{}'s killed node did not exit",
+            self.name
+        );
+    }
 }
 
 /// The serving daemon's resident memory, in KiB.
