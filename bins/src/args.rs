@@ -207,6 +207,23 @@ pub enum Command {
         /// The peer's service, as PEER/SERVICE.
         target: String,
     },
+    /// Be one stdio MCP server over many mounted services: their tools and prompts named
+    /// PEER__SERVICE__NAME, lists answered from a cache, a session opened per service on
+    /// first use and closed when idle (what AI clients launch).
+    #[command(
+        after_help = "Examples:\n  mcpmesh hub\n  mcpmesh hub alice/notes bob/files --idle 5m\n  claude mcp add mesh -- mcpmesh hub"
+    )]
+    Hub {
+        /// The services to present, as PEER/SERVICE; none: every one this node may mount.
+        targets: Vec<String>,
+        /// Close a service's session after it is unused this long (30s, 5m, 1h).
+        #[arg(long, value_name = "DURATION", default_value = "60s")]
+        idle: String,
+        /// How much of its path a tool's name carries: `prefixed` (PEER__SERVICE__TOOL),
+        /// `service` or `bare` (shorter only where no two tools would share a name).
+        #[arg(long, value_name = "MODE", default_value = "prefixed")]
+        names: mcpmesh::hub::Naming,
+    },
     /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
     /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
     /// Every request must carry this node's gateway token (`Authorization: Bearer …`; `mcpmesh

@@ -116,6 +116,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Demo => demo(&ctx),
         Command::Connect { target } => connect(&profile, &exe, &target, out.json),
+        Command::Hub {
+            targets,
+            idle,
+            names,
+        } => hub(&profile, &exe, &targets, &idle, names),
         Command::Gateway {
             listen,
             allow_remote,
@@ -704,6 +709,54 @@ pub(crate) fn call(
 ) -> Result<Value, Failure> {
     let mut client = ControlClient::connect_or_start(profile, exe)?;
     Ok(client.call(method, params)?)
+}
+
+/// `mcpmesh hub`: the hub on this process's stdio until the client's input ends.
+fn hub(
+    profile: &Profile,
+    exe: &Path,
+    targets: &[String],
+    idle: &str,
+    naming: mcpmesh::hub::Naming,
+) -> Result<(), Failure> {
+    let invalid = |e: mcpmesh::hub::HubError| Failure::new(codes::INVALID_PARAMS, e.to_string());
+    let targets = targets
+        .iter()
+        .map(|t| mcpmesh::hub::Target::parse(t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(invalid)?;
+    let idle = parse_duration(idle)?;
+    if idle.is_zero() {
+        return Err(Failure::new(
+            codes::INVALID_PARAMS,
+            "--idle must be more than 0s",
+        ));
+    }
+    let config = mcpmesh::hub::HubConfig {
+        profile: profile.clone(),
+        exe: exe.to_owned(),
+        targets,
+        idle,
+        naming,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime
+        .block_on(mcpmesh::hub::serve(
+            config,
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+        ))
+        .map_err(|e| match e {
+            mcpmesh::hub::HubError::Node(m) => Failure::new(codes::UNREACHABLE, m),
+            other => invalid(other),
+        })?;
+    // Blocking stdin reads would otherwise keep the runtime alive after the client is gone.
+    runtime.shutdown_background();
+    Ok(())
 }
 
 fn gateway(

@@ -1,0 +1,185 @@
+//! What each service advertises, kept on disk under the profile so a hub answers its lists
+//! at start without opening any session.
+//!
+//! One file, `<state>/hub/cache.json`, written whole and atomically; several hubs of one
+//! profile share it (the last writer wins, each entry is whole). An unreadable file is an
+//! empty cache, never an error: it is only a cache.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Target;
+
+/// How long a listing is fresh when its server gives no `ttlMs`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
+/// Items of one kind kept per service; a server listing more is cut here.
+pub const MAX_ITEMS: usize = 10_000;
+/// Largest cache file read back (anything bigger is discarded as not ours).
+const MAX_FILE: u64 = 64 << 20;
+const VERSION: u32 = 1;
+
+/// What one service advertised when it was last asked.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Listing {
+    /// When it was fetched, in milliseconds since the epoch.
+    pub fetched_at_ms: u64,
+    /// The server's `ttlMs` on its `tools/list`, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The server's `capabilities` from its `initialize` answer.
+    #[serde(default)]
+    pub capabilities: Value,
+    #[serde(default)]
+    pub tools: Vec<Value>,
+    #[serde(default)]
+    pub prompts: Vec<Value>,
+    #[serde(default)]
+    pub resources: Vec<Value>,
+    #[serde(default)]
+    pub templates: Vec<Value>,
+}
+
+impl Listing {
+    /// Whether the listing is still within its lifetime at `now_ms`.
+    pub fn is_fresh(&self, now_ms: u64) -> bool {
+        let ttl = self.ttl_ms.unwrap_or(DEFAULT_TTL.as_millis() as u64);
+        now_ms.saturating_sub(self.fetched_at_ms) < ttl
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    version: u32,
+    #[serde(default)]
+    services: BTreeMap<String, Listing>,
+}
+
+/// The cache of every service's listing.
+#[derive(Debug)]
+pub struct Cache {
+    path: PathBuf,
+    entries: BTreeMap<String, Listing>,
+}
+
+impl Cache {
+    /// The cache of the profile whose state lives in `state_dir`.
+    pub fn path_in(state_dir: &Path) -> PathBuf {
+        state_dir.join("hub").join("cache.json")
+    }
+
+    /// Reads the cache at `path`; a missing, oversized or unreadable file is an empty cache.
+    pub fn load(path: PathBuf) -> Self {
+        let entries = read(&path).unwrap_or_default();
+        Cache { path, entries }
+    }
+
+    pub fn get(&self, target: &Target) -> Option<&Listing> {
+        self.entries.get(&target.key())
+    }
+
+    /// Keeps `listing` for `target` and writes the cache out. The file is re-read first, so
+    /// what another hub of this profile wrote meanwhile survives.
+    pub fn put(&mut self, target: &Target, listing: Listing) {
+        let mut on_disk = read(&self.path).unwrap_or_default();
+        on_disk.insert(target.key(), listing.clone());
+        self.entries.insert(target.key(), listing);
+        for (key, value) in on_disk {
+            self.entries.entry(key).or_insert(value);
+        }
+        if let Err(e) = self.save() {
+            tracing::warn!("cannot write the hub cache {}: {e}", self.path.display());
+        }
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = File {
+            version: VERSION,
+            services: self.entries.clone(),
+        };
+        let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+        crate::files::write_atomically(&self.path, &bytes)
+    }
+}
+
+fn read(path: &Path) -> Option<BTreeMap<String, Listing>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.len() > MAX_FILE {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    match serde_json::from_slice::<File>(&bytes) {
+        Ok(file) if file.version == VERSION => Some(file.services),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!("ignoring an unreadable hub cache {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(peer: &str, service: &str) -> Target {
+        Target {
+            peer: peer.into(),
+            service: service.into(),
+        }
+    }
+
+    #[test]
+    fn a_listing_survives_a_restart_and_another_hubs_entries_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Cache::path_in(dir.path());
+        let listing = Listing {
+            fetched_at_ms: 5,
+            tools: vec![serde_json::json!({"name": "echo"})],
+            ..Listing::default()
+        };
+        let mut one = Cache::load(path.clone());
+        let mut two = Cache::load(path.clone());
+        one.put(&target("alice", "notes"), listing.clone());
+        two.put(&target("bob", "files"), listing.clone());
+        let again = Cache::load(path);
+        assert_eq!(again.get(&target("alice", "notes")), Some(&listing));
+        assert_eq!(again.get(&target("bob", "files")), Some(&listing));
+    }
+
+    #[test]
+    fn a_broken_cache_file_is_an_empty_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Cache::path_in(dir.path());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"{not json").unwrap();
+        assert!(Cache::load(path).get(&target("a", "b")).is_none());
+    }
+
+    #[test]
+    fn freshness_follows_the_servers_ttl_or_the_default() {
+        let mut l = Listing {
+            fetched_at_ms: 1_000,
+            ..Listing::default()
+        };
+        assert!(l.is_fresh(1_000 + DEFAULT_TTL.as_millis() as u64 - 1));
+        assert!(!l.is_fresh(1_000 + DEFAULT_TTL.as_millis() as u64));
+        l.ttl_ms = Some(0);
+        assert!(!l.is_fresh(1_000));
+        l.ttl_ms = Some(50);
+        assert!(l.is_fresh(1_049));
+    }
+}

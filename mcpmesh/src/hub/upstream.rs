@@ -1,0 +1,315 @@
+//! One upstream session of the hub: a mesh session to `peer/service` opened through the local
+//! node like `connect` does, on which the hub is the MCP client.
+//!
+//! The hub's own requests get fresh numeric ids and wait for their answers here; whatever the
+//! server sends of its own accord (requests to the client, notifications) goes to the hub's
+//! router, tagged with where it came from. When the session ends, every request still waiting
+//! learns so at once.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::Target;
+use crate::control::Attach;
+use crate::control::client::ControlClient;
+use crate::paths::Profile;
+
+/// How long an upstream server gets to answer `initialize`.
+const HANDSHAKE: Duration = Duration::from_secs(30);
+/// How long a closed session's reader may take to see its end.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// What a server sent of its own accord.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    pub from: Arc<Upstream>,
+    pub frame: Value,
+}
+
+/// Why an upstream request got no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// The session could not be opened (the node's code and message).
+    #[error("{message}")]
+    Open { code: i64, message: String },
+    /// The session ended before the answer came.
+    #[error("the session ended before it answered")]
+    Lost,
+    #[error("it did not answer `initialize` within {0:?}")]
+    Handshake(Duration),
+    #[error("it refused `initialize`: {0}")]
+    Refused(String),
+}
+
+/// Where the node is and how to start it.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeAccess {
+    pub profile: Profile,
+    pub exe: PathBuf,
+}
+
+impl NodeAccess {
+    /// A control connection to the node, started when it is not running.
+    pub async fn control(&self) -> Result<ControlClient, UpstreamError> {
+        let (profile, exe) = (self.profile.clone(), self.exe.clone());
+        tokio::task::spawn_blocking(move || ControlClient::connect_or_start(&profile, &exe))
+            .await
+            .map_err(|e| UpstreamError::Open {
+                code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
+                message: e.to_string(),
+            })?
+            .map_err(|e| UpstreamError::Open {
+                code: e.code,
+                message: e.message,
+            })
+    }
+
+    /// Calls one control method.
+    pub async fn call(&self, method: &'static str, params: Value) -> Result<Value, UpstreamError> {
+        let client = self.control().await?;
+        tokio::task::spawn_blocking(move || {
+            let mut client = client;
+            client.call(method, params)
+        })
+        .await
+        .map_err(|e| UpstreamError::Open {
+            code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
+            message: e.to_string(),
+        })?
+        .map_err(|e| UpstreamError::Open {
+            code: e.code,
+            message: e.message,
+        })
+    }
+}
+
+/// A live session to one service.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    pub target: Target,
+    writer: Mutex<Option<OwnedWriteHalf>>,
+    next_id: AtomicU64,
+    waiting: StdMutex<HashMap<u64, oneshot::Sender<Value>>>,
+    /// Fires when the session has ended (either side).
+    pub ended: CancellationToken,
+    /// The server's `initialize` result.
+    pub init: StdMutex<Value>,
+}
+
+impl Upstream {
+    /// Opens a session to `target` and runs the handshake with the client's `hello` (the
+    /// `initialize` params the hub's own client sent, so the server sees its capabilities).
+    pub async fn open(
+        node: &NodeAccess,
+        target: &Target,
+        hello: Value,
+        inbound: mpsc::Sender<Inbound>,
+    ) -> Result<Arc<Upstream>, UpstreamError> {
+        let client = node.control().await?;
+        let (peer, service) = (target.peer.clone(), target.service.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            client.open_session(&peer, &service, Attach::Stream)
+        })
+        .await
+        .map_err(|e| UpstreamError::Open {
+            code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
+            message: e.to_string(),
+        })?
+        .map_err(|e| UpstreamError::Open {
+            code: e.code,
+            message: e.message,
+        })?;
+        let (stream, _leftover) = opened;
+        let stream = stream
+            .set_nonblocking(true)
+            .and_then(|()| UnixStream::from_std(stream))
+            .map_err(|e| UpstreamError::Open {
+                code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
+                message: e.to_string(),
+            })?;
+        let (reader, writer) = stream.into_split();
+        let up = Arc::new(Upstream {
+            target: target.clone(),
+            writer: Mutex::new(Some(writer)),
+            next_id: AtomicU64::new(1),
+            waiting: StdMutex::new(HashMap::new()),
+            ended: CancellationToken::new(),
+            init: StdMutex::new(Value::Null),
+        });
+        tokio::spawn(read_loop(up.clone(), reader, inbound));
+
+        let answer = tokio::time::timeout(HANDSHAKE, up.request("initialize", hello))
+            .await
+            .map_err(|_| UpstreamError::Handshake(HANDSHAKE));
+        let answer = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) | Err(e) => {
+                up.close().await;
+                return Err(e);
+            }
+        };
+        match answer.get("result") {
+            Some(result) => {
+                *up.init.lock().unwrap_or_else(|p| p.into_inner()) = result.clone();
+            }
+            None => {
+                up.close().await;
+                let why = answer
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no result")
+                    .to_owned();
+                return Err(UpstreamError::Refused(why));
+            }
+        }
+        up.notify("notifications/initialized", None).await;
+        Ok(up)
+    }
+
+    /// The server's capabilities, from its `initialize` answer.
+    pub fn capabilities(&self) -> Value {
+        self.init
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("capabilities")
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// Sends a request and waits for the whole answer frame.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, UpstreamError> {
+        let (id, rx) = self.start(method, params).await?;
+        let _ = id;
+        rx.await.map_err(|_| UpstreamError::Lost)
+    }
+
+    /// Sends a request and returns its id and where its answer will arrive.
+    pub async fn start(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiting().insert(id, tx);
+        let mut frame = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if !params.is_null() {
+            frame["params"] = params;
+        }
+        if !self.send(&frame).await {
+            self.waiting().remove(&id);
+            return Err(UpstreamError::Lost);
+        }
+        Ok((id, rx))
+    }
+
+    /// Gives up waiting for request `id` (its caller went away).
+    pub fn forget(&self, id: u64) {
+        self.waiting().remove(&id);
+    }
+
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> bool {
+        let mut frame = json!({"jsonrpc": "2.0", "method": method});
+        if let Some(params) = params {
+            frame["params"] = params;
+        }
+        self.send(&frame).await
+    }
+
+    /// Writes one frame; `false` when the session is gone.
+    pub async fn send(&self, frame: &Value) -> bool {
+        let Ok(mut line) = serde_json::to_vec(frame) else {
+            return false;
+        };
+        line.push(b'\n');
+        let mut writer = self.writer.lock().await;
+        let Some(w) = writer.as_mut() else {
+            return false;
+        };
+        if w.write_all(&line).await.is_err() {
+            *writer = None;
+            self.ended.cancel();
+            return false;
+        }
+        true
+    }
+
+    /// Ends the session: the node then ends the remote one (and its child). Waits briefly for
+    /// the end to come back.
+    pub async fn close(&self) {
+        if let Some(mut w) = self.writer.lock().await.take() {
+            let _ = w.shutdown().await;
+        }
+        let _ = tokio::time::timeout(CLOSE_WAIT, self.ended.cancelled()).await;
+        self.ended.cancel();
+    }
+
+    pub fn is_live(&self) -> bool {
+        !self.ended.is_cancelled()
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Value>>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Reads the server's frames until the session ends: answers to the hub's requests go to
+/// their waiters, everything else to the router.
+async fn read_loop(
+    up: Arc<Upstream>,
+    reader: tokio::net::unix::OwnedReadHalf,
+    inbound: mpsc::Sender<Inbound>,
+) {
+    let mut frames = FrameReader::new(reader, MAX_FRAME);
+    loop {
+        let line = tokio::select! {
+            line = frames.next_line() => line,
+            _ = up.ended.cancelled() => break,
+        };
+        let line = match line {
+            Ok(Some(line)) => line,
+            Ok(None) => break,
+            Err(TransportError::FrameTooLarge(cap)) => {
+                tracing::warn!(target = %up.target, "dropped a frame over the {cap}-byte cap");
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(target = %up.target, "upstream read failed: {e}");
+                break;
+            }
+        };
+        let Ok(frame) = serde_json::from_slice::<Value>(&line) else {
+            tracing::warn!(target = %up.target, "dropped a frame that is not JSON");
+            continue;
+        };
+        if frame.get("method").is_some() {
+            let from = up.clone();
+            if inbound.send(Inbound { from, frame }).await.is_err() {
+                break;
+            }
+            continue;
+        }
+        let Some(id) = frame.get("id").and_then(Value::as_u64) else {
+            continue;
+        };
+        let waiter = up.waiting().remove(&id);
+        if let Some(tx) = waiter {
+            let _ = tx.send(frame);
+        }
+    }
+    up.ended.cancel();
+    *up.writer.lock().await = None;
+    // Every request still waiting learns the session is gone.
+    up.waiting().clear();
+}
