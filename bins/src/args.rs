@@ -173,10 +173,10 @@ pub enum Command {
     },
     /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
     #[command(
-        after_help = "Examples:\n  mcpmesh use alice/notes\n  mcpmesh use alice/notes --json"
+        after_help = "Examples:\n  mcpmesh use alice/notes\n  mcpmesh use alice/notes --json\n  mcpmesh use hub"
     )]
     Use {
-        /// The peer's service, as PEER/SERVICE.
+        /// The peer's service, as PEER/SERVICE; or `hub`, for the hub over all of them.
         target: String,
     },
     /// What this node serves and to whom, its peers, live sessions, recent pairings.

@@ -15,10 +15,13 @@ use crate::render::joined;
 const GATEWAY: &str = "127.0.0.1:8484";
 
 pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> Result<(), Failure> {
+    if target == "hub" {
+        return hub_lines(profile, exe, out);
+    }
     let (peer, service) = target.split_once('/').ok_or_else(|| {
         Failure::new(
             codes::INVALID_PARAMS,
-            format!("expected PEER/SERVICE, got {target:?}"),
+            format!("expected PEER/SERVICE or hub, got {target:?}"),
         )
     })?;
     if !mcpmesh_net::session::valid_service_name(service) {
@@ -56,20 +59,99 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         }
     });
 
+    let mount = Mount {
+        target,
+        name: format!("{peer}-{service}"),
+        verb: &["connect", target],
+        path: target,
+    };
+    let mut value = blocks(profile, exe, &mount, out, warning.as_deref());
+    value["known_grant"] = json!(granted);
+    if let Some(warning) = &warning {
+        value["warning"] = json!(warning);
+    }
+    out.print(value.clone(), || {
+        value["text"].as_str().unwrap_or_default().to_owned()
+    });
+    Ok(())
+}
+
+/// `mcpmesh use hub`: the same blocks for the hub over every mountable service.
+fn hub_lines(profile: &Profile, exe: &Path, out: &Output) -> Result<(), Failure> {
+    let peers = call(profile, exe, methods::PEERS_LIST, json!({}))?;
+    let services: Vec<String> = peers["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            let peer = p["name"].as_str().unwrap_or_default().to_owned();
+            p["mounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(move |s| Some(format!("{peer}/{}", s.as_str()?)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mount = Mount {
+        target: "hub",
+        name: "mcpmesh".to_owned(),
+        verb: &["hub"],
+        path: "hub",
+    };
+    let warning = services.is_empty().then(|| {
+        "no peer shared a service with this node yet (name services explicitly: mcpmesh hub PEER/SERVICE …)".to_owned()
+    });
+    let mut value = blocks(profile, exe, &mount, out, warning.as_deref());
+    value["services"] = json!(services);
+    if let Some(warning) = &warning {
+        value["warning"] = json!(warning);
+    }
+    out.print(value.clone(), || {
+        format!(
+            "The hub presents {} as one MCP server.\n\n{}",
+            if services.is_empty() {
+                "nothing yet".to_owned()
+            } else {
+                services.join(", ")
+            },
+            value["text"].as_str().unwrap_or_default()
+        )
+    });
+    Ok(())
+}
+
+/// What a client mounts: the verb it runs and the gateway path that serves the same.
+struct Mount<'a> {
+    target: &'a str,
+    name: String,
+    verb: &'a [&'a str],
+    path: &'a str,
+}
+
+/// The blocks for every client, as the `--json` value; `text` holds the human form.
+fn blocks(
+    profile: &Profile,
+    exe: &Path,
+    mount: &Mount<'_>,
+    out: &Output,
+    warning: Option<&str>,
+) -> Value {
+    let target = mount.target;
     let mut args: Vec<String> = Vec::new();
     if let Some(home) = &profile.home {
         args.extend(["--home".to_owned(), home.display().to_string()]);
     }
-    args.extend(["connect".to_owned(), target.to_owned()]);
+    args.extend(mount.verb.iter().map(|w| (*w).to_owned()));
     let command = exe.display().to_string();
-    let name = format!("{peer}-{service}");
+    let name = mount.name.clone();
     let shell_line = shell_words(std::iter::once(&command).chain(&args));
     let claude = format!("claude mcp add {} -- {shell_line}", shell_quote(&name));
     let entry = json!({ "command": command, "args": args });
     let mcp_servers = json!({ "mcpServers": { name.clone(): entry.clone() } });
     let vscode = json!({ "servers": { name.clone(): { "type": "stdio", "command": command, "args": args } } });
 
-    let http_url = format!("http://{GATEWAY}/mcp/{target}");
+    let http_url = format!("http://{GATEWAY}/mcp/{}", mount.path);
     let mut gateway = vec![command.clone()];
     if let Some(home) = &profile.home {
         gateway.extend(["--home".to_owned(), home.display().to_string()]);
@@ -97,7 +179,6 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         "args": args,
         "claude_code": claude,
         "mcpServers": { name.clone(): entry },
-        "known_grant": granted,
         "http_url": http_url,
         "clients": {
             "claude_code": { "command_line": claude },
@@ -108,9 +189,6 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
             "http": { "gateway": gateway_line, "url": http_url, "config": http_config },
         },
     });
-    if let Some(warning) = &warning {
-        value["warning"] = json!(warning);
-    }
     let http_note = match &token {
         Ok(token) => {
             value["http_token"] = json!(token);
@@ -119,23 +197,24 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         }
         Err(e) => format!("(the gateway's token is not available: {e})"),
     };
-    if let (Some(warning), false) = (&warning, out.json) {
+    if let (Some(warning), false) = (warning, out.json) {
         // Before the blocks, so it is seen before they are copied.
         eprintln!("warning: {warning}");
     }
-    out.print(value, || {
-        format!(
-            "Claude Code — run:\n  {claude}\n\n\
+    let text = format!(
+        "Claude Code — run:\n  {claude}\n\n\
              Claude Desktop (claude_desktop_config.json) and Cursor (~/.cursor/mcp.json):\n{}\n\n\
              VS Code (.vscode/mcp.json):\n{}\n\n\
              Any other stdio MCP client — the command to run:\n  {shell_line}\n\n\
              A client that speaks Streamable HTTP — keep `{gateway_line}` running (it listens on {GATEWAY}), then:\n{}\n{http_note}",
-            indent(&mcp_servers),
-            indent(&vscode),
-            indent(&http_config),
-        )
-    });
-    Ok(())
+        indent(&mcp_servers),
+        indent(&vscode),
+        indent(&http_config),
+    );
+    if !out.json {
+        value["text"] = json!(text);
+    }
+    value
 }
 
 /// `v` pretty-printed, indented two spaces, ready to paste.

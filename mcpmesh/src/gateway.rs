@@ -133,6 +133,12 @@ pub async fn serve(
             "/mcp/{peer}/{service}",
             axum::routing::post(post).get(get).delete(delete),
         )
+        .route(
+            "/mcp/hub",
+            axum::routing::post(post_hub)
+                .get(get_hub)
+                .delete(delete_hub),
+        )
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             guard::guard,
@@ -252,8 +258,12 @@ impl Gateway {
         map.remove(&id)
     }
 
-    /// Opens a mesh session to `peer/service` through the local node.
+    /// Opens a mesh session to `peer/service` through the local node; for the hub's path, a
+    /// hub of its own over every mountable service, on one end of a socket pair.
     async fn open(&self, peer: &str, service: &str) -> Result<UnixStream, (i64, String)> {
+        if (peer, service) == HUB {
+            return self.open_hub();
+        }
         let (profile, exe) = (self.config.profile.clone(), self.config.exe.clone());
         let (peer, service) = (peer.to_owned(), service.to_owned());
         let opened = tokio::task::spawn_blocking(move || {
@@ -272,6 +282,50 @@ impl Gateway {
             .and_then(|()| UnixStream::from_std(stream))
             .map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))
     }
+
+    /// A hub serving one HTTP session (or the shared sessionless one), as `mcpmesh hub` does
+    /// on stdio; it ends, closing its sessions, when the gateway's end of the pair closes.
+    fn open_hub(&self) -> Result<UnixStream, (i64, String)> {
+        let (ours, hubs) =
+            UnixStream::pair().map_err(|e| (ErrorCode::Unreachable.code(), e.to_string()))?;
+        let config = crate::hub::HubConfig {
+            profile: self.config.profile.clone(),
+            exe: self.config.exe.clone(),
+            targets: Vec::new(),
+            idle: crate::hub::DEFAULT_IDLE,
+            naming: crate::hub::Naming::Prefixed,
+        };
+        tokio::spawn(async move {
+            let (input, output) = hubs.into_split();
+            if let Err(e) = crate::hub::serve(config, input, output).await {
+                tracing::warn!("the gateway's hub stopped: {e}");
+            }
+        });
+        Ok(ours)
+    }
+}
+
+/// The gateway's key for `/mcp/hub` (no peer has an empty name).
+const HUB: (&str, &str) = ("", "hub");
+
+async fn post_hub(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    post(State(gateway), hub_path(), headers, body).await
+}
+
+async fn get_hub(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    get(State(gateway), hub_path(), headers).await
+}
+
+async fn delete_hub(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    delete(State(gateway), hub_path(), headers).await
+}
+
+fn hub_path() -> Path<(String, String)> {
+    Path((HUB.0.to_owned(), HUB.1.to_owned()))
 }
 
 enum Lookup {

@@ -177,8 +177,8 @@ where
     // Answers still on their way get a moment; then every session is closed.
     hub.tasks.close();
     let _ = tokio::time::timeout(DRAIN, hub.tasks.wait()).await;
-    hub.pool.close_all().await;
     hub.stop.cancel();
+    hub.pool.close_all().await;
     let _ = writer.await;
     Ok(())
 }
@@ -753,6 +753,10 @@ impl Hub {
         };
         let listing = match list_all(&lease.up).await {
             Ok(listing) => listing,
+            Err(e) if self.stop.is_cancelled() => {
+                tracing::debug!(%target, "listing cut short by the hub's end: {e}");
+                return false;
+            }
             Err(e) => {
                 tracing::warn!(%target, "cannot list its tools: {e}");
                 return false;
