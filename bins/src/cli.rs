@@ -745,11 +745,27 @@ fn hub(
         .build()
         .context("starting the async runtime")?;
     runtime
-        .block_on(mcpmesh::hub::serve(
-            config,
-            tokio::io::stdin(),
-            tokio::io::stdout(),
-        ))
+        .block_on(async {
+            // Pipes and sockets are read and written as the async sources they are; tokio's
+            // own stdio goes through a blocking thread per read and write.
+            type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+            type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+            let direct = || -> std::io::Result<(Input, Output)> {
+                use std::os::fd::AsFd;
+                let input = std::io::stdin().as_fd().try_clone_to_owned()?;
+                let output = std::io::stdout().as_fd().try_clone_to_owned()?;
+                Ok((
+                    mcpmesh::proxy::input_from(input)?,
+                    mcpmesh::proxy::output_from(output)?,
+                ))
+            };
+            let (input, output): (Input, Output) =
+                match mcpmesh::proxy::stdio_passable().then(direct) {
+                    Some(Ok(pair)) => pair,
+                    _ => (Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout())),
+                };
+            mcpmesh::hub::serve(config, input, output).await
+        })
         .map_err(|e| match e {
             mcpmesh::hub::HubError::Node(m) => Failure::new(codes::UNREACHABLE, m),
             other => invalid(other),

@@ -1,6 +1,7 @@
-//! `mcpmesh-bench`: the same stdio MCP server, measured directly and through two hermetic
-//! nodes (daemons + `mcpmesh connect`), in interleaved rounds of one run. Prints the median of
-//! each figure over the rounds and the ratio mesh / direct.
+//! `mcpmesh-bench`: the same stdio MCP server, measured directly, through two hermetic nodes
+//! (daemons + `mcpmesh connect`) and through `mcpmesh hub` on the same nodes, in interleaved
+//! rounds of one run. Prints the median of each figure over the rounds and the ratios mesh /
+//! direct and hub / mesh.
 //!
 //! Build the release binaries first; this looks for `mcpmesh` and `echo_mcp_stub` beside itself:
 //!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N] [--only PHASE]
@@ -99,6 +100,15 @@ fn main() -> anyhow::Result<()> {
         "connect".into(),
         "alice/bench".into(),
     ];
+    // The same service through `mcpmesh hub`, which answers `initialize` itself and opens the
+    // session on the first call.
+    let hub_cmd = vec![
+        mcpmesh.display().to_string(),
+        "--home".into(),
+        mesh.bob.display().to_string(),
+        "hub".into(),
+        "alice/bench".into(),
+    ];
 
     let figures = [
         "session open p50 ms",
@@ -112,6 +122,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    let mut hubbed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
@@ -129,11 +140,12 @@ fn main() -> anyhow::Result<()> {
         }
         for round in 1..=args.rounds {
             eprintln!("{} round {round}/{}", phases.join(", "), args.rounds);
-            for (cmd, into, watch) in [
-                (&direct_cmd, &mut direct, None),
-                (&mesh_cmd, &mut meshed, Some(&mesh)),
+            for (cmd, into, watch, prefix) in [
+                (&direct_cmd, &mut direct, None, ""),
+                (&mesh_cmd, &mut meshed, Some(&mesh), ""),
+                (&hub_cmd, &mut hubbed, Some(&mesh), "alice__bench__"),
             ] {
-                let m = measure(cmd, &phases, args.calls, watch)?;
+                let m = measure(cmd, &phases, args.calls, watch, prefix)?;
                 for (slot, v) in into.iter_mut().zip(m.figures) {
                     if !v.is_nan() {
                         slot.push(v);
@@ -155,7 +167,7 @@ fn main() -> anyhow::Result<()> {
                 .filter(|p| ["calls", "pipelined"].contains(p))
                 .collect();
             if !relay_phases.is_empty() {
-                let m = measure(&relayed_cmd, &relay_phases, args.calls, None)?;
+                let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "")?;
                 relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
                 relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
             }
@@ -168,15 +180,24 @@ fn main() -> anyhow::Result<()> {
         bench_util::build_label(&mcpmesh)
     );
     println!(
-        "{:<24} {:>12} {:>12} {:>10}",
-        "figure (median)", "direct", "mesh", "mesh/direct"
+        "{:<24} {:>12} {:>12} {:>10} {:>12} {:>9}",
+        "figure (median)", "direct", "mesh", "mesh/direct", "hub", "hub/mesh"
     );
     for (i, name) in figures.iter().enumerate() {
-        let (d, m) = (median(&direct[i]), median(&meshed[i]));
+        let (d, m, h) = (median(&direct[i]), median(&meshed[i]), median(&hubbed[i]));
         if d.is_nan() || m.is_nan() {
             continue;
         }
-        println!("{name:<24} {d:>12.1} {m:>12.1} {:>9.2}x", m / d);
+        // The hub answers `initialize` itself: its "session open" is not a session's.
+        if i == 0 || h.is_nan() {
+            println!("{name:<24} {d:>12.1} {m:>12.1} {:>10.2}x", m / d);
+        } else {
+            println!(
+                "{name:<24} {d:>12.1} {m:>12.1} {:>10.2}x {h:>12.1} {:>8.2}x",
+                m / d,
+                h / m
+            );
+        }
     }
     if !cpu_per_call.is_empty() {
         println!(
@@ -299,6 +320,7 @@ fn measure(
     phases: &[&str],
     calls: usize,
     watch: Option<&Mesh>,
+    prefix: &str,
 ) -> anyhow::Result<Measured> {
     let runs = |phase: &str| phases.contains(&phase);
     watch.map(Mesh::reset_peaks);
@@ -307,14 +329,14 @@ fn measure(
         let mut opens = Vec::new();
         for _ in 0..5 {
             let t = Instant::now();
-            let mut c = Client::start(cmd)?;
+            let mut c = Client::start(cmd, prefix)?;
             c.initialize()?;
             opens.push(t.elapsed().as_secs_f64() * 1e3);
             c.close();
         }
         figures[0] = median(&opens);
     }
-    let mut c = Client::start(cmd)?;
+    let mut c = Client::start(cmd, prefix)?;
     c.initialize()?;
     let text = "x".repeat(130);
     for _ in 0..200 {
@@ -349,14 +371,14 @@ fn measure(
     if runs("results") {
         for (slot, bytes) in [(5, MIB), (6, BIG)] {
             figures[slot] = c.throughput(
-                json!({ "name": "blob", "arguments": { "bytes": bytes } }),
+                json!({ "name": c.tool("blob"), "arguments": { "bytes": bytes } }),
                 bytes,
             )?;
         }
     }
     if runs("requests") {
         figures[7] = c.throughput(
-            json!({ "name": "size", "arguments": { "text": "y".repeat(BIG) } }),
+            json!({ "name": c.tool("size"), "arguments": { "text": "y".repeat(BIG) } }),
             BIG,
         )?;
     }
@@ -405,10 +427,16 @@ struct Client {
     stdout: BufReader<ChildStdout>,
     next_id: u64,
     line: Vec<u8>,
+    /// What the server's tool names are prefixed with (the hub's `peer__service__`).
+    prefix: String,
 }
 
 impl Client {
-    fn start(cmd: &[String]) -> anyhow::Result<Self> {
+    fn tool(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn start(cmd: &[String], prefix: &str) -> anyhow::Result<Self> {
         let mut child = Command::new(&cmd[0])
             .args(&cmd[1..])
             .stdin(Stdio::piped())
@@ -423,6 +451,7 @@ impl Client {
             stdout,
             next_id: 0,
             line: Vec::with_capacity(1 << 16),
+            prefix: prefix.to_owned(),
         })
     }
 
@@ -434,6 +463,27 @@ impl Client {
         msg.push(b'\n');
         self.stdin.write_all(&msg)?;
         Ok(self.next_id)
+    }
+
+    /// Reads one answer line and returns the id it answers.
+    fn recv_any(&mut self) -> anyhow::Result<u64> {
+        self.line.clear();
+        if self.stdout.read_until(b'\n', &mut self.line)? == 0 {
+            bail!("the server closed its output");
+        }
+        let head = &self.line[..self.line.len().min(64)];
+        let at = head
+            .windows(5)
+            .position(|w| w == b"\"id\":")
+            .context("an answer without an id")?;
+        let digits: String = head[at + 5..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .map(|&b| b as char)
+            .collect();
+        digits
+            .parse()
+            .context("an answer with an id that is not a number")
     }
 
     /// Reads one line; checks only that it answers `id` (both modes do the same work).
@@ -469,7 +519,7 @@ impl Client {
     fn call_echo(&mut self, text: &str) -> anyhow::Result<()> {
         let id = self.send(
             "tools/call",
-            &json!({ "name": "echo", "arguments": { "text": text } }),
+            &json!({ "name": self.tool("echo"), "arguments": { "text": text } }),
         )?;
         self.recv(id)?;
         Ok(())
@@ -482,7 +532,7 @@ impl Client {
             .map(|i| {
                 let mut l = serde_json::to_vec(
                     &json!({ "jsonrpc": "2.0", "id": first + i, "method": "tools/call",
-                    "params": { "name": "echo", "arguments": { "text": text } } }),
+                    "params": { "name": self.tool("echo"), "arguments": { "text": text } } }),
                 )
                 .unwrap_or_default();
                 l.push(b'\n');
@@ -505,8 +555,15 @@ impl Client {
             }
             Ok(())
         });
-        for i in 0..calls as u64 {
-            self.recv(first + i)?;
+        // Answers may come in any order (the hub's do): each is checked to answer one of the
+        // requests sent, and all of them are counted.
+        let mut seen = vec![false; calls];
+        for _ in 0..calls {
+            let id = self.recv_any()?;
+            match id.checked_sub(first).map(|i| i as usize) {
+                Some(i) if i < calls && !seen[i] => seen[i] = true,
+                _ => bail!("an answer to {id}, which was not asked or answered twice"),
+            }
             let _ = credit_tx.try_send(());
         }
         let elapsed = t.elapsed();

@@ -39,6 +39,8 @@ const FIRST_LISTING: Duration = Duration::from_secs(20);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Server requests to the client awaiting the client's answer, at most.
 const MAX_ASKED: usize = 4096;
+/// Bytes of queued lines written to the client at once.
+const BATCH: usize = 256 * 1024;
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
 /// Protocol revisions of the `initialize` era the hub speaks; the first is its default.
@@ -221,8 +223,14 @@ async fn write_out<W: AsyncWrite + Unpin>(
             line = rx.recv() => line,
             _ = stop.cancelled() => None,
         };
-        let Some(line) = line else { break };
-        if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+        let Some(mut batch) = line else { break };
+        // What is already queued goes out in the same write.
+        while batch.len() < BATCH
+            && let Ok(more) = rx.try_recv()
+        {
+            batch.extend_from_slice(&more);
+        }
+        if output.write_all(&batch).await.is_err() || output.flush().await.is_err() {
             stop.cancel();
             break;
         }
