@@ -19,6 +19,7 @@ use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
 use crate::principal::is_allowed;
+use crate::tool_policy::ToolPolicy;
 
 /// A served service with the state that outlives a config reload: its session semaphore and
 /// its rate limiter.
@@ -27,6 +28,8 @@ pub struct ServiceEntry {
     pub spec: ServiceSpec,
     pub sessions: Arc<Semaphore>,
     pub limiter: Arc<RateLimiter>,
+    /// The service's per-tool rules, as its live sessions read them.
+    pub tools: ToolPolicy,
 }
 
 /// Every served service by name. Rebuilt from config on change, keeping the runtime state of
@@ -41,6 +44,12 @@ impl ServiceTable {
         let entries = specs
             .iter()
             .map(|spec| {
+                // One handle per service for good: sessions already open see new rules.
+                let tools = match self.entries.get(&spec.name) {
+                    Some(old) => old.tools.clone(),
+                    None => ToolPolicy::default(),
+                };
+                tools.set(spec.tools.clone());
                 let entry = match self.entries.get(&spec.name) {
                     Some(old)
                         if old.spec.max_sessions == spec.max_sessions
@@ -55,6 +64,7 @@ impl ServiceTable {
                         spec: spec.clone(),
                         sessions: Arc::new(Semaphore::new(spec.max_sessions as usize)),
                         limiter: RateLimiter::per_minute_shared(spec.rate_limit_per_min),
+                        tools,
                     },
                 };
                 (spec.name.clone(), entry)
@@ -221,6 +231,7 @@ impl SessionHandler for ServiceHost {
             shutdown: self.shutdown.child_token(),
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
+            tools: entry.tools.clone(),
         };
         let ctx = ServiceCtx {
             service: service.clone(),
