@@ -1,6 +1,6 @@
 //! Services: who may open which, and the session handler that runs them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use mcpmesh_net::PeerIdentity;
@@ -18,8 +18,8 @@ use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
-use crate::principal::is_allowed;
-use crate::tool_policy::ToolPolicy;
+use crate::principal::{is_allowed, principal_set};
+use crate::tool_policy::{ToolAccess, ToolPolicy, access};
 
 /// A served service with the state that outlives a config reload: its session semaphore and
 /// its rate limiter.
@@ -81,6 +81,16 @@ impl ServiceTable {
         let mut v: Vec<_> = self.entries.keys().cloned().collect();
         v.sort();
         v
+    }
+
+    /// For each service `peer` may open, the tools it may use there.
+    pub fn tools_for(&self, peer: &PeerIdentity) -> BTreeMap<String, ToolAccess> {
+        let held = principal_set(peer);
+        self.entries
+            .values()
+            .filter(|e| is_allowed(&e.spec.allow, peer))
+            .map(|e| (e.spec.name.clone(), access(&e.spec.tools, &held)))
+            .collect()
     }
 
     /// Services `peer` may open.

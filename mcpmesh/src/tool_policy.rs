@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 use crate::principal::Principal;
 
 /// One rule of a service's policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ToolRule {
     pub who: Vec<Principal>,
     pub allow: Vec<String>,
@@ -76,6 +76,46 @@ pub fn may_use(rules: &[ToolRule], held: &[Principal], tool: &str) -> bool {
         Some(rule) => rule.allow.iter().any(|p| matches(p, tool)),
         None => true,
     }
+}
+
+/// What [`may_use`] decides for one caller, as patterns: a tool is usable when it matches
+/// one of `allow` and none of `deny`. The node knows patterns, not tool names, until a
+/// session asks the server.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ToolAccess {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+impl ToolAccess {
+    /// Every tool.
+    pub fn is_all(&self) -> bool {
+        self.deny.is_empty() && self.allow.iter().any(|p| p == "*")
+    }
+}
+
+/// The patterns that decide which tools a caller holding `held` may use under `rules`.
+pub fn access(rules: &[ToolRule], held: &[Principal]) -> ToolAccess {
+    let every = || vec!["*".to_owned()];
+    if rules.is_empty() {
+        return ToolAccess {
+            allow: every(),
+            deny: Vec::new(),
+        };
+    }
+    let applying: Vec<&ToolRule> = rules.iter().filter(|r| r.applies_to(held)).collect();
+    let mut deny: Vec<String> = Vec::new();
+    for pattern in applying.iter().flat_map(|r| &r.deny) {
+        if !deny.contains(pattern) {
+            deny.push(pattern.clone());
+        }
+    }
+    let allow = match applying.iter().find(|r| !r.allow.is_empty()) {
+        Some(rule) => rule.allow.clone(),
+        None if applying.is_empty() => Vec::new(),
+        None => every(),
+    };
+    ToolAccess { allow, deny }
 }
 
 /// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one).
@@ -371,6 +411,36 @@ mod tests {
         ] {
             assert_eq!(filtered(line), Err(want), "{line}");
         }
+    }
+
+    #[test]
+    fn the_access_summary_decides_as_may_use_does() {
+        let rules = [
+            rule(&["group:ops"], &[], &["drop_*"]),
+            rule(&["group:eng"], &["read_*", "drop_x"], &[]),
+            rule(&["peer:dave"], &[], &["*"]),
+        ];
+        for who in [
+            held(&["peer:bob", "group:eng", "group:ops"]),
+            held(&["peer:bob", "group:ops"]),
+            held(&["peer:dave", "group:eng"]),
+            held(&["peer:carol"]),
+        ] {
+            let summary = access(&rules, &who);
+            for tool in ["read_a", "drop_x", "write", "drop_y"] {
+                let by_summary = summary.allow.iter().any(|p| matches(p, tool))
+                    && !summary.deny.iter().any(|p| matches(p, tool));
+                assert_eq!(by_summary, may_use(&rules, &who, tool), "{who:?} {tool}");
+            }
+        }
+        assert!(access(&[], &held(&["peer:x"])).is_all());
+        assert_eq!(
+            access(&rules, &held(&["peer:carol"])),
+            ToolAccess {
+                allow: vec![],
+                deny: vec![]
+            }
+        );
     }
 
     #[test]

@@ -14,6 +14,10 @@ use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
 use mcpmesh_net::session::valid_service_name;
 use serde::Deserialize;
 
+mod tools;
+
+pub use tools::{deny_own_tools, set_own_tools};
+
 use crate::files::write_atomically;
 use crate::principal::Principal;
 use crate::tool_policy::ToolRule;
