@@ -161,9 +161,9 @@ impl Ledger {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
                 .retry_after_ms(wait.as_millis().max(1) as u64);
-            Some(("rate_limited", frame))
+            Some(("rate_limited", frame, None))
         } else if let Some(frame) = self.tool_refusal(&mut pending) {
-            Some(("denied", frame))
+            Some(("denied", frame, Some(ErrorCode::UnknownService.code())))
         } else if self.pending.len() >= self.max_in_flight {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message(format!(
@@ -171,13 +171,13 @@ impl Ledger {
                     self.max_in_flight
                 ))
                 .retry_after_ms(RETRY_IN_FLIGHT_MS);
-            Some(("refused", frame))
+            Some(("refused", frame, None))
         } else {
             None
         };
         match refusal {
-            Some((outcome, frame)) => {
-                self.record(pending, 0, outcome, None);
+            Some((outcome, frame, code)) => {
+                self.record(pending, 0, outcome, code);
                 Verdict::Answer(frame.id(Some(id)).to_line())
             }
             None => {
