@@ -136,13 +136,13 @@ mod tests {
         deny_own_tools(&mut doc, "files", &bob, &["drop".into(), "rm".into()]).unwrap();
         let rules = rules_of(&doc);
         assert_eq!(rules.len(), 2);
-        assert_eq!(rules[1].who, [bob.clone()]);
+        assert_eq!(rules[1].who, std::slice::from_ref(&bob));
         assert_eq!(rules[1].deny, ["drop", "rm"]);
 
         set_own_tools(&mut doc, "files", &bob, &["list_*".into()]).unwrap();
         let rules = rules_of(&doc);
         assert_eq!(rules.len(), 2, "{doc}");
-        assert_eq!(rules[0].who, [bob.clone()]);
+        assert_eq!(rules[0].who, std::slice::from_ref(&bob));
         assert_eq!(rules[0].allow, ["list_*"]);
         assert_eq!(rules[0].deny, ["drop", "rm"]);
         assert_eq!(rules[1].allow, ["read_*"]);
@@ -170,7 +170,7 @@ mod tests {
         set_own_tools(&mut doc, "s", &eid, &["a".into(), "b*".into()]).unwrap();
         let rules = rules_of(&doc);
         assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].who, [eid.clone()]);
+        assert_eq!(rules[0].who, std::slice::from_ref(&eid));
         assert_eq!(rules[0].allow, ["a", "b*"]);
         assert!(set_own_tools(&mut doc, "nope", &eid, &[]).is_err());
     }
