@@ -441,7 +441,8 @@ pub enum Verdict {
     /// As `Answer`, and count a strike against the session.
     Strike(Vec<u8>),
     /// Pass on these bytes (a whole line, newline included) in its place: the one edit the
-    /// node makes, writing the caller's identity into a request for backends that need it.
+    /// node makes to the caller's frames, writing its identity into a request for backends
+    /// that need it (the other direction's one edit is an [`Observer::rewrite`]).
     Replace(Vec<u8>),
 }
 
