@@ -11,40 +11,6 @@ use common::*;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-/// server-everything in its Streamable HTTP mode on a loopback port (it logs on stdout and
-/// stderr; both are kept, to watch for what it logs).
-struct EverythingHttp {
-    process: Started,
-    url: String,
-}
-
-impl EverythingHttp {
-    async fn start() -> Self {
-        let port = free_port();
-        let dir = deps().join("node_modules/@modelcontextprotocol/server-everything/dist");
-        let mut cmd = Command::new("node");
-        cmd.arg("--require")
-            .arg(interop_script("loopback.cjs"))
-            .arg(dir.join("index.js"))
-            .arg("streamableHttp")
-            .env("PORT", port.to_string());
-        let (process, _) = Started::until(&mut cmd, "listening on port").await;
-        EverythingHttp {
-            process,
-            url: format!("http://127.0.0.1:{port}/mcp"),
-        }
-    }
-}
-
-/// A port nothing listens on right now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `mcpmesh gateway` for `node`, on a kernel-picked loopback port.
 struct Gateway {
     _process: Started,

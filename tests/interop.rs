@@ -8,42 +8,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
 use serde_json::{Value, json};
-
-/// The long-running stub server on a Unix socket, recording every line it receives.
-struct SocketServer {
-    _process: Started,
-    dir: tempfile::TempDir,
-}
-
-impl SocketServer {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cmd = tokio::process::Command::new(STUB);
-        cmd.arg("--socket")
-            .arg(dir.path().join("server.sock"))
-            .arg("--record")
-            .arg(dir.path().join("received"));
-        // It says so on stderr once it listens.
-        let (process, _) = Started::until(&mut cmd, "listening").await;
-        SocketServer {
-            _process: process,
-            dir,
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("server.sock")
-    }
-
-    fn received(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("received")).unwrap_or_default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {

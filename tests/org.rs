@@ -1092,3 +1092,46 @@ async fn a_socket_service_sees_the_members_user_and_groups_in_meta() {
     });
     assert_eq!(who["meta_peer"], expected, "{who}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deny_on_a_roster_user_beats_the_allow_of_its_group() {
+    let m = marker("tool-rules");
+    let t = Team::start("");
+    t.alice.serve_stub("notes", &["group:eng"], None, &m);
+    // Rules are written by hand, as an admin would; the node reads them when it starts.
+    t.alice.json(&["down"]);
+    let config = t.alice.home().join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(
+        "\n[[services.notes.tools]]\nwho = [\"group:eng\"]\nallow = [\"*\"]\n\n\
+         [[services.notes.tools]]\nwho = [\"user:dave\"]\ndeny = [\"echo\"]\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    converged(&t.all(), t.serial()).await;
+
+    for (node, may_echo) in [(&t.bob, true), (&t.dave, false)] {
+        let mut s = node.connect("alice/notes");
+        s.initialize().await;
+        let list = s.request("tools/list", json!({})).await;
+        let names: Vec<&str> = list["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert!(names.contains(&"whoami"), "{}: {list}", node.name);
+        assert_eq!(names.contains(&"echo"), may_echo, "{}: {list}", node.name);
+        let echo = s.call("echo", json!({ "text": "hi" })).await;
+        assert_eq!(
+            echo["result"].is_object(),
+            may_echo,
+            "{}: {echo}",
+            node.name
+        );
+        if !may_echo {
+            assert_eq!(echo["error"]["code"], -32054, "{echo}");
+        }
+        s.close_stdin();
+        s.wait_eof().await;
+    }
+}

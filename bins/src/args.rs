@@ -155,21 +155,33 @@ pub enum Command {
         #[command(subcommand)]
         action: OrgAction,
     },
-    /// Let a peer use one of your services.
-    #[command(after_help = "Examples:\n  mcpmesh grant bob notes")]
+    /// Let a peer use one of your services (with --tools, only those of its tools).
+    #[command(
+        after_help = "Examples:\n  mcpmesh grant bob notes\n  mcpmesh grant bob files --tools 'read_*,list_*'"
+    )]
     Grant {
         /// The peer, by the name `mcpmesh peers` shows.
         peer: String,
         /// One of your services.
         service: String,
+        /// Tool names or globs (`*`, `?`), comma-separated: the peer may use exactly these
+        /// (its own rule in config.toml, placed first; denies of other rules still apply).
+        #[arg(long, value_delimiter = ',', num_args = 1)]
+        tools: Option<Vec<String>>,
     },
-    /// Take a peer's access to a service away (its live sessions to it end).
-    #[command(after_help = "Examples:\n  mcpmesh revoke bob notes")]
+    /// Take a peer's access to a service away (its live sessions to it end), or with --tools
+    /// only some of its tools (the grant stays).
+    #[command(
+        after_help = "Examples:\n  mcpmesh revoke bob notes\n  mcpmesh revoke bob files --tools delete_file"
+    )]
     Revoke {
         /// The peer, by the name `mcpmesh peers` shows.
         peer: String,
         /// One of your services.
         service: String,
+        /// Tool names or globs, comma-separated, the peer may no longer use on the service.
+        #[arg(long, value_delimiter = ',', num_args = 1)]
+        tools: Option<Vec<String>>,
     },
     /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
     #[command(

@@ -166,8 +166,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             action: Some(PeersAction::Remove { name }),
         } => peers_remove(&ctx, &name),
         Command::Unserve { name } => unserve(&ctx, &name),
-        Command::Grant { peer, service } => grant(&ctx, &peer, &service),
-        Command::Revoke { peer, service } => revoke(&ctx, &peer, &service),
+        Command::Grant {
+            peer,
+            service,
+            tools,
+        } => grant(&ctx, &peer, &service, tools),
+        Command::Revoke {
+            peer,
+            service,
+            tools,
+        } => revoke(&ctx, &peer, &service, tools),
         Command::Invite {
             services,
             uses,
@@ -407,17 +415,32 @@ fn unserve(ctx: &Ctx, name: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-fn grant(ctx: &Ctx, peer: &str, service: &str) -> Result<(), Failure> {
-    let v = ctx.call(methods::GRANT, json!({ "peer": peer, "service": service }))?;
-    ctx.out.print(v, || format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"));
+fn grant(ctx: &Ctx, peer: &str, service: &str, tools: Option<Vec<String>>) -> Result<(), Failure> {
+    let mut params = json!({ "peer": peer, "service": service });
+    if let Some(tools) = &tools {
+        params["tools"] = json!(tools);
+    }
+    let v = ctx.call(methods::GRANT, params)?;
+    let access = crate::render::tool_access(&v["tools"]);
+    ctx.out.print(v, || match tools {
+        Some(_) => format!("{peer} may now use {service}, and of its tools {access}. They mount it with: mcpmesh connect <your name>/{service}"),
+        None => format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"),
+    });
     Ok(())
 }
 
-fn revoke(ctx: &Ctx, peer: &str, service: &str) -> Result<(), Failure> {
-    let v = ctx.call(methods::REVOKE, json!({ "peer": peer, "service": service }))?;
+fn revoke(ctx: &Ctx, peer: &str, service: &str, tools: Option<Vec<String>>) -> Result<(), Failure> {
+    let mut params = json!({ "peer": peer, "service": service });
+    if let Some(tools) = &tools {
+        params["tools"] = json!(tools);
+    }
+    let v = ctx.call(methods::REVOKE, params)?;
     let still = v["granted"] == json!(true);
+    let access = crate::render::tool_access(&v["tools"]);
     ctx.out.print(v, || {
-        if still {
+        if let Some(tools) = tools {
+            format!("{peer} may no longer use {} on {service}; of its tools they may use {access}", tools.join(", "))
+        } else if still {
             format!("revoked the grant, but {peer} is still admitted to {service} by another allow entry (see config.toml)")
         } else {
             format!("{peer} may no longer use {service}")

@@ -138,7 +138,54 @@ pub fn render_peers(v: &Value) -> String {
         s.push_str(row.trim_end());
         s.push('\n');
     }
+    s.push_str(&restricted_tools(&peers, None));
     s.trim_end().to_owned()
+}
+
+/// Which tools a `{"allow", "deny"}` summary lets a peer use, in words.
+pub fn tool_access(access: &Value) -> String {
+    let list = |k: &str| -> Vec<&str> {
+        access[k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    };
+    let (allow, deny) = (list("allow"), list("deny"));
+    let allowed = match &allow[..] {
+        [] => return "no tool".to_owned(),
+        ["*"] => "every tool".to_owned(),
+        some => some.join(", "),
+    };
+    if deny.is_empty() {
+        allowed
+    } else {
+        format!("{allowed} except {}", deny.join(", "))
+    }
+}
+
+/// One line per (peer, service) where the peer may use only some of the service's tools.
+fn restricted_tools(peers: &[Value], service: Option<&str>) -> String {
+    let mut s = String::new();
+    for p in peers {
+        let Some(tools) = p["tools"].as_object() else {
+            continue;
+        };
+        for (name, access) in tools {
+            let every = access["deny"].as_array().is_some_and(Vec::is_empty)
+                && access["allow"] == serde_json::json!(["*"]);
+            if every || service.is_some_and(|svc| svc != name) {
+                continue;
+            }
+            s.push_str(&format!(
+                "  {} may use on {name}: {}\n",
+                p["name"].as_str().unwrap_or_default(),
+                tool_access(access)
+            ));
+        }
+    }
+    s
 }
 
 pub fn render_status(v: &Value) -> String {
@@ -178,6 +225,8 @@ pub fn render_status(v: &Value) -> String {
             },
             svc["sessions"]
         ));
+        let peers = v["peers"].as_array().cloned().unwrap_or_default();
+        s.push_str(&restricted_tools(&peers, svc["name"].as_str()));
         if let Some(reason) = svc["last_failure"]["reason"].as_str() {
             s.push_str(&format!(
                 "  ! could not serve {} at {}: {reason}\n",

@@ -7,6 +7,11 @@
 //! holds each line whole; the plain one passes a long line on as it arrives (cut-through), so
 //! an 8 MiB answer is never held whole by a node and every hop works on it at once.
 //!
+//! An observer may ask the plain pump to hold lines whole while it waits for an answer it
+//! edits (the serving node filtering a `tools/list` answer): while it says so, a long line is
+//! collected up to the cap instead of passed on, and each line is offered to it for
+//! rewriting. Otherwise nothing is held and nothing is looked at twice.
+//!
 //! A plain pump holds its writer's lock across a long line, so that nothing lands in its
 //! middle; whoever else writes there ends the pump first with its `stop` future, which makes it
 //! end a half-written line with a newline and let go.
@@ -94,6 +99,19 @@ pub trait Observer {
     /// written before the `id`, as the TypeScript SDK writes them), which can only answer a
     /// request still waiting.
     fn lone_pending(&mut self) -> Option<Box<RawValue>> {
+        None
+    }
+
+    /// Whether lines must be held whole and offered to [`Observer::rewrite`] now. Asked as
+    /// each run of lines or long line arrives; while it is `false` lines pass cut-through and
+    /// `rewrite` is never called.
+    fn holding(&mut self) -> bool {
+        false
+    }
+
+    /// What to pass on in place of `line` (one whole line, without its line ending), or
+    /// `None` to pass it as it is. Called before [`Observer::seen`] sees the line's run.
+    fn rewrite(&mut self, _line: &[u8]) -> Option<Vec<u8>> {
         None
     }
 }
@@ -184,10 +202,36 @@ where
         match piece.map_err(PumpError::Read)? {
             None => return Ok(()),
             Some(Piece::Lines(run)) => {
-                observe.seen(Seen::Lines(&run));
-                write_run(dest, &run).await.map_err(PumpError::Write)?;
+                let edited = if observe.holding() {
+                    rewritten(&run, observe)
+                } else {
+                    None
+                };
+                let run = edited.as_deref().unwrap_or(&run);
+                observe.seen(Seen::Lines(run));
+                write_run(dest, run).await.map_err(PumpError::Write)?;
             }
             Some(Piece::Oversize) => strike(&mut strikes, client, &too_large()).await?,
+            Some(Piece::LongStart(head)) if observe.holding() => {
+                match hold_long_line(reader, head, &mut stop).await? {
+                    Held::Whole(line) => {
+                        let edited = rewritten(&line, observe);
+                        let line = edited.as_deref().unwrap_or(&line);
+                        observe.seen(Seen::Lines(line));
+                        write_run(dest, line).await.map_err(PumpError::Write)?;
+                    }
+                    Held::Cut(skeleton) => {
+                        let id = cut_answers(&skeleton, observe);
+                        let refusal = ErrorFrame::new(ErrorCode::FrameTooLarge)
+                            .id(id.as_deref())
+                            .message("the answer is larger than the frame cap")
+                            .to_line();
+                        observe.seen(Seen::Lines(&refusal));
+                        strike(&mut strikes, client, &refusal).await?;
+                    }
+                    Held::Stopped => return Ok(()),
+                }
+            }
             Some(Piece::LongStart(head)) => {
                 match pass_long_line(reader, dest, head, &mut stop, observe).await? {
                     LineEnd::Whole => {}
@@ -195,6 +239,69 @@ where
                     LineEnd::Stopped => return Ok(()),
                 }
             }
+        }
+    }
+}
+
+/// `run` with each line the observer rewrites replaced; `None` when it rewrote none.
+fn rewritten(run: &[u8], observe: &mut impl Observer) -> Option<Vec<u8>> {
+    let mut out: Option<Vec<u8>> = None;
+    let mut at = 0;
+    for line in run.split_inclusive(|b| *b == b'\n') {
+        let body = line.strip_suffix(b"\n").unwrap_or(line);
+        let body = body.strip_suffix(b"\r").unwrap_or(body);
+        let edit = if body.iter().all(u8::is_ascii_whitespace) {
+            None
+        } else {
+            observe.rewrite(body)
+        };
+        if let Some(mut edit) = edit {
+            let out = out.get_or_insert_with(|| run[..at].to_vec());
+            edit.push(b'\n');
+            out.extend(edit);
+        } else if let Some(out) = &mut out {
+            out.extend_from_slice(line);
+        }
+        at += line.len();
+    }
+    out
+}
+
+/// A long line collected whole for an observer that edits lines.
+enum Held {
+    Whole(Vec<u8>),
+    /// It ran past the cap; nothing of it went on.
+    Cut(Skeleton),
+    Stopped,
+}
+
+/// Collects the rest of the long line `head` started, up to the cap.
+async fn hold_long_line<R>(
+    reader: &mut FrameReader<R>,
+    head: Bytes,
+    stop: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Held, PumpError>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut skeleton = Skeleton::default();
+    skeleton.feed(&head);
+    let mut line = head.to_vec();
+    loop {
+        let part = tokio::select! {
+            part = reader.next_part() => part.map_err(PumpError::Read)?,
+            () = stop.as_mut() => return Ok(Held::Stopped),
+        };
+        match part {
+            Part::More(bytes) => {
+                skeleton.feed(&bytes);
+                line.extend_from_slice(&bytes);
+            }
+            Part::Last(bytes) => {
+                line.extend_from_slice(&bytes);
+                return Ok(Held::Whole(line));
+            }
+            Part::Cut => return Ok(Held::Cut(skeleton)),
         }
     }
 }
@@ -334,7 +441,8 @@ pub enum Verdict {
     /// As `Answer`, and count a strike against the session.
     Strike(Vec<u8>),
     /// Pass on these bytes (a whole line, newline included) in its place: the one edit the
-    /// node makes, writing the caller's identity into a request for backends that need it.
+    /// node makes to the caller's frames, writing its identity into a request for backends
+    /// that need it (the other direction's one edit is an [`Observer::rewrite`]).
     Replace(Vec<u8>),
 }
 
@@ -704,6 +812,77 @@ mod tests {
             let start = String::from_utf8_lossy(start);
             assert_eq!(v["id"].to_string(), id, "after {start}");
             assert_eq!(watch.frames, [lines[1].trim_ascii_end()], "after {start}");
+        }
+    }
+
+    /// Holds while `holding`, and rewrites lines that start with `{"edit"` to `{"edited":1}`.
+    struct Editor {
+        holding: bool,
+        seen: Vec<u8>,
+    }
+
+    impl Observer for Editor {
+        fn seen(&mut self, seen: Seen<'_>) {
+            if let Seen::Lines(run) = seen {
+                self.seen.extend_from_slice(run);
+            }
+        }
+
+        fn holding(&mut self) -> bool {
+            self.holding
+        }
+
+        fn rewrite(&mut self, line: &[u8]) -> Option<Vec<u8>> {
+            assert!(self.holding, "rewrite is asked only while holding");
+            line.starts_with(b"{\"edit\"")
+                .then(|| b"{\"edited\":1}".to_vec())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_holding_observer_rewrites_whole_lines_long_ones_too_and_nothing_else() {
+        use crate::transport::PASS_AT;
+        let long_edit = format!("{{\"edit\":\"{}\"}}\n", "e".repeat(2 * PASS_AT));
+        let long_kept = format!("{{\"keep\":\"{}\"}}\r\n", "k".repeat(2 * PASS_AT));
+        let mut input = b"{\"keep\" : 1}\n{\"edit\":2}\r\n\n".to_vec();
+        input.extend_from_slice(long_edit.as_bytes());
+        input.extend_from_slice(long_kept.as_bytes());
+        input.extend_from_slice(b"{\"edit\":3}");
+        for holding in [true, false] {
+            let (mut src_w, src_r) = duplex(1 << 20);
+            let (dst_w, mut dst_r) = duplex(1 << 22);
+            let feed = input.clone();
+            tokio::spawn(async move { src_w.write_all(&feed).await });
+            let mut reader = FrameReader::new(src_r, crate::transport::MAX_FRAME);
+            let dest = Mutex::new(dst_w);
+            let mut editor = Editor {
+                holding,
+                seen: Vec::new(),
+            };
+            forward_observed(
+                &mut reader,
+                &dest,
+                &dest,
+                LongLines::PassOn,
+                std::future::pending(),
+                &mut editor,
+            )
+            .await
+            .unwrap();
+            drop(dest);
+            let out = read_all(&mut dst_r).await;
+            if holding {
+                let mut want = b"{\"keep\" : 1}\n{\"edited\":1}\n\n{\"edited\":1}\n".to_vec();
+                want.extend_from_slice(long_kept.as_bytes());
+                want.extend_from_slice(b"{\"edited\":1}\n");
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(&want)
+                );
+                assert_eq!(editor.seen, out, "the observer saw what went on");
+            } else {
+                assert_eq!(out, input, "nothing held, nothing edited");
+            }
         }
     }
 

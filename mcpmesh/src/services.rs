@@ -1,6 +1,6 @@
 //! Services: who may open which, and the session handler that runs them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use mcpmesh_net::PeerIdentity;
@@ -18,7 +18,8 @@ use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
-use crate::principal::is_allowed;
+use crate::principal::{is_allowed, principal_set};
+use crate::tool_policy::{ToolAccess, ToolPolicy, access};
 
 /// A served service with the state that outlives a config reload: its session semaphore and
 /// its rate limiter.
@@ -27,6 +28,8 @@ pub struct ServiceEntry {
     pub spec: ServiceSpec,
     pub sessions: Arc<Semaphore>,
     pub limiter: Arc<RateLimiter>,
+    /// The service's per-tool rules, as its live sessions read them.
+    pub tools: ToolPolicy,
 }
 
 /// Every served service by name. Rebuilt from config on change, keeping the runtime state of
@@ -41,6 +44,12 @@ impl ServiceTable {
         let entries = specs
             .iter()
             .map(|spec| {
+                // One handle per service for good: sessions already open see new rules.
+                let tools = match self.entries.get(&spec.name) {
+                    Some(old) => old.tools.clone(),
+                    None => ToolPolicy::default(),
+                };
+                tools.set(spec.tools.clone());
                 let entry = match self.entries.get(&spec.name) {
                     Some(old)
                         if old.spec.max_sessions == spec.max_sessions
@@ -55,6 +64,7 @@ impl ServiceTable {
                         spec: spec.clone(),
                         sessions: Arc::new(Semaphore::new(spec.max_sessions as usize)),
                         limiter: RateLimiter::per_minute_shared(spec.rate_limit_per_min),
+                        tools,
                     },
                 };
                 (spec.name.clone(), entry)
@@ -71,6 +81,16 @@ impl ServiceTable {
         let mut v: Vec<_> = self.entries.keys().cloned().collect();
         v.sort();
         v
+    }
+
+    /// For each service `peer` may open, the tools it may use there.
+    pub fn tools_for(&self, peer: &PeerIdentity) -> BTreeMap<String, ToolAccess> {
+        let held = principal_set(peer);
+        self.entries
+            .values()
+            .filter(|e| is_allowed(&e.spec.allow, peer))
+            .map(|e| (e.spec.name.clone(), access(&e.spec.tools, &held)))
+            .collect()
     }
 
     /// Services `peer` may open.
@@ -221,6 +241,7 @@ impl SessionHandler for ServiceHost {
             shutdown: self.shutdown.child_token(),
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
+            tools: entry.tools.clone(),
         };
         let ctx = ServiceCtx {
             service: service.clone(),

@@ -9,12 +9,22 @@
 //! applying rule with an `allow` list decides; applying rules that only deny leave the rest
 //! allowed.
 //!
-//! This part is the decision alone; the node does not read rules from config yet.
+//! The rules come from `[[services.X.tools]]` and are read live: a session asks for the
+//! current rules on each request, so `grant --tools` and hand edits apply to sessions already
+//! open. The serving session answers a `tools/call` of a tool the caller may not use itself
+//! (`-32054`, see `backends::ledger`) and drops the tools it may not use from each
+//! `tools/list` answer ([`filter_tools_list`]), editing nothing else of that frame.
+
+use std::borrow::Cow;
+use std::sync::{Arc, RwLock};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::principal::Principal;
 
 /// One rule of a service's policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ToolRule {
     pub who: Vec<Principal>,
     pub allow: Vec<String>,
@@ -24,6 +34,26 @@ pub struct ToolRule {
 impl ToolRule {
     fn applies_to(&self, held: &[Principal]) -> bool {
         self.who.iter().any(|p| held.contains(p))
+    }
+}
+
+/// A service's rules as its sessions read them: one handle per service, kept across config
+/// reloads and updated in place, so every session sees the rules of the moment.
+#[derive(Debug, Clone, Default)]
+pub struct ToolPolicy(Arc<RwLock<Arc<[ToolRule]>>>);
+
+impl ToolPolicy {
+    pub fn new(rules: Vec<ToolRule>) -> Self {
+        ToolPolicy(Arc::new(RwLock::new(rules.into())))
+    }
+
+    /// The rules in force now (empty: every tool).
+    pub fn current(&self) -> Arc<[ToolRule]> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set(&self, rules: Vec<ToolRule>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = rules.into();
     }
 }
 
@@ -46,6 +76,46 @@ pub fn may_use(rules: &[ToolRule], held: &[Principal], tool: &str) -> bool {
         Some(rule) => rule.allow.iter().any(|p| matches(p, tool)),
         None => true,
     }
+}
+
+/// What [`may_use`] decides for one caller, as patterns: a tool is usable when it matches
+/// one of `allow` and none of `deny`. The node knows patterns, not tool names, until a
+/// session asks the server.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ToolAccess {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+impl ToolAccess {
+    /// Every tool.
+    pub fn is_all(&self) -> bool {
+        self.deny.is_empty() && self.allow.iter().any(|p| p == "*")
+    }
+}
+
+/// The patterns that decide which tools a caller holding `held` may use under `rules`.
+pub fn access(rules: &[ToolRule], held: &[Principal]) -> ToolAccess {
+    let every = || vec!["*".to_owned()];
+    if rules.is_empty() {
+        return ToolAccess {
+            allow: every(),
+            deny: Vec::new(),
+        };
+    }
+    let applying: Vec<&ToolRule> = rules.iter().filter(|r| r.applies_to(held)).collect();
+    let mut deny: Vec<String> = Vec::new();
+    for pattern in applying.iter().flat_map(|r| &r.deny) {
+        if !deny.contains(pattern) {
+            deny.push(pattern.clone());
+        }
+    }
+    let allow = match applying.iter().find(|r| !r.allow.is_empty()) {
+        Some(rule) => rule.allow.clone(),
+        None if applying.is_empty() => Vec::new(),
+        None => every(),
+    };
+    ToolAccess { allow, deny }
 }
 
 /// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one).
@@ -76,6 +146,103 @@ pub fn matches(pattern: &str, name: &str) -> bool {
         }
     }
     p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Why a `tools/list` answer cannot be filtered; it is then withheld from the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    #[error("the answer is not valid JSON")]
+    Malformed,
+    #[error("result.tools is not a list")]
+    NotAList,
+    /// A member a client would read only one of (which one differs between parsers).
+    #[error("{0} appears more than once")]
+    Repeated(&'static str),
+}
+
+/// A `tools/list` answer (`line`, one JSON object, no newline) with the tools `keep` refuses
+/// dropped from `result.tools`: the one span rewritten, every other byte of the frame as the
+/// server wrote it. `None` when every tool is kept (the line passes as it is), and for an
+/// answer without `result.tools` (an error). A tool entry without a readable name is dropped.
+pub fn filter_tools_list(
+    line: &[u8],
+    keep: impl Fn(&str) -> bool,
+) -> Result<Option<Vec<u8>>, FilterError> {
+    let text = std::str::from_utf8(line).map_err(|_| FilterError::Malformed)?;
+    let answer: Members<'_> = serde_json::from_str(text).map_err(|_| FilterError::Malformed)?;
+    let Some(result) = answer.get("result")? else {
+        return Ok(None);
+    };
+    let result: Members<'_> =
+        serde_json::from_str(result.get()).map_err(|_| FilterError::NotAList)?;
+    let Some(tools) = result.get("tools")? else {
+        return Ok(None);
+    };
+    let entries: Vec<&RawValue> =
+        serde_json::from_str(tools.get()).map_err(|_| FilterError::NotAList)?;
+    let kept: Vec<&str> = entries
+        .iter()
+        .filter(|entry| {
+            serde_json::from_str::<Named<'_>>(entry.get()).is_ok_and(|tool| keep(&tool.name))
+        })
+        .map(|entry| entry.get())
+        .collect();
+    if kept.len() == entries.len() {
+        return Ok(None);
+    }
+    // `tools` borrows from `line`: its span is where its text starts, for its length.
+    let start = tools.get().as_ptr() as usize - text.as_ptr() as usize;
+    let end = start + tools.get().len();
+    let mut out = Vec::with_capacity(line.len());
+    out.extend_from_slice(&line[..start]);
+    out.push(b'[');
+    out.extend_from_slice(kept.join(",").as_bytes());
+    out.push(b']');
+    out.extend_from_slice(&line[end..]);
+    Ok(Some(out))
+}
+
+/// The members of one JSON object, in order (names unescaped, values raw and borrowed).
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Object)
+    }
+}
+
+impl<'a> Members<'a> {
+    fn get(&self, name: &'static str) -> Result<Option<&'a RawValue>, FilterError> {
+        let mut found = self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| *v);
+        match (found.next(), found.next()) {
+            (_, Some(_)) => Err(FilterError::Repeated(name)),
+            (one, None) => Ok(one),
+        }
+    }
+}
+
+/// A tool entry's name; its other members are not read.
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
 }
 
 #[cfg(test)]
@@ -181,5 +348,107 @@ mod tests {
         assert!(!may_use(&rules, &bob, "drop_x"));
         let bob_alone = held(&["user:bob"]);
         assert!(may_use(&rules, &bob_alone, "write_x"));
+    }
+
+    fn filtered(line: &str) -> Result<Option<String>, FilterError> {
+        let keep = |name: &str| name.starts_with("read") || name == "ünï";
+        filter_tools_list(line.as_bytes(), keep)
+            .map(|out| out.map(|b| String::from_utf8(b).unwrap()))
+    }
+
+    #[test]
+    fn a_tools_list_answer_loses_only_the_refused_tools() {
+        for (line, want) in [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"read_file"},{"name":"write_file"}]}}"#,
+                Some(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"read_file"}]}}"#),
+            ),
+            // Spacing, key order, escapes and unicode outside `tools` stay byte for byte, and
+            // the kept entries keep their own spelling.
+            (
+                "{ \"result\" : { \"nextCursor\":\"c\\u00e9\", \"tools\" : [ {\"name\" : \"\\u0072ead\", \"d\":\"\u{2713}\"} ,\n {\"name\":\"drop\"}, {\"name\":\"ünï\"} ] , \"_meta\":{} }, \"id\" : \"x\" ,\"jsonrpc\":\"2.0\" }",
+                Some(
+                    "{ \"result\" : { \"nextCursor\":\"c\\u00e9\", \"tools\" : [{\"name\" : \"\\u0072ead\", \"d\":\"\u{2713}\"},{\"name\":\"ünï\"}] , \"_meta\":{} }, \"id\" : \"x\" ,\"jsonrpc\":\"2.0\" }",
+                ),
+            ),
+            // Nothing refused: the line passes as it is.
+            (r#"{"id":1,"result":{"tools":[{"name":"read"}]}}"#, None),
+            (r#"{"id":1,"result":{"tools":[]}}"#, None),
+            // An error, or a result without tools: nothing to filter.
+            (r#"{"id":1,"error":{"code":-1,"message":"no"}}"#, None),
+            (r#"{"id":1,"result":{}}"#, None),
+            // Entries whose name cannot be read are not offered.
+            (
+                r#"{"id":1,"result":{"tools":[{"name":"read"},{"title":"x"},7,{"name":"read","name":"write"}]}}"#,
+                Some(r#"{"id":1,"result":{"tools":[{"name":"read"}]}}"#),
+            ),
+            (
+                r#"{"id":1,"result":{"tools":[{"name":"write"}]}}"#,
+                Some(r#"{"id":1,"result":{"tools":[]}}"#),
+            ),
+        ] {
+            assert_eq!(filtered(line).unwrap().as_deref(), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn an_answer_that_cannot_be_filtered_is_an_error() {
+        for (line, want) in [
+            (
+                r#"{"id":1,"result":{"tools":{"name":"x"}}}"#,
+                FilterError::NotAList,
+            ),
+            (r#"{"id":1,"result":[]}"#, FilterError::NotAList),
+            (r#"{"id":1,"result":{"tools":[]"#, FilterError::Malformed),
+            (
+                r#"{"id":1,"result":{"tools":[]},"result":{"tools":[{"name":"w"}]}}"#,
+                FilterError::Repeated("result"),
+            ),
+            (
+                r#"{"id":1,"result":{"tools":[],"tools":[{"name":"w"}]}}"#,
+                FilterError::Repeated("tools"),
+            ),
+        ] {
+            assert_eq!(filtered(line), Err(want), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_access_summary_decides_as_may_use_does() {
+        let rules = [
+            rule(&["group:ops"], &[], &["drop_*"]),
+            rule(&["group:eng"], &["read_*", "drop_x"], &[]),
+            rule(&["peer:dave"], &[], &["*"]),
+        ];
+        for who in [
+            held(&["peer:bob", "group:eng", "group:ops"]),
+            held(&["peer:bob", "group:ops"]),
+            held(&["peer:dave", "group:eng"]),
+            held(&["peer:carol"]),
+        ] {
+            let summary = access(&rules, &who);
+            for tool in ["read_a", "drop_x", "write", "drop_y"] {
+                let by_summary = summary.allow.iter().any(|p| matches(p, tool))
+                    && !summary.deny.iter().any(|p| matches(p, tool));
+                assert_eq!(by_summary, may_use(&rules, &who, tool), "{who:?} {tool}");
+            }
+        }
+        assert!(access(&[], &held(&["peer:x"])).is_all());
+        assert_eq!(
+            access(&rules, &held(&["peer:carol"])),
+            ToolAccess {
+                allow: vec![],
+                deny: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn a_policy_handle_shows_every_holder_the_new_rules() {
+        let policy = ToolPolicy::default();
+        let session = policy.clone();
+        assert!(session.current().is_empty());
+        policy.set(vec![rule(&["peer:bob"], &[], &["x"])]);
+        assert_eq!(session.current().len(), 1);
     }
 }

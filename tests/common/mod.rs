@@ -679,3 +679,68 @@ pub fn assert_stateless_report(report: &str) {
         "{report}"
     );
 }
+
+/// server-everything in its Streamable HTTP mode on a loopback port (it logs on stdout and
+/// stderr; both are kept, to watch for what it logs).
+pub struct EverythingHttp {
+    pub process: Started,
+    pub url: String,
+}
+
+impl EverythingHttp {
+    pub async fn start() -> Self {
+        let port = free_port();
+        let dir = deps().join("node_modules/@modelcontextprotocol/server-everything/dist");
+        let mut cmd = tokio::process::Command::new("node");
+        cmd.arg("--require")
+            .arg(interop_script("loopback.cjs"))
+            .arg(dir.join("index.js"))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string());
+        let (process, _) = Started::until(&mut cmd, "listening on port").await;
+        EverythingHttp {
+            process,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+/// A port nothing listens on right now (the kernel's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The long-running stub server on a Unix socket, recording every line it receives.
+pub struct SocketServer {
+    _process: Started,
+    dir: tempfile::TempDir,
+}
+
+impl SocketServer {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = tokio::process::Command::new(STUB);
+        cmd.arg("--socket")
+            .arg(dir.path().join("server.sock"))
+            .arg("--record")
+            .arg(dir.path().join("received"));
+        // It says so on stderr once it listens.
+        let (process, _) = Started::until(&mut cmd, "listening").await;
+        SocketServer {
+            _process: process,
+            dir,
+        }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("server.sock")
+    }
+
+    pub fn received(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("received")).unwrap_or_default()
+    }
+}

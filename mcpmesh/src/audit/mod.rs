@@ -67,7 +67,8 @@ pub enum AuditEvent {
         bytes_in: u64,
         bytes_out: u64,
         latency_us: u64,
-        /// `ok`, `error` (with `code`), `tool_error`, `refused`, `rate_limited`, `unanswered`.
+        /// `ok`, `error` (with `code`), `tool_error`, `refused`, `rate_limited`, `denied` (a
+        /// tool the caller may not use, with `code` -32054), `unanswered`.
         outcome: String,
         #[serde(skip_serializing_if = "Option::is_none", default)]
         code: Option<i64>,

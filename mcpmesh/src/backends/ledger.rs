@@ -1,9 +1,12 @@
 //! One session's requests, as the serving node keeps account of them: the per-caller rate
-//! limit, the in-flight cap, and the audit record of every request with its outcome.
+//! limit, the in-flight cap, the service's per-tool rules, and the audit record of every
+//! request with its outcome.
 //!
 //! The pump asks [`Ledger::client_line`] about each line the caller sends and tells
-//! [`Ledger::server_sent`] what the server sends back. Records go to the audit sink's queue;
-//! nothing here waits on disk.
+//! [`Ledger::server_sent`] what the server sends back. While a `tools/list` the rules concern
+//! is waiting, the pump holds the server's lines whole ([`Ledger::holding`]) and
+//! [`Ledger::server_line`] filters its answer. Records go to the audit sink's queue; nothing
+//! here waits on disk.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +19,8 @@ use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::limits::RateLimiter;
+use crate::principal::Principal;
+use crate::tool_policy::{ToolPolicy, filter_tools_list, may_use};
 
 /// A caller told "too many requests in flight" is asked to wait this long.
 const RETRY_IN_FLIGHT_MS: u64 = 100;
@@ -25,12 +30,16 @@ const CANCEL_GRACE: Duration = Duration::from_secs(30);
 /// Notifications that are protocol plumbing rather than work are never throttled.
 const UNTHROTTLED: [&str; 2] = ["notifications/initialized", "notifications/cancelled"];
 
-/// Who is calling which service, for the records.
+/// Who is calling which service: for the records, and for the service's per-tool rules.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub service: String,
     pub principal: String,
     pub peer: String,
+    /// The caller's whole principal set, which the rules are evaluated against.
+    pub held: Vec<Principal>,
+    /// The service's rules, read live.
+    pub tools: ToolPolicy,
 }
 
 #[derive(Debug)]
@@ -44,6 +53,8 @@ struct Pending {
     bytes_in: u64,
     /// When the caller cancelled it: it stays in flight until its answer, or the grace ends.
     cancelled: Option<Instant>,
+    /// A `tools/list` whose answer is filtered for the caller.
+    filtered: bool,
 }
 
 /// The account of one session's requests.
@@ -56,6 +67,8 @@ pub struct Ledger {
     pending: HashMap<String, Pending>,
     throttling_notifications: bool,
     cancel_grace: Duration,
+    /// How many of `pending` are filtered `tools/list`s.
+    lists_pending: usize,
 }
 
 impl Ledger {
@@ -73,6 +86,7 @@ impl Ledger {
             pending: HashMap::new(),
             throttling_notifications: false,
             cancel_grace: CANCEL_GRACE,
+            lists_pending: 0,
         }
     }
 
@@ -127,7 +141,7 @@ impl Ledger {
     }
 
     fn request(&mut self, line: &[u8], id: &RawValue, peek: &jsonrpc::Peek<'_>) -> Verdict {
-        let pending = Pending {
+        let mut pending = Pending {
             id: id.get().to_owned(),
             started: Instant::now(),
             method: peek.method.as_deref().unwrap_or_default().to_owned(),
@@ -137,6 +151,7 @@ impl Ledger {
                 .map(|p| blake3::hash(p.get().as_bytes()).to_hex().to_string()),
             bytes_in: line.len() as u64 + 1,
             cancelled: None,
+            filtered: false,
         };
         // Cancelled requests past their grace matter only to a session at its cap.
         if self.pending.len() >= self.max_in_flight {
@@ -146,7 +161,9 @@ impl Ledger {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
                 .retry_after_ms(wait.as_millis().max(1) as u64);
-            Some(("rate_limited", frame))
+            Some(("rate_limited", frame, None))
+        } else if let Some(frame) = self.tool_refusal(&mut pending) {
+            Some(("denied", frame, Some(ErrorCode::UnknownService.code())))
         } else if self.pending.len() >= self.max_in_flight {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message(format!(
@@ -154,18 +171,89 @@ impl Ledger {
                     self.max_in_flight
                 ))
                 .retry_after_ms(RETRY_IN_FLIGHT_MS);
-            Some(("refused", frame))
+            Some(("refused", frame, None))
         } else {
             None
         };
         match refusal {
-            Some((outcome, frame)) => {
-                self.record(pending, 0, outcome, None);
+            Some((outcome, frame, code)) => {
+                self.record(pending, 0, outcome, code);
                 Verdict::Answer(frame.id(Some(id)).to_line())
             }
             None => {
+                self.lists_pending += usize::from(pending.filtered);
                 self.pending.insert(jsonrpc::id_key(id), pending);
                 Verdict::Forward
+            }
+        }
+    }
+
+    /// The answer to a `tools/call` of a tool the caller may not use; marks a `tools/list`
+    /// whose answer is to be filtered. Rules are read only for those two methods.
+    fn tool_refusal(&self, pending: &mut Pending) -> Option<ErrorFrame> {
+        let method = pending.method.as_str();
+        if method != "tools/call" && method != "tools/list" {
+            return None;
+        }
+        let rules = self.caller.tools.current();
+        if rules.is_empty() {
+            return None;
+        }
+        if method == "tools/list" {
+            pending.filtered = true;
+            return None;
+        }
+        match &pending.name {
+            Some(tool) if may_use(&rules, &self.caller.held, tool) => None,
+            Some(tool) => Some(ErrorFrame::new(ErrorCode::UnknownService).message(format!(
+                "tool {tool:?} is not available to you on this service"
+            ))),
+            None => Some(
+                ErrorFrame::new(ErrorCode::UnknownService)
+                    .message("a tools/call must name its tool (params.name)"),
+            ),
+        }
+    }
+
+    /// Whether a filtered `tools/list` is waiting: the server's lines are then held whole and
+    /// offered to [`Ledger::server_line`].
+    pub fn holding(&self) -> bool {
+        self.lists_pending > 0
+    }
+
+    /// The server's `line` as the caller gets it: the answer to a filtered `tools/list`
+    /// without the tools the caller may not use (`None`: as it is). An answer that cannot be
+    /// filtered is withheld: the caller gets `-32054` for it instead.
+    pub fn server_line(&mut self, line: &[u8]) -> Option<Vec<u8>> {
+        let peek = jsonrpc::peek_response(line)?;
+        let id = peek.answers()?;
+        if !self
+            .pending
+            .get(&jsonrpc::id_key(id))
+            .is_some_and(|p| p.filtered)
+        {
+            return None;
+        }
+        let rules = self.caller.tools.current();
+        if rules.is_empty() {
+            return None;
+        }
+        let held = &self.caller.held;
+        match filter_tools_list(line, |tool| may_use(&rules, held, tool)) {
+            Ok(edited) => edited,
+            Err(e) => {
+                tracing::warn!(service = %self.caller.service, "a tools/list answer was withheld: {e}");
+                Some(
+                    ErrorFrame::new(ErrorCode::UnknownService)
+                        .id(Some(id))
+                        .message(format!(
+                            "the tool list could not be filtered for you ({e}), so it is withheld"
+                        ))
+                        .to_line()
+                        .strip_suffix(b"\n")
+                        .map(<[u8]>::to_vec)
+                        .unwrap_or_default(),
+                )
             }
         }
     }
@@ -214,6 +302,7 @@ impl Ledger {
     /// Answers every pending request with `code` (the session is being cut), recording each.
     pub fn answer_pending(&mut self, code: ErrorCode, message: &str) -> Vec<u8> {
         let mut out = Vec::new();
+        self.lists_pending = 0;
         for (_, p) in std::mem::take(&mut self.pending) {
             if let Ok(id) = RawValue::from_string(p.id.clone()) {
                 out.extend(
@@ -230,6 +319,7 @@ impl Ledger {
 
     /// Records every request still unanswered when the session ends.
     pub fn close(&mut self) {
+        self.lists_pending = 0;
         for (_, p) in std::mem::take(&mut self.pending) {
             let outcome = if p.cancelled.is_some() {
                 "cancelled"
@@ -256,6 +346,7 @@ impl Ledger {
 
     fn finish(&mut self, key: &str, outcome: &str, code: Option<i64>, bytes_out: u64) {
         if let Some(p) = self.pending.remove(key) {
+            self.lists_pending -= usize::from(p.filtered);
             self.record(p, bytes_out, outcome, code);
         }
     }
@@ -291,6 +382,8 @@ mod tests {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
+            held: Vec::new(),
+            tools: ToolPolicy::default(),
         };
         Ledger::new(
             caller,
@@ -333,6 +426,8 @@ mod tests {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
+            held: Vec::new(),
+            tools: ToolPolicy::default(),
         };
         let mut l = Ledger::new(
             caller,
@@ -354,5 +449,116 @@ mod tests {
         assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
         l.client_line(&cancel(1));
         assert!(matches!(l.client_line(&call(2)), Verdict::Forward));
+    }
+
+    fn ruled(rules: &[(&str, &[&str], &[&str])], held: &[&str]) -> Ledger {
+        let rule = |(who, allow, deny): &(&str, &[&str], &[&str])| crate::tool_policy::ToolRule {
+            who: vec![who.parse().unwrap()],
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+        };
+        let caller = Caller {
+            service: "svc".into(),
+            principal: "eid:ab".into(),
+            peer: "bob".into(),
+            held: held.iter().map(|p| p.parse().unwrap()).collect(),
+            tools: ToolPolicy::new(rules.iter().map(rule).collect()),
+        };
+        Ledger::new(
+            caller,
+            RateLimiter::unlimited_shared(),
+            AuditSink::disabled(),
+            8,
+        )
+    }
+
+    fn tool_call(id: u64, tool: &str) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"secret":1}}}}}}"#)
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_call_of_a_tool_the_caller_may_not_use_is_answered_here() {
+        let bob = ["peer:bob", "group:eng"];
+        for (rules, tool, forwarded) in [
+            (&[][..], "anything", true),
+            (
+                &[("peer:bob", &["read_*"][..], &[][..])][..],
+                "read_file",
+                true,
+            ),
+            (&[("peer:bob", &["read_*"], &[])], "write_file", false),
+            // Deny beats allow across two principals the caller holds.
+            (
+                &[("peer:bob", &["*"], &[]), ("group:eng", &[], &["echo"])],
+                "echo",
+                false,
+            ),
+            (
+                &[("peer:bob", &["*"], &[]), ("group:eng", &[], &["echo"])],
+                "add",
+                true,
+            ),
+            // Rules naming someone else: the caller is named by none, so no tool.
+            (&[("peer:carol", &["*"], &[])], "add", false),
+        ] {
+            let mut l = ruled(rules, &bob);
+            let verdict = l.client_line(&tool_call(7, tool));
+            match verdict {
+                Verdict::Forward => assert!(forwarded, "{tool} under {rules:?}"),
+                Verdict::Answer(answer) => {
+                    assert!(!forwarded, "{tool} under {rules:?}");
+                    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+                    assert_eq!(v["id"], 7);
+                    assert_eq!(v["error"]["code"], -32054);
+                    assert_eq!(v["error"]["data"]["source"], "mcpmesh");
+                    let message = v["error"]["message"].as_str().unwrap();
+                    assert!(message.contains(tool), "{message}");
+                    assert!(!String::from_utf8_lossy(&answer).contains("secret"));
+                    assert!(
+                        !l.holding() && l.lone_pending().is_none(),
+                        "nothing pending"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_answer_to_a_filtered_tools_list_is_rewritten() {
+        let list = br#"{"jsonrpc":"2.0","id":"L","method":"tools/list"}"#;
+        let answer =
+            br#"{"jsonrpc":"2.0","id":"L","result":{"tools":[{"name":"add"},{"name":"echo"}]}}"#;
+        let other = br#"{"jsonrpc":"2.0","id":"O","result":{"tools":[{"name":"echo"}]}}"#;
+
+        // No rules: nothing is held, nothing rewritten.
+        let mut l = ruled(&[], &["peer:bob"]);
+        assert!(matches!(l.client_line(list), Verdict::Forward));
+        assert!(!l.holding());
+        assert_eq!(l.server_line(answer), None);
+
+        let mut l = ruled(&[("peer:bob", &[], &["echo"])], &["peer:bob"]);
+        assert!(!l.holding());
+        assert!(matches!(l.client_line(list), Verdict::Forward));
+        assert!(l.holding());
+        // An answer to another request passes as it is, whatever it holds.
+        assert_eq!(l.server_line(other), None);
+        let edited = l.server_line(answer).unwrap();
+        assert_eq!(
+            edited,
+            br#"{"jsonrpc":"2.0","id":"L","result":{"tools":[{"name":"add"}]}}"#
+        );
+        l.server_sent(Seen::Lines(&[&edited[..], b"\n"].concat()));
+        assert!(!l.holding(), "the answer ended the hold");
+
+        // An answer that cannot be filtered is withheld.
+        assert!(matches!(l.client_line(list), Verdict::Forward));
+        let withheld = l
+            .server_line(br#"{"jsonrpc":"2.0","id":"L","result":{"tools":"echo"}}"#)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&withheld).unwrap();
+        assert_eq!(v["id"], "L");
+        assert_eq!(v["error"]["code"], -32054);
     }
 }

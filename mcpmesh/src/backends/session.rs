@@ -26,6 +26,8 @@ use crate::backends::BackendError;
 use crate::backends::ledger::{Caller, Ledger};
 use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
+use crate::principal::{Principal, principal_set};
+use crate::tool_policy::ToolPolicy;
 
 /// How long a server gets to finish writing after its input ends; the spawn backend also
 /// gives a child this long after SIGTERM. The whole teardown stays well under a second.
@@ -43,6 +45,8 @@ pub struct SessionOptions {
     pub sever: CancellationToken,
     /// Requests the session may have outstanding at once.
     pub max_in_flight: usize,
+    /// The service's per-tool rules (by default none: every tool).
+    pub tools: ToolPolicy,
 }
 
 impl Default for SessionOptions {
@@ -51,6 +55,7 @@ impl Default for SessionOptions {
             shutdown: CancellationToken::new(),
             sever: CancellationToken::new(),
             max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
+            tools: ToolPolicy::default(),
         }
     }
 }
@@ -154,10 +159,12 @@ pub(crate) struct Host<'a> {
     pub concurrency: &'a Arc<Semaphore>,
 }
 
-/// Who is calling, as the records name them.
+/// Who is calling, as the records name them, and the principals the tool rules look at.
 pub(crate) struct Who {
     pub principal: String,
     pub peer: String,
+    /// Empty for a local caller: under tool rules it may use no tool.
+    pub held: Vec<Principal>,
 }
 
 impl Who {
@@ -165,6 +172,7 @@ impl Who {
         Who {
             principal: identity.map_or_else(|| "local".to_owned(), PeerIdentity::principal),
             peer: identity.map(|i| i.name.clone()).unwrap_or_default(),
+            held: identity.map(principal_set).unwrap_or_default(),
         }
     }
 }
@@ -218,7 +226,8 @@ impl Host<'_> {
     /// (or shutdown, or a sever), then ends the client's side, runs `teardown` with how long
     /// the server may still take to go, and writes the session's records. With `stamp`, each
     /// request carries the caller's identity in `params._meta`, and no frame keeps a
-    /// caller's `mcpmesh/*` member in any `_meta` (the only edits to any frame).
+    /// caller's `mcpmesh/*` member in any `_meta`. Under per-tool rules, `tools/list` answers
+    /// lose the tools the caller may not use (with the identity, the only edits to a frame).
     #[allow(clippy::too_many_arguments)]
     pub async fn pump<R, W, SR, SW, T, F>(
         &self,
@@ -253,6 +262,8 @@ impl Host<'_> {
             service: self.service.to_owned(),
             principal: who.principal.clone(),
             peer: who.peer.clone(),
+            held: who.held.clone(),
+            tools: options.tools.clone(),
         };
         let ledger = StdMutex::new(Ledger::new(
             caller,
@@ -395,6 +406,14 @@ impl Observer for ServerSent<'_> {
 
     fn lone_pending(&mut self) -> Option<Box<RawValue>> {
         self.ledger().lone_pending()
+    }
+
+    fn holding(&mut self) -> bool {
+        self.ledger().holding()
+    }
+
+    fn rewrite(&mut self, line: &[u8]) -> Option<Vec<u8>> {
+        self.ledger().server_line(line)
     }
 }
 

@@ -37,6 +37,7 @@ impl Node {
                     "id": hex,
                     "addrs": p.addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
                     "services": services.granted_to(&identity),
+                    "tools": services.tools_for(&identity),
                     "mounts": record.map(|r| r.mounts.clone()).unwrap_or_default(),
                     "source": match p.source {
                         Source::Static => "config",
@@ -75,6 +76,7 @@ impl Node {
                     "name": s.name,
                     kind: target,
                     "allow": s.allow,
+                    "tools": s.tools,
                     "peers": self.admitted(&s.allow),
                     "max_sessions": s.max_sessions,
                     "sessions": sessions.iter().filter(|x| x.service == s.name).count(),

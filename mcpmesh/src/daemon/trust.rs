@@ -217,19 +217,51 @@ impl Node {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
-        self.edit(|doc| config::add_allow(doc, &g.service, &Principal::eid(&peer.id)))?;
-        self.trust_event("grant", Some(&g.peer), Some(&g.service));
-        Ok(json!({ "peer": g.peer, "service": g.service, "granted": true }))
+        let tools = g.tools.as_deref().map(tool_patterns).transpose()?;
+        let key = Principal::eid(&peer.id);
+        self.edit(|doc| {
+            config::add_allow(doc, &g.service, &key)?;
+            match &tools {
+                Some(allow) => config::set_own_tools(doc, &g.service, &key, allow),
+                None => Ok(()),
+            }
+        })?;
+        let action = if tools.is_some() {
+            "grant_tools"
+        } else {
+            "grant"
+        };
+        self.trust_event(action, Some(&g.peer), Some(&g.service));
+        Ok(json!({
+            "peer": g.peer,
+            "service": g.service,
+            "granted": true,
+            "tools": self.tool_access(&peer, &g.service),
+        }))
     }
 
+    /// Takes `peer`'s access to a service away; with `tools`, only those tools (a deny in
+    /// its own rule), and the grant stays.
     pub(super) fn revoke(&self, params: Value) -> Result<Value, ControlError> {
         let g: Grant = params_of(params)?;
         let peer = self.peer_by_name(&g.peer)?;
         self.require_service(&g.service)?;
         let principals = [Principal::eid(&peer.id), Principal::peer(&g.peer)];
-        let ended =
-            self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
-        self.trust_event("revoke", Some(&g.peer), Some(&g.service));
+        let ended = match g.tools.as_deref().map(tool_patterns).transpose()? {
+            Some(deny) => {
+                let key = Principal::eid(&peer.id);
+                let ended =
+                    self.edit(|doc| config::deny_own_tools(doc, &g.service, &key, &deny))?;
+                self.trust_event("revoke_tools", Some(&g.peer), Some(&g.service));
+                ended
+            }
+            None => {
+                let ended =
+                    self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
+                self.trust_event("revoke", Some(&g.peer), Some(&g.service));
+                ended
+            }
+        };
         // Access may remain through a user or group entry; say so rather than pretend.
         let identity = peer.identity();
         let still = self
@@ -238,9 +270,20 @@ impl Node {
             .unwrap_or_else(|p| p.into_inner())
             .get(&g.service)
             .is_some_and(|e| is_allowed(&e.spec.allow, &identity));
-        Ok(
-            json!({ "peer": g.peer, "service": g.service, "granted": still, "sessions_ended": ended }),
-        )
+        Ok(json!({
+            "peer": g.peer,
+            "service": g.service,
+            "granted": still,
+            "sessions_ended": ended,
+            "tools": self.tool_access(&peer, &g.service),
+        }))
+    }
+
+    /// The tools `peer` may use on `service` now (`null` when it may not open it).
+    fn tool_access(&self, peer: &crate::peers::KnownPeer, service: &str) -> Value {
+        let identity = peer.identity();
+        let table = self.services.read().unwrap_or_else(|p| p.into_inner());
+        json!(table.tools_for(&identity).get(service))
     }
 
     fn require_service(&self, name: &str) -> Result<(), ControlError> {
@@ -717,6 +760,20 @@ fn refusal(reply: PairReply) -> ControlError {
 struct Grant {
     peer: String,
     service: String,
+    /// Tool names or globs: granted exactly (grant), or denied (revoke).
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+}
+
+/// The patterns of a `--tools` list, each non-empty.
+fn tool_patterns(tools: &[String]) -> Result<Vec<String>, ControlError> {
+    let patterns: Vec<String> = tools.iter().map(|t| t.trim().to_owned()).collect();
+    if patterns.is_empty() || patterns.iter().any(String::is_empty) {
+        return Err(bad(
+            "tools: give one or more tool names or globs, like read_*,list_*",
+        ));
+    }
+    Ok(patterns)
 }
 
 fn parse_addrs(addrs: &[String]) -> Result<Vec<SocketAddr>, ControlError> {

@@ -14,8 +14,13 @@ use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
 use mcpmesh_net::session::valid_service_name;
 use serde::Deserialize;
 
+mod tools;
+
+pub use tools::{deny_own_tools, set_own_tools};
+
 use crate::files::write_atomically;
 use crate::principal::Principal;
+use crate::tool_policy::ToolRule;
 
 /// Sessions a service runs at once unless it says otherwise.
 pub const DEFAULT_MAX_SESSIONS: u32 = 4;
@@ -195,6 +200,24 @@ pub struct ServiceConfig {
     pub rate_limit_per_min: Option<u32>,
     pub max_in_flight: Option<u32>,
     pub request_timeout_secs: Option<u64>,
+    /// Per-tool rules (`[[services.NAME.tools]]`); none: every tool.
+    #[serde(default)]
+    pub tools: Vec<ToolRuleConfig>,
+}
+
+/// One `[[services.NAME.tools]]` rule as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRuleConfig {
+    /// The principals the rule is about.
+    #[serde(default)]
+    pub who: Vec<String>,
+    /// Tool names or globs (`*`, `?`) they may use.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Tool names or globs they may not use, whatever another rule allows.
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +284,8 @@ pub struct ServiceSpec {
     pub max_in_flight: u32,
     /// How long a `url` service's server may stay silent on one request.
     pub request_timeout: Duration,
+    /// Per-tool rules; none: every tool.
+    pub tools: Vec<ToolRule>,
 }
 
 /// A statically trusted peer, after validation.
@@ -472,7 +497,16 @@ fn validate_service(
             "services.{name}.request_timeout_secs: must be at least 1"
         ));
     }
+    let tools = svc
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            validate_tool_rule(rule).map_err(|e| format!("services.{name}.tools[{i}]: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
     Ok(ServiceSpec {
+        tools,
         max_in_flight,
         request_timeout: Duration::from_secs(timeout),
         name: name.to_owned(),
@@ -482,6 +516,32 @@ fn validate_service(
         cwd: svc.cwd.clone(),
         max_sessions,
         rate_limit_per_min: rate,
+    })
+}
+
+fn validate_tool_rule(rule: &ToolRuleConfig) -> Result<ToolRule, String> {
+    if rule.who.is_empty() {
+        return Err(
+            "who: name at least one principal (peer:NAME, eid:HEX, user:ID or group:NAME)".into(),
+        );
+    }
+    let who = rule
+        .who
+        .iter()
+        .map(|w| w.parse().map_err(|e| format!("who: {e}")))
+        .collect::<Result<_, String>>()?;
+    if rule.allow.is_empty() && rule.deny.is_empty() {
+        return Err("give allow or deny (or both): a list of tool names or globs".into());
+    }
+    for (key, patterns) in [("allow", &rule.allow), ("deny", &rule.deny)] {
+        if patterns.iter().any(|p| p.trim().is_empty()) {
+            return Err(format!("{key}: a tool pattern cannot be empty"));
+        }
+    }
+    Ok(ToolRule {
+        who,
+        allow: rule.allow.clone(),
+        deny: rule.deny.clone(),
     })
 }
 
@@ -906,6 +966,41 @@ addrs = ["127.0.0.1:4433"]
                 "group:eng"
             ]
         );
+    }
+
+    #[test]
+    fn tool_rules_parse_and_bad_ones_name_the_service_and_the_rule() {
+        let text = "[services.files]\nrun = \"a\"\nallow = [\"group:eng\", \"dave\"]\n\
+            [[services.files.tools]]\nwho = [\"group:eng\"]\nallow = [\"read_*\", \"list_*\"]\n\
+            [[services.files.tools]]\nwho = [\"dave\"]\ndeny = [\"*\"]\n";
+        let s = Config::parse(text, "config.toml").unwrap();
+        let tools = &s.services[0].tools;
+        assert_eq!(tools.len(), 2);
+        assert_eq!(tools[0].who, ["group:eng".parse::<Principal>().unwrap()]);
+        assert_eq!(tools[0].allow, ["read_*", "list_*"]);
+        assert_eq!(tools[1].who, [Principal::peer("dave")]);
+        assert_eq!(tools[1].deny, ["*"]);
+        for (rule, says) in [
+            ("allow = [\"x\"]", "services.files.tools[0]: who"),
+            ("who = []\nallow = [\"x\"]", "services.files.tools[0]: who"),
+            ("who = [\"team:x\"]\nallow = [\"x\"]", "unknown kind"),
+            ("who = [\"bob\"]", "give allow or deny"),
+            ("who = [\"bob\"]\nallow = []", "give allow or deny"),
+            (
+                "who = [\"bob\"]\ndeny = [\"\"]",
+                "deny: a tool pattern cannot be empty",
+            ),
+        ] {
+            let text = format!("[services.files]\nrun = \"a\"\n[[services.files.tools]]\n{rule}\n");
+            let e = error_of(&text);
+            assert!(e.contains(says), "{rule}: {e}");
+            assert!(e.contains("services.files.tools[0]"), "{rule}: {e}");
+        }
+        // A misspelt key is the TOML reader's error, which points at the line.
+        let e = error_of(
+            "[services.files]\nrun = \"a\"\n[[services.files.tools]]\nwho = [\"bob\"]\nalow = [\"x\"]\n",
+        );
+        assert!(e.contains("unknown field `alow`"), "{e}");
     }
 
     #[test]
