@@ -96,7 +96,10 @@ pub(super) struct Hub {
     tokens: StdMutex<HashMap<(Target, String), Value>>,
     /// Peer name → whether the node reached it at its last check.
     reach: StdMutex<HashMap<String, bool>>,
+    /// Services whose listing is being fetched now.
     refreshing: StdMutex<HashSet<Target>>,
+    /// Services that said their lists changed while being fetched.
+    again: StdMutex<HashSet<Target>>,
     /// First listings still being fetched.
     first_fetches: watch::Sender<usize>,
     /// Whether the client was given a list yet (until then, a new listing is not news).
@@ -142,6 +145,7 @@ where
         tokens: StdMutex::new(HashMap::new()),
         reach: StdMutex::new(reachability(&peers)),
         refreshing: StdMutex::new(HashSet::new()),
+        again: StdMutex::new(HashSet::new()),
         first_fetches: watch::channel(0).0,
         listed: AtomicBool::new(false),
         next: AtomicU64::new(1),
@@ -640,14 +644,7 @@ impl Hub {
                 "notifications/tools/list_changed"
                 | "notifications/prompts/list_changed"
                 | "notifications/resources/list_changed" => {
-                    let hub = self.clone();
-                    let target = from.target.clone();
-                    tokio::spawn(async move {
-                        if hub.fetch(&target).await {
-                            hub.send(line(&json!({"jsonrpc": "2.0", "method": method})))
-                                .await;
-                        }
-                    });
+                    self.clone().changed_upstream(from.target.clone(), method);
                 }
                 _ => self.send(line(&frame)).await,
             }
@@ -662,9 +659,9 @@ impl Hub {
                 _ = tokio::time::sleep(REACH_EVERY) => {}
                 _ = self.stop.cancelled() => return,
             }
-            let Ok(peers) = self
+            let Some(peers) = self
                 .node
-                .call(crate::control::methods::PEERS_LIST, json!({}))
+                .call_running(crate::control::methods::PEERS_LIST, json!({}))
                 .await
             else {
                 continue;
@@ -680,6 +677,8 @@ impl Hub {
                 changed
             };
             if changed && lock(&self.hello).is_some() {
+                // A peer back in reach may have services still to list.
+                self.clone().first_listings();
                 self.send(line(
                     &json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
                 ))
@@ -688,13 +687,15 @@ impl Hub {
         }
     }
 
-    /// Starts fetching the listing of every service the cache does not know (once).
+    /// Starts fetching the listing of every service the cache does not know (once at a
+    /// time), skipping peers the node cannot reach now.
     fn first_listings(self: Arc<Self>) {
         let missing: Vec<Target> = {
             let cache = lock(&self.cache);
+            let reach = lock(&self.reach);
             self.targets
                 .iter()
-                .filter(|t| cache.get(t).is_none())
+                .filter(|t| cache.get(t).is_none() && reach.get(&t.peer) != Some(&false))
                 .cloned()
                 .collect()
         };
@@ -713,6 +714,27 @@ impl Hub {
                 }
             });
         }
+    }
+
+    /// A server said one of its lists changed: its listing is fetched again, one fetch at a
+    /// time per service however often it says so (a change during a fetch means one more).
+    fn changed_upstream(self: Arc<Self>, target: Target, method: String) {
+        if !lock(&self.refreshing).insert(target.clone()) {
+            lock(&self.again).insert(target);
+            return;
+        }
+        tokio::spawn(async move {
+            loop {
+                if self.fetch(&target).await && self.listed.load(Ordering::SeqCst) {
+                    self.send(line(&json!({"jsonrpc": "2.0", "method": method})))
+                        .await;
+                }
+                if !lock(&self.again).remove(&target) {
+                    break;
+                }
+            }
+            lock(&self.refreshing).remove(&target);
+        });
     }
 
     async fn wait_for_first_listings(&self) {

@@ -48,8 +48,9 @@ pub(crate) enum UpstreamError {
     Lost,
     #[error("it did not answer `initialize` within {0:?}")]
     Handshake(Duration),
-    #[error("it refused `initialize`: {0}")]
-    Refused(String),
+    /// The serving node or the server answered `initialize` with an error.
+    #[error("{message}")]
+    Refused { code: i64, message: String },
 }
 
 /// Where the node is and how to start it.
@@ -75,7 +76,19 @@ impl NodeAccess {
             })
     }
 
-    /// Calls one control method.
+    /// Calls one control method of the running node; `None` when it is not running (it is
+    /// not started for this: a node someone stopped stays stopped).
+    pub async fn call_running(&self, method: &'static str, params: Value) -> Option<Value> {
+        let profile = self.profile.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut client = ControlClient::connect(&profile).ok()??;
+            client.call(method, params).ok()
+        })
+        .await
+        .ok()?
+    }
+
+    /// Calls one control method, starting the node when it is not running.
     pub async fn call(&self, method: &'static str, params: Value) -> Result<Value, UpstreamError> {
         let client = self.control().await?;
         tokio::task::spawn_blocking(move || {
@@ -165,12 +178,16 @@ impl Upstream {
             }
             None => {
                 up.close().await;
-                let why = answer
+                let message = answer
                     .pointer("/error/message")
                     .and_then(Value::as_str)
                     .unwrap_or("no result")
                     .to_owned();
-                return Err(UpstreamError::Refused(why));
+                let code = answer
+                    .pointer("/error/code")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(-32603);
+                return Err(UpstreamError::Refused { code, message });
             }
         }
         up.notify("notifications/initialized", None).await;
