@@ -573,9 +573,22 @@ impl Hub {
         up.send(&frame).await;
     }
 
-    /// What servers send of their own accord.
+    /// What servers send, each server's frames in the order it sent them.
     async fn from_servers(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
-        while let Some(Inbound { from, mut frame }) = inbound.recv().await {
+        while let Some(inbound) = inbound.recv().await {
+            let (from, mut frame) = match inbound {
+                Inbound::Frame { from, frame } if frame.get("method").is_some() => (from, frame),
+                // An answer goes to its waiter only now, after what the server sent before it
+                // (a call's progress above all) went to the client.
+                Inbound::Frame { from, frame } => {
+                    from.answered(frame);
+                    continue;
+                }
+                Inbound::Ended(from) => {
+                    from.abandon_waiting();
+                    continue;
+                }
+            };
             let method = frame["method"].as_str().unwrap_or_default().to_owned();
             if let Some(theirs) = frame.get("id").cloned() {
                 // A request to the client: under a hub id, answered back to this session.
