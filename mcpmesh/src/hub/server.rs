@@ -484,6 +484,7 @@ impl Hub {
         match reply {
             Some(mut frame) => {
                 frame["id"] = id.clone();
+                name_the_service(&mut frame, &target);
                 line(&frame)
             }
             None => mesh_error(
@@ -1044,6 +1045,23 @@ fn open_failed(id: &Value, target: &Target, e: &UpstreamError) -> Vec<u8> {
     }
 }
 
+/// Puts `target` in front of a mesh error's message (one a node made, not the server: a
+/// session lost mid-call, say), so the client of many services knows which one failed.
+fn name_the_service(frame: &mut Value, target: &Target) {
+    let Some(error) = frame.get_mut("error").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if error.get("data").and_then(|d| d.get("source")) != Some(&json!("mcpmesh")) {
+        return;
+    }
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let named = format!("{target}: {message}");
+    error.insert("message".into(), json!(named));
+}
+
 /// Whether two listings offer the same items (times aside).
 fn same_items(a: &Listing, b: &Listing) -> bool {
     a.tools == b.tools
@@ -1141,6 +1159,27 @@ mod tests {
             ("broken://{x", "broken://y", false),
         ] {
             assert_eq!(template_matches(tpl, uri), want, "{tpl} ~ {uri}");
+        }
+    }
+
+    #[test]
+    fn a_mesh_error_names_its_service_and_a_servers_own_error_is_left_alone() {
+        let target = Target::parse("alice/notes").unwrap();
+        let mut lost = json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32055,
+            "message": "the service ended the session before answering", "data": {"source": "mcpmesh"}}});
+        name_the_service(&mut lost, &target);
+        assert_eq!(
+            lost["error"]["message"],
+            "alice/notes: the service ended the session before answering"
+        );
+        for frame in [
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": "not an object"}),
+        ] {
+            let mut same = frame.clone();
+            name_the_service(&mut same, &target);
+            assert_eq!(same, frame);
         }
     }
 
