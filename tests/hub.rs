@@ -725,3 +725,23 @@ async fn tools_sharing_even_their_full_name_are_an_error_naming_both_and_a_warm_
         assert!(stderr.contains(part), "{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_made_before_any_list_waits_for_the_first_listing_instead_of_failing_as_unknown() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-early"));
+    // Nothing cached, and the client calls a tool it knows from elsewhere without listing.
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    let echo = hub
+        .call("alice__stub__echo", json!({ "text": "early" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "early", "{echo}");
+    // A tool no service has is still unknown.
+    let unknown = hub.call("alice__stub__nope", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let records = alice.stop_and_audit();
+    assert_eq!(opened_by_bob(&records, "stub"), 1, "{records:?}");
+}
