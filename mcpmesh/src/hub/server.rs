@@ -362,10 +362,19 @@ impl Hub {
             | "resources/read"
             | "resources/subscribe"
             | "resources/unsubscribe"
-            | "completion/complete" => match self.destination(method, params) {
-                Ok((target, params)) => self.forward(&id, target, method, params).await,
-                Err(message) => rpc_error(&id, -32602, message),
-            },
+            | "completion/complete" => {
+                let mut routed = self.destination(method, params.clone());
+                if routed.is_err() {
+                    // A name the cache does not know yet may be in a listing on its way.
+                    self.clone().first_listings();
+                    self.wait_for_first_listings().await;
+                    routed = self.destination(method, params);
+                }
+                match routed {
+                    Ok((target, params)) => self.forward(&id, target, method, params).await,
+                    Err(message) => rpc_error(&id, -32602, message),
+                }
+            }
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         self.send(reply).await;
