@@ -551,6 +551,17 @@ pub fn two_nodes_with(extra: &str) -> (TestNode, TestNode) {
     (alice, bob)
 }
 
+/// Three nodes with `extra` in every config, each trusting the other two.
+pub fn three_nodes_with(extra: &str) -> (TestNode, TestNode, TestNode) {
+    let (alice, bob) = two_nodes_with(extra);
+    let carol = TestNode::start_with("carol", extra, &[]);
+    for other in [&alice, &bob] {
+        carol.trust(other);
+        other.trust(&carol);
+    }
+    (alice, bob, carol)
+}
+
 pub fn python() -> PathBuf {
     deps().join("venv/bin/python")
 }

@@ -374,10 +374,19 @@ impl Hub {
             | "resources/read"
             | "resources/subscribe"
             | "resources/unsubscribe"
-            | "completion/complete" => match self.destination(method, params) {
-                Ok((target, params)) => self.forward(&id, target, method, params).await,
-                Err(message) => rpc_error(&id, -32602, message),
-            },
+            | "completion/complete" => {
+                let mut routed = self.destination(method, params.clone());
+                if routed.is_err() {
+                    // A name the cache does not know yet may be in a listing on its way.
+                    self.clone().first_listings();
+                    self.wait_for_first_listings().await;
+                    routed = self.destination(method, params);
+                }
+                match routed {
+                    Ok((target, params)) => self.forward(&id, target, method, params).await,
+                    Err(message) => rpc_error(&id, -32602, message),
+                }
+            }
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         self.send(reply).await;
@@ -496,6 +505,7 @@ impl Hub {
         match reply {
             Some(mut frame) => {
                 frame["id"] = id.clone();
+                name_the_service(&mut frame, &target);
                 line(&frame)
             }
             None => mesh_error(
@@ -585,9 +595,22 @@ impl Hub {
         up.send(&frame).await;
     }
 
-    /// What servers send of their own accord.
+    /// What servers send, each server's frames in the order it sent them.
     async fn from_servers(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
-        while let Some(Inbound { from, mut frame }) = inbound.recv().await {
+        while let Some(inbound) = inbound.recv().await {
+            let (from, mut frame) = match inbound {
+                Inbound::Frame { from, frame } if frame.get("method").is_some() => (from, frame),
+                // An answer goes to its waiter only now, after what the server sent before it
+                // (a call's progress above all) went to the client.
+                Inbound::Frame { from, frame } => {
+                    from.answered(frame);
+                    continue;
+                }
+                Inbound::Ended(from) => {
+                    from.abandon_waiting();
+                    continue;
+                }
+            };
             let method = frame["method"].as_str().unwrap_or_default().to_owned();
             if let Some(theirs) = frame.get("id").cloned() {
                 // A request to the client: under a hub id, answered back to this session.
@@ -1065,6 +1088,23 @@ fn open_failed(id: &Value, target: &Target, e: &UpstreamError) -> Vec<u8> {
     }
 }
 
+/// Puts `target` in front of a mesh error's message (one a node made, not the server: a
+/// session lost mid-call, say), so the client of many services knows which one failed.
+fn name_the_service(frame: &mut Value, target: &Target) {
+    let Some(error) = frame.get_mut("error").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if error.get("data").and_then(|d| d.get("source")) != Some(&json!("mcpmesh")) {
+        return;
+    }
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let named = format!("{target}: {message}");
+    error.insert("message".into(), json!(named));
+}
+
 /// Whether two listings offer the same items (times aside).
 fn same_items(a: &Listing, b: &Listing) -> bool {
     a.tools == b.tools
@@ -1162,6 +1202,27 @@ mod tests {
             ("broken://{x", "broken://y", false),
         ] {
             assert_eq!(template_matches(tpl, uri), want, "{tpl} ~ {uri}");
+        }
+    }
+
+    #[test]
+    fn a_mesh_error_names_its_service_and_a_servers_own_error_is_left_alone() {
+        let target = Target::parse("alice/notes").unwrap();
+        let mut lost = json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32055,
+            "message": "the service ended the session before answering", "data": {"source": "mcpmesh"}}});
+        name_the_service(&mut lost, &target);
+        assert_eq!(
+            lost["error"]["message"],
+            "alice/notes: the service ended the session before answering"
+        );
+        for frame in [
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": "not an object"}),
+        ] {
+            let mut same = frame.clone();
+            name_the_service(&mut same, &target);
+            assert_eq!(same, frame);
         }
     }
 

@@ -1,10 +1,11 @@
 //! One upstream session of the hub: a mesh session to `peer/service` opened through the local
 //! node like `connect` does, on which the hub is the MCP client.
 //!
-//! The hub's own requests get fresh numeric ids and wait for their answers here; whatever the
-//! server sends of its own accord (requests to the client, notifications) goes to the hub's
-//! router, tagged with where it came from. When the session ends, every request still waiting
-//! learns so at once.
+//! The hub's own requests get fresh numeric ids and wait for their answers here. Everything
+//! the server sends goes to the hub's router in the order it was sent, answers too: the router
+//! hands an answer to its waiter only after what came before it (a call's progress, a request
+//! to the client) went on, so an answer never overtakes them. When the session ends, every
+//! request still waiting learns so, after the answers already read.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,11 +31,11 @@ const HANDSHAKE: Duration = Duration::from_secs(30);
 /// How long a closed session's reader may take to see its end.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// What a server sent of its own accord.
+/// What a server sent, in the order it sent it; `Ended` follows its last frame.
 #[derive(Debug)]
-pub(crate) struct Inbound {
-    pub from: Arc<Upstream>,
-    pub frame: Value,
+pub(crate) enum Inbound {
+    Frame { from: Arc<Upstream>, frame: Value },
+    Ended(Arc<Upstream>),
 }
 
 /// Why an upstream request got no answer.
@@ -276,13 +277,28 @@ impl Upstream {
         !self.ended.is_cancelled()
     }
 
+    /// Hands an answer to the request waiting for it, if one still does.
+    pub fn answered(&self, frame: Value) {
+        let Some(id) = frame.get("id").and_then(Value::as_u64) else {
+            return;
+        };
+        let waiter = self.waiting().remove(&id);
+        if let Some(tx) = waiter {
+            let _ = tx.send(frame);
+        }
+    }
+
+    /// Tells every request still waiting that the session is gone.
+    pub fn abandon_waiting(&self) {
+        self.waiting().clear();
+    }
+
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Value>>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Reads the server's frames until the session ends: answers to the hub's requests go to
-/// their waiters, everything else to the router.
+/// Reads the server's frames until the session ends, passing each to the router.
 async fn read_loop(
     up: Arc<Upstream>,
     reader: tokio::net::unix::OwnedReadHalf,
@@ -310,23 +326,14 @@ async fn read_loop(
             tracing::warn!(target = %up.target, "dropped a frame that is not JSON");
             continue;
         };
-        if frame.get("method").is_some() {
-            let from = up.clone();
-            if inbound.send(Inbound { from, frame }).await.is_err() {
-                break;
-            }
-            continue;
-        }
-        let Some(id) = frame.get("id").and_then(Value::as_u64) else {
-            continue;
-        };
-        let waiter = up.waiting().remove(&id);
-        if let Some(tx) = waiter {
-            let _ = tx.send(frame);
+        let from = up.clone();
+        if inbound.send(Inbound::Frame { from, frame }).await.is_err() {
+            break;
         }
     }
     up.ended.cancel();
     *up.writer.lock().await = None;
-    // Every request still waiting learns the session is gone.
-    up.waiting().clear();
+    if inbound.send(Inbound::Ended(up.clone())).await.is_err() {
+        up.abandon_waiting();
+    }
 }
