@@ -145,6 +145,12 @@ async fn grant_and_revoke_tools_change_a_live_session_and_show_in_peers_and_stat
         granted["tools"],
         json!({ "allow": ["who*", "blob", "size"], "deny": [] })
     );
+    // The service's first rule cuts off every caller it does not name: the answer says so,
+    // once.
+    let warning = granted["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no rule names"), "{granted}");
+    let again = alice.json(&["grant", "bob", "tools", "--tools", "who*,blob,size"]);
+    assert!(again.get("warning").is_none(), "{again}");
     let listed = s.request("tools/list", json!({})).await;
     assert_eq!(names(&listed), ["whoami", "blob", "size"]);
 

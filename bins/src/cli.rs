@@ -422,8 +422,9 @@ fn grant(ctx: &Ctx, peer: &str, service: &str, tools: Option<Vec<String>>) -> Re
     }
     let v = ctx.call(methods::GRANT, params)?;
     let access = crate::render::tool_access(&v["tools"]);
-    ctx.out.print(v, || match tools {
-        Some(_) => format!("{peer} may now use {service}, and of its tools {access}. They mount it with: mcpmesh connect <your name>/{service}"),
+    let warning = v["warning"].as_str().map(|w| format!("\nwarning: {w}"));
+    ctx.out.print(v.clone(), || match tools {
+        Some(_) => format!("{peer} may now use {service}, and of its tools {access}. They mount it with: mcpmesh connect <your name>/{service}{}", warning.unwrap_or_default()),
         None => format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"),
     });
     Ok(())

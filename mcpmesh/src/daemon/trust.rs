@@ -219,6 +219,14 @@ impl Node {
         self.require_service(&g.service)?;
         let tools = g.tools.as_deref().map(tool_patterns).transpose()?;
         let key = Principal::eid(&peer.id);
+        // The first rule of a service narrows every admitted caller it does not name to no
+        // tool: the answer says so, for the one who may not expect it.
+        let first_rule = tools.is_some()
+            && self
+                .settings()
+                .services
+                .iter()
+                .any(|s| s.name == g.service && s.tools.is_empty());
         self.edit(|doc| {
             config::add_allow(doc, &g.service, &key)?;
             match &tools {
@@ -232,12 +240,19 @@ impl Node {
             "grant"
         };
         self.trust_event(action, Some(&g.peer), Some(&g.service));
-        Ok(json!({
+        let mut answer = json!({
             "peer": g.peer,
             "service": g.service,
             "granted": true,
             "tools": self.tool_access(&peer, &g.service),
-        }))
+        });
+        if first_rule {
+            answer["warning"] = json!(format!(
+                "{} had no tool rules: now a caller no rule names may use none of its tools (give others theirs with `grant PEER {} --tools …`, or add a rule for them in config.toml)",
+                g.service, g.service
+            ));
+        }
+        Ok(answer)
     }
 
     /// Takes `peer`'s access to a service away; with `tools`, only those tools (a deny in
