@@ -394,6 +394,12 @@ impl Hub {
 
     /// Where a request goes, and its params as that server must see them.
     fn destination(&self, method: &str, mut params: Value) -> Result<(Target, Value), String> {
+        if !params.is_object() {
+            return Err(format!("{method}: params must be an object"));
+        }
+        if method == "completion/complete" && !params["ref"].is_object() {
+            return Err("completion/complete: params.ref must be an object".to_owned());
+        }
         let view = lock(&self.view);
         let by_name = |routes: &Routes, name: &str, kind: &str| {
             routes
