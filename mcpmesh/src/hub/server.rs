@@ -961,21 +961,10 @@ impl Hub {
                 view.templates.iter().map(|(_, t)| t.clone()).collect(),
             ),
         };
-        let start = match params.get("cursor") {
-            None | Some(Value::Null) => 0,
-            Some(Value::String(c)) => match c.parse::<usize>() {
-                Ok(n) if n <= all.len() => n,
-                _ => return rpc_error(id, -32602, format!("invalid cursor: {c}")),
-            },
-            Some(other) => return rpc_error(id, -32602, format!("invalid cursor: {other}")),
-        };
-        let end = (start + PAGE).min(all.len());
-        let mut result = Map::new();
-        result.insert(field.to_owned(), Value::Array(all[start..end].to_vec()));
-        if end < all.len() {
-            result.insert("nextCursor".into(), json!(end.to_string()));
+        match page(field, all, params.get("cursor"), PAGE) {
+            Ok(result) => answer(id, result),
+            Err(message) => rpc_error(id, -32602, message),
         }
-        answer(id, Value::Object(result))
     }
 
     /// The union of what the services can do, as far as the cache knows; everything the hub
@@ -1039,6 +1028,35 @@ impl View {
             })
             .map(|(target, _)| target.clone())
     }
+}
+
+/// One page of a merged list: `size` items from the cursor on (the cursor is the offset the
+/// previous page gave), with `nextCursor` while more follow.
+fn page(
+    field: &str,
+    all: Vec<Value>,
+    cursor: Option<&Value>,
+    size: usize,
+) -> Result<Value, String> {
+    let start = match cursor {
+        None | Some(Value::Null) => 0,
+        Some(Value::String(c)) => match c.parse::<usize>() {
+            Ok(n) if n <= all.len() => n,
+            _ => return Err(format!("invalid cursor: {c}")),
+        },
+        Some(other) => return Err(format!("invalid cursor: {other}")),
+    };
+    let end = start.saturating_add(size).min(all.len());
+    let mut result = Map::new();
+    let more = end < all.len();
+    result.insert(
+        field.to_owned(),
+        Value::Array(all.into_iter().skip(start).take(end - start).collect()),
+    );
+    if more {
+        result.insert("nextCursor".into(), json!(end.to_string()));
+    }
+    Ok(Value::Object(result))
 }
 
 /// Whether `uri` fits the RFC 6570 template `tpl`: its literal parts in order, anything where
@@ -1183,6 +1201,37 @@ async fn pages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_lists_are_paged_by_offset_to_their_end_and_bad_cursors_are_refused() {
+        let all: Vec<Value> = (0..250)
+            .map(|i| json!({ "name": format!("t{i}") }))
+            .collect();
+        let mut cursor: Option<Value> = None;
+        let mut seen = Vec::new();
+        let mut pages = 0;
+        loop {
+            let result = page("tools", all.clone(), cursor.as_ref(), 100).unwrap();
+            pages += 1;
+            seen.extend(result["tools"].as_array().unwrap().iter().cloned());
+            match result.get("nextCursor") {
+                Some(next) => cursor = Some(next.clone()),
+                None => break,
+            }
+        }
+        assert_eq!((pages, seen), (3, all.clone()));
+        // An exact multiple ends without a cursor to an empty page.
+        let exact = page("tools", all[..100].to_vec(), None, 100).unwrap();
+        assert!(exact.get("nextCursor").is_none(), "{exact}");
+        for bad in [json!("x"), json!("251"), json!(7), json!("-1")] {
+            assert!(
+                page("tools", all.clone(), Some(&bad), 100).is_err(),
+                "{bad}"
+            );
+        }
+        let empty = page("prompts", Vec::new(), None, 100).unwrap();
+        assert_eq!(empty, json!({ "prompts": [] }));
+    }
 
     #[test]
     fn uri_templates_match_their_literal_parts() {
