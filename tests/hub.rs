@@ -1286,3 +1286,123 @@ async fn a_listing_past_its_lifetime_is_answered_from_the_cache_at_once_and_refr
         "one session for the first listing, one for the refresh: {records:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn merged_lists_are_paginated_a_hundred_to_a_page_and_a_loose_schema_becomes_an_object_schema()
+ {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-pages"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+
+    // The cached listing now holds 250 tools, one of them without an input schema.
+    let path = bob.home().join("state/hub/cache.json");
+    let mut cache: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut tools: Vec<Value> = (0..250)
+        .map(|i| json!({ "name": format!("t{i:03}"), "inputSchema": { "type": "object" } }))
+        .collect();
+    tools[7] = json!({ "name": "t007", "description": "no schema" });
+    cache["services"]["alice/stub"]["tools"] = json!(tools);
+    std::fs::write(&path, serde_json::to_vec(&cache).unwrap()).unwrap();
+
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    let mut pages = Vec::new();
+    let mut cursor: Option<Value> = None;
+    loop {
+        let params = cursor.map_or(json!({}), |c| json!({ "cursor": c }));
+        let page = hub.request("tools/list", params).await;
+        let items = page["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("not a page: {page}"))
+            .clone();
+        pages.push(items);
+        cursor = page["result"].get("nextCursor").cloned();
+        if cursor.is_none() || pages.len() > 3 {
+            break;
+        }
+    }
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    let all: Vec<Value> = pages.into_iter().flatten().collect();
+    let expected: BTreeSet<String> = (0..250).map(|i| format!("alice__stub__t{i:03}")).collect();
+    assert_eq!(strings(&all, "name"), expected);
+    let loose = all
+        .iter()
+        .find(|t| t["name"] == "alice__stub__t007")
+        .unwrap();
+    assert_eq!(loose["inputSchema"]["type"], "object", "{loose}");
+    assert_eq!(loose["description"], "[alice/stub] no schema", "{loose}");
+
+    let bad = hub
+        .request("tools/list", json!({ "cursor": "not-a-cursor" }))
+        .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert_eq!(live_sessions(&alice), 0, "pages come from the cache");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_roots_request_reaches_the_client_under_a_hub_id_and_the_clients_roots_changes_reach_the_server()
+ {
+    let (alice, bob) = two_nodes();
+    let server = SocketServer::start().await;
+    let socket = server.path().display().to_string();
+    alice.serve("stub", &["bob"], &["--socket", &socket]);
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+
+    // The stub's `ask` puts `roots/list` (its id "ask-1") to the client before it answers.
+    let ask = json!("ask");
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": ask, "method": "tools/call",
+                      "params": { "name": "alice__stub__ask", "arguments": {} } }),
+    )
+    .await;
+    let (answer, before) = until_answer(&mut hub, &ask).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "asked", "{answer}");
+    let asked = before
+        .iter()
+        .find(|f| f["method"] == "roots/list")
+        .unwrap_or_else(|| panic!("the client was not asked: {before:?}"));
+    assert_ne!(
+        asked["id"], "ask-1",
+        "the server's own id reached the client"
+    );
+    hub.send(&json!({ "jsonrpc": "2.0", "id": asked["id"],
+                      "result": { "roots": [{ "uri": "file:///tmp/hub-root" }] } }))
+        .await;
+    hub.send(&json!({ "jsonrpc": "2.0", "method": "notifications/roots/list_changed" }))
+        .await;
+
+    // The stub reads its session in order: once a later call is answered, both were read.
+    let echo = hub
+        .call("alice__stub__echo", json!({ "text": "after" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
+    let received: Vec<Value> = server
+        .received()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let roots = received
+        .iter()
+        .find(|f| f.get("result").is_some())
+        .unwrap_or_else(|| panic!("the client's answer never reached the server: {received:?}"));
+    assert_eq!(roots["id"], "ask-1", "{roots}");
+    assert_eq!(roots["result"]["roots"][0]["uri"], "file:///tmp/hub-root");
+    assert!(
+        received
+            .iter()
+            .any(|f| f["method"] == "notifications/roots/list_changed"),
+        "{received:?}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
