@@ -1174,3 +1174,115 @@ async fn a_url_service_bounds_the_posts_in_flight_and_counts_the_callers_answers
     strict.wait_eof().await;
     assert_eq!(upstream.count(|c| &c.answers), 3);
 }
+
+/// The JSON-RPC answer in a gateway response body, sent as JSON or as SSE events.
+fn answer_in(body: &str) -> Value {
+    let answer = |text: &str| {
+        serde_json::from_str::<Value>(text.trim())
+            .ok()
+            .filter(|v| v.get("id").is_some() && v.get("method").is_none())
+    };
+    answer(body)
+        .or_else(|| {
+            body.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .find_map(answer)
+        })
+        .unwrap_or_else(|| panic!("no answer in {body:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateways_hub_serves_the_paired_services_with_its_token_and_a_delete_ends_their_sessions()
+ {
+    // Bob's node mounts alice's stub by pairing, as the hub's services come.
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let m = marker("gateway-hub");
+    alice.serve_stub("stub", &[], None, &m);
+    let invite = alice.json(&["invite", "stub"])["invite"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    bob.json(&["pair", &invite]);
+    // Just after a pairing bob's node may still hold a failed check of alice for a few
+    // seconds, and a hub lists no peer out of reach.
+    let reachable = || bob.json(&["peers"])["peers"][0]["reachable"] == true;
+    assert!(eventually(Duration::from_secs(15), reachable).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let url = gateway.url("hub");
+    assert!(url.ends_with("/mcp/hub"), "{url}");
+
+    // Like every path of the gateway, the hub's needs the token.
+    assert_eq!(initialize_with(&url, None).await.status(), 401);
+    assert_eq!(initialize_with(&url, Some("wrong")).await.status(), 401);
+
+    let http = gateway.client();
+    let exchange = |body: Value, sid: Option<String>| {
+        let r = mcp_post(&http, &url, &body, sid.as_deref());
+        async move {
+            let r = tokio::time::timeout(ANSWER_TIMEOUT, r.send())
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            let sid = r
+                .headers()
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let status = r.status();
+            (status, sid, r.text().await.unwrap())
+        }
+    };
+    let (status, sid, body) = exchange(initialize_request(), None).await;
+    assert_eq!(status, 200, "{body}");
+    let sid = sid.expect("a session id");
+    assert_eq!(
+        answer_in(&body)["result"]["serverInfo"]["name"],
+        "mcpmesh-hub",
+        "{body}"
+    );
+    let note = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    let (status, _, _) = exchange(note, Some(sid.clone())).await;
+    assert_eq!(status, 202);
+
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" });
+    let (_, _, body) = exchange(list, Some(sid.clone())).await;
+    let tools: Vec<String> = answer_in(&body)["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools: {body}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    for tool in ["alice__stub__echo", "alice__stub__whoami"] {
+        assert!(tools.iter().any(|t| t == tool), "{tools:?} {body}");
+    }
+    let call = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": { "name": "alice__stub__echo", "arguments": { "text": "via /mcp/hub" } } });
+    let (_, _, body) = exchange(call, Some(sid.clone())).await;
+    assert_eq!(
+        answer_in(&body)["result"]["content"][0]["text"],
+        "via /mcp/hub",
+        "{body}"
+    );
+    let sessions = |node: &TestNode| {
+        node.json(&["status"])["sessions"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    assert_eq!(sessions(&alice), 1);
+
+    // DELETE ends the HTTP session's hub, and with it its session at alice's node.
+    let r = http
+        .delete(&url)
+        .header("mcp-session-id", &sid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ended = eventually(Duration::from_secs(15), || sessions(&alice) == 0).await;
+    assert!(ended, "alice still has {} sessions", sessions(&alice));
+    let gone = eventually(Duration::from_secs(15), || {
+        procs_with(&m).iter().all(|(_, state)| *state == 'Z')
+    })
+    .await;
+    assert!(gone, "the stub still runs: {:?}", procs_with(&m));
+}

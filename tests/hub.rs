@@ -745,3 +745,664 @@ async fn a_call_made_before_any_list_waits_for_the_first_listing_instead_of_fail
     let records = alice.stop_and_audit();
     assert_eq!(opened_by_bob(&records, "stub"), 1, "{records:?}");
 }
+
+/// Reads the hub's frames until the answer to `id`; returns it and every frame before it.
+async fn until_answer(hub: &mut McpSession, id: &Value) -> (Value, Vec<Value>) {
+    let mut before = Vec::new();
+    loop {
+        let frame = hub.recv().await.expect("an answer before EOF");
+        if frame.get("method").is_none() && frame["id"] == *id {
+            return (frame, before);
+        }
+        before.push(frame);
+    }
+}
+
+/// Reads the hub's frames until the notification `method`; returns it and every frame before.
+async fn until_notified(hub: &mut McpSession, method: &str) -> (Value, Vec<Value>) {
+    let mut before = Vec::new();
+    loop {
+        let frame = hub.recv().await.expect("a notification before EOF");
+        if frame["method"] == method && frame.get("id").is_none() {
+            return (frame, before);
+        }
+        before.push(frame);
+    }
+}
+
+/// A list `method`'s items (under `field`) as the hub answered them.
+async fn listed(hub: &mut McpSession, method: &str, field: &str) -> Vec<Value> {
+    let answer = hub.request(method, json!({})).await;
+    answer["result"][field]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {field}: {answer}"))
+        .clone()
+}
+
+/// The `field` strings of `items`.
+fn strings(items: &[Value], field: &str) -> BTreeSet<String> {
+    items
+        .iter()
+        .filter_map(|i| i[field].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits until `node` finds `peer` reachable. Just after a pairing its node may still hold a
+/// failed check of the new peer for a few seconds, and a hub lists no peer out of reach.
+async fn until_reachable(node: &TestNode, peer: &str) {
+    let reachable = || {
+        node.json(&["peers"])["peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["name"] == peer && p["reachable"] == true)
+    };
+    let reached = eventually(SETTLE, reachable).await;
+    assert!(reached, "{} never found {peer} reachable", node.name);
+}
+
+/// Alice serves the stub as `stub` and server-everything as `everything` with no one allowed,
+/// and bob redeems her invite for both: his node mounts them by pairing, not by naming them.
+async fn paired_alice_and_bob(test: &str) -> (TestNode, TestNode) {
+    let alice = TestNode::start_with("alice", ROOM_FOR_A_WHOLE_CLIENT, &[]);
+    let bob = TestNode::start_with("bob", ROOM_FOR_A_WHOLE_CLIENT, &[]);
+    alice.serve_stub("stub", &[], None, &marker(&format!("{test}-stub")));
+    let index = everything_index();
+    let everything_mark = marker(&format!("{test}-ev"));
+    alice.serve(
+        "everything",
+        &[],
+        &["--", "node", &index, "stdio", &everything_mark],
+    );
+    let invite = alice.json(&["invite", "stub", "everything"])["invite"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let paired = bob.json(&["pair", &invite]);
+    assert_eq!(paired["peer"], "alice", "{paired}");
+    until_reachable(&bob, "alice").await;
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn use_hub_prints_a_stdio_command_that_runs_the_hub_over_what_pairings_shared_and_warns_when_nothing_was()
+ {
+    // Trust alone shares nothing to mount: the list is empty and a warning says so.
+    let (alice, bob) = two_nodes();
+    let used = bob.json(&["use", "hub"]);
+    assert_eq!(used["services"], json!([]), "{used}");
+    let warning = used["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no peer shared a service"), "{used}");
+    drop((alice, bob));
+
+    let (alice, bob) = paired_alice_and_bob("hub-use").await;
+    let used = bob.json(&["use", "hub"]);
+    assert!(used.get("warning").is_none(), "{used}");
+    let services: BTreeSet<String> = used["services"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no services: {used}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        services,
+        BTreeSet::from(["alice/stub".to_owned(), "alice/everything".to_owned()])
+    );
+    let stdio = &used["clients"]["stdio"];
+    let args: Vec<String> = stdio["args"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no args: {used}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(args.last().map(String::as_str), Some("hub"), "{args:?}");
+    let home = args.iter().position(|a| a == "--home").expect("--home");
+    assert_eq!(args[home + 1], bob.home().display().to_string());
+    let http_url = used["http_url"].as_str().unwrap();
+    assert!(http_url.ends_with("/mcp/hub"), "{http_url}");
+    assert_eq!(used["clients"]["http"]["url"], http_url);
+
+    // The command printed, run as a client would, is the hub over both services.
+    let mut cmd = tokio::process::Command::new(stdio["command"].as_str().unwrap());
+    cmd.args(&args)
+        .env_remove("MCPMESH_HOME")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut hub = McpSession::spawn(cmd);
+    let init = hub.initialize().await;
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "mcpmesh-hub",
+        "{init}"
+    );
+    let tools = raw_tool_names(&mut hub).await;
+    for tool in ["alice__stub__echo", "alice__everything__get-sum"] {
+        assert!(tools.contains(tool), "{tools:?}");
+    }
+    let echo = hub
+        .call("alice__stub__echo", json!({ "text": "used" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "used", "{echo}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prompts_resources_templates_completions_and_subscriptions_are_routed_to_server_everything()
+{
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-routes"));
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    hub.initialize().await;
+
+    // Prompts: prefixed names, descriptions naming their service, and the server's messages.
+    let prompts = listed(&mut hub, "prompts/list", "prompts").await;
+    let names = strings(&prompts, "name");
+    for prompt in ["simple-prompt", "completable-prompt"] {
+        assert!(
+            names.contains(&format!("alice__everything__{prompt}")),
+            "{names:?}"
+        );
+    }
+    for prompt in &prompts {
+        let description = prompt["description"].as_str().unwrap_or_default();
+        assert!(description.starts_with("[alice/everything]"), "{prompt}");
+    }
+    let got = hub
+        .request(
+            "prompts/get",
+            json!({ "name": "alice__everything__simple-prompt" }),
+        )
+        .await;
+    assert_eq!(
+        got["result"]["messages"][0]["content"]["text"],
+        "This is a simple prompt without arguments.",
+        "{got}"
+    );
+    let got = hub
+        .request(
+            "prompts/get",
+            json!({ "name": "alice__everything__completable-prompt",
+                    "arguments": { "department": "Sales", "name": "Eve" } }),
+        )
+        .await;
+    assert_eq!(
+        got["result"]["messages"][0]["content"]["text"],
+        "Please promote Eve to the head of the Sales team.",
+        "{got}"
+    );
+
+    // Completions of a prompt's argument, the hub's name mapped back to the server's.
+    let complete = |argument: Value, context: Value| {
+        json!({ "ref": { "type": "ref/prompt", "name": "alice__everything__completable-prompt" },
+                "argument": argument, "context": context })
+    };
+    let done = hub
+        .request(
+            "completion/complete",
+            complete(json!({ "name": "department", "value": "E" }), json!({})),
+        )
+        .await;
+    assert_eq!(
+        done["result"]["completion"]["values"],
+        json!(["Engineering"]),
+        "{done}"
+    );
+    let done = hub
+        .request(
+            "completion/complete",
+            complete(
+                json!({ "name": "name", "value": "" }),
+                json!({ "arguments": { "department": "Sales" } }),
+            ),
+        )
+        .await;
+    assert_eq!(
+        done["result"]["completion"]["values"],
+        json!(["David", "Eve", "Frank"]),
+        "{done}"
+    );
+
+    // Resources keep the server's URIs, and a read of one returns its contents.
+    let resources = listed(&mut hub, "resources/list", "resources").await;
+    let uris = strings(&resources, "uri");
+    let document = uris
+        .iter()
+        .find(|u| u.starts_with("demo://resource/static/document/"))
+        .unwrap_or_else(|| panic!("{uris:?}"))
+        .clone();
+    let read = hub
+        .request("resources/read", json!({ "uri": document }))
+        .await;
+    assert_eq!(read["result"]["contents"][0]["uri"], document, "{read}");
+    assert!(
+        !read["result"]["contents"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{read}"
+    );
+
+    // A URI only a template matches is read from the service whose template it fits.
+    let templates = listed(&mut hub, "resources/templates/list", "resourceTemplates").await;
+    let template = "demo://resource/dynamic/text/{resourceId}";
+    assert!(
+        strings(&templates, "uriTemplate").contains(template),
+        "{templates:?}"
+    );
+    let dynamic = "demo://resource/dynamic/text/7";
+    assert!(!uris.contains(dynamic), "{uris:?}");
+    let read = hub
+        .request("resources/read", json!({ "uri": dynamic }))
+        .await;
+    assert_eq!(read["result"]["contents"][0]["uri"], dynamic, "{read}");
+    assert!(
+        read["result"]["contents"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains('7')),
+        "{read}"
+    );
+    // Completions of a template's variable go to the service that listed the template.
+    let done = hub
+        .request(
+            "completion/complete",
+            json!({ "ref": { "type": "ref/resource", "uri": template },
+                    "argument": { "name": "resourceId", "value": "3" } }),
+        )
+        .await;
+    assert_eq!(
+        done["result"]["completion"]["values"],
+        json!(["3"]),
+        "{done}"
+    );
+
+    // Subscriptions are answered by the server that owns the resource.
+    for method in ["resources/subscribe", "resources/unsubscribe"] {
+        let answer = hub.request(method, json!({ "uri": document })).await;
+        assert_eq!(answer["result"], json!({}), "{method}: {answer}");
+    }
+    // A resource no service has is refused by the hub itself.
+    let unknown = hub
+        .request("resources/read", json!({ "uri": "nowhere://x" }))
+        .await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_warm_cache() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-discover"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+
+    // A 2026-07-28 client's first frame.
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    let discovered = hub.request("server/discover", json!({})).await;
+    let result = &discovered["result"];
+    assert!(
+        result["supportedVersions"]
+            .as_array()
+            .is_some_and(|v| v.contains(&json!("2026-07-28"))),
+        "{discovered}"
+    );
+    assert!(result["capabilities"]["tools"].is_object(), "{discovered}");
+    assert_eq!(result["serverInfo"]["name"], "mcpmesh-hub", "{discovered}");
+    assert_eq!(live_sessions(&alice), 0, "discover opened a session");
+    // Answered after it, a ping shows the hub settled with nothing more to do.
+    assert_eq!(hub.request("ping", json!({})).await["result"], json!({}));
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let records = alice.stop_and_audit();
+    assert_eq!(
+        opened_by_bob(&records, "stub"),
+        1,
+        "only the first run's listing opened one: {records:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_call_gets_no_answer_its_server_hears_the_cancellation_under_the_hubs_id_and_the_next_call_works()
+ {
+    let (alice, bob) = two_nodes();
+    // The recording stub on a socket: every line its sessions received is kept.
+    let server = SocketServer::start().await;
+    let socket = server.path().display().to_string();
+    alice.serve("stub", &["bob"], &["--socket", &socket]);
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+
+    // A slow call, known to be at the server once its first progress arrives.
+    let slow = json!("slow-call");
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": slow, "method": "tools/call",
+                      "params": { "name": "alice__stub__sleep", "arguments": { "ms": 1500 },
+                                  "_meta": { "progressToken": "slow-progress" } } }),
+    )
+    .await;
+    let (progress, mut seen) = until_notified(&mut hub, "notifications/progress").await;
+    assert_eq!(
+        progress["params"]["progressToken"], "slow-progress",
+        "{progress}"
+    );
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "method": "notifications/cancelled",
+                      "params": { "requestId": slow, "reason": "changed my mind" } }),
+    )
+    .await;
+
+    // The stub answers in order on its one session: once the next call's answer is here,
+    // the slow call's answer has come and gone at the hub.
+    let ping = json!("after-ping");
+    hub.send(&json!({ "jsonrpc": "2.0", "id": ping, "method": "ping" }))
+        .await;
+    let (pong, before) = until_answer(&mut hub, &ping).await;
+    assert_eq!(pong["result"], json!({}), "{pong}");
+    seen.extend(before);
+    let next = json!("next-call");
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": next, "method": "tools/call",
+                      "params": { "name": "alice__stub__echo", "arguments": { "text": "next" } } }),
+    )
+    .await;
+    let (echo, before) = until_answer(&mut hub, &next).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "next", "{echo}");
+    seen.extend(before);
+    assert!(
+        seen.iter().all(|f| f["id"] != slow),
+        "the cancelled call was answered: {seen:?}"
+    );
+
+    // The server got the cancellation for the id it knows the call by, not the client's.
+    let received: Vec<Value> = server
+        .received()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let sleep = received
+        .iter()
+        .find(|f| f["method"] == "tools/call" && f["params"]["name"] == "sleep")
+        .unwrap_or_else(|| panic!("the server never got the call: {received:?}"));
+    assert_ne!(sleep["id"], slow, "{sleep}");
+    let cancelled = received
+        .iter()
+        .find(|f| f["method"] == "notifications/cancelled")
+        .unwrap_or_else(|| panic!("the server never heard the cancellation: {received:?}"));
+    assert_eq!(cancelled["params"]["requestId"], sleep["id"], "{cancelled}");
+    assert_eq!(cancelled["params"]["reason"], "changed my mind");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_level_is_answered_by_the_hub_and_the_servers_log_messages_reach_the_client() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-logging"));
+    let mut hub = raw_hub(&bob, &["alice/everything", "--idle", "1s"]);
+    hub.initialize().await;
+    let tools = raw_tool_names(&mut hub).await;
+    assert!(
+        tools.contains("alice__everything__toggle-simulated-logging"),
+        "{tools:?}"
+    );
+    // The listing's session closes; the level must reach the session opened later.
+    until_no_sessions(&[&alice]).await;
+    let set = hub
+        .request("logging/setLevel", json!({ "level": "debug" }))
+        .await;
+    assert_eq!(set["result"], json!({}), "{set}");
+
+    let toggle = json!("toggle");
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": toggle, "method": "tools/call",
+                      "params": { "name": "alice__everything__toggle-simulated-logging",
+                                  "arguments": {} } }),
+    )
+    .await;
+    let (answer, seen) = until_answer(&mut hub, &toggle).await;
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("Started simulated")),
+        "{answer}"
+    );
+    // It logs once at once and every 5 s after: before its answer, or soon after.
+    let message = match seen
+        .into_iter()
+        .find(|f| f["method"] == "notifications/message")
+    {
+        Some(message) => message,
+        None => until_notified(&mut hub, "notifications/message").await.0,
+    };
+    let data = message["params"]["data"].as_str().unwrap_or_default();
+    assert!(data.contains("message"), "{message}");
+    assert!(message["params"]["level"].is_string(), "{message}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_tools_list_changed_refreshes_its_listing_and_is_passed_on_as_the_hubs_own() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-changed"));
+    let sampling = "alice__everything__trigger-sampling-request";
+
+    // A client without sampling fills the cache: server-everything offers no sampling tool.
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    hub.initialize().await;
+    assert!(!raw_tool_names(&mut hub).await.contains(sampling));
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+
+    // A client that can sample is listed from that cache. The first call opens a session
+    // with its capabilities, server-everything adds its sampling tool and says its list
+    // changed; the hub refetches and tells its client.
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    let init = hub
+        .request(
+            "initialize",
+            json!({ "protocolVersion": "2025-06-18", "capabilities": { "sampling": {} },
+                    "clientInfo": { "name": "mcpmesh-tests", "version": "0" } }),
+        )
+        .await;
+    assert!(init.get("result").is_some(), "{init}");
+    hub.send(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
+        .await;
+    assert!(!raw_tool_names(&mut hub).await.contains(sampling));
+    assert_eq!(live_sessions(&alice), 0, "listed from the cache");
+    let echo = hub
+        .call("alice__everything__echo", json!({ "message": "hi" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "Echo: hi", "{echo}");
+    until_notified(&mut hub, "notifications/tools/list_changed").await;
+    assert!(raw_tool_names(&mut hub).await.contains(sampling));
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listing_past_its_lifetime_is_answered_from_the_cache_at_once_and_refreshed_behind() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-ttl"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+
+    // The entry is an hour old, and it lacks `sleep`: whatever lists it came from the cache.
+    let path = bob.home().join("state/hub/cache.json");
+    let fetched_at = |path: &std::path::Path| -> u64 {
+        let cache: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        cache["services"]["alice/stub"]["fetched_at_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no alice/stub entry: {cache}"))
+    };
+    let mut cache: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let entry = &mut cache["services"]["alice/stub"];
+    let hour_ago = entry["fetched_at_ms"].as_u64().unwrap() - 3_600_000;
+    entry["fetched_at_ms"] = json!(hour_ago);
+    entry["tools"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["name"] != "sleep");
+    std::fs::write(&path, serde_json::to_vec(&cache).unwrap()).unwrap();
+
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    let cached = raw_tool_names(&mut hub).await;
+    assert_eq!(cached.len(), STUB_TOOLS.len() - 1, "{cached:?}");
+    assert!(!cached.contains("alice__stub__sleep"));
+
+    // Behind the answer: refetched, written back, and the client told.
+    until_notified(&mut hub, "notifications/tools/list_changed").await;
+    let refreshed = eventually(SETTLE, || fetched_at(&path) > hour_ago + 3_000_000).await;
+    assert!(
+        refreshed,
+        "the entry was not refreshed: {}",
+        fetched_at(&path)
+    );
+    assert!(
+        raw_tool_names(&mut hub)
+            .await
+            .contains("alice__stub__sleep")
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let records = alice.stop_and_audit();
+    assert_eq!(
+        opened_by_bob(&records, "stub"),
+        2,
+        "one session for the first listing, one for the refresh: {records:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn merged_lists_are_paginated_a_hundred_to_a_page_and_a_loose_schema_becomes_an_object_schema()
+ {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-pages"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    hub.close_stdin();
+    hub.wait_eof().await;
+    until_no_sessions(&[&alice]).await;
+
+    // The cached listing now holds 250 tools, one of them without an input schema.
+    let path = bob.home().join("state/hub/cache.json");
+    let mut cache: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut tools: Vec<Value> = (0..250)
+        .map(|i| json!({ "name": format!("t{i:03}"), "inputSchema": { "type": "object" } }))
+        .collect();
+    tools[7] = json!({ "name": "t007", "description": "no schema" });
+    cache["services"]["alice/stub"]["tools"] = json!(tools);
+    std::fs::write(&path, serde_json::to_vec(&cache).unwrap()).unwrap();
+
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    let mut pages = Vec::new();
+    let mut cursor: Option<Value> = None;
+    loop {
+        let params = cursor.map_or(json!({}), |c| json!({ "cursor": c }));
+        let page = hub.request("tools/list", params).await;
+        let items = page["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("not a page: {page}"))
+            .clone();
+        pages.push(items);
+        cursor = page["result"].get("nextCursor").cloned();
+        if cursor.is_none() || pages.len() > 3 {
+            break;
+        }
+    }
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [100, 100, 50]);
+    let all: Vec<Value> = pages.into_iter().flatten().collect();
+    let expected: BTreeSet<String> = (0..250).map(|i| format!("alice__stub__t{i:03}")).collect();
+    assert_eq!(strings(&all, "name"), expected);
+    let loose = all
+        .iter()
+        .find(|t| t["name"] == "alice__stub__t007")
+        .unwrap();
+    assert_eq!(loose["inputSchema"]["type"], "object", "{loose}");
+    assert_eq!(loose["description"], "[alice/stub] no schema", "{loose}");
+
+    let bad = hub
+        .request("tools/list", json!({ "cursor": "not-a-cursor" }))
+        .await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert_eq!(live_sessions(&alice), 0, "pages come from the cache");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_roots_request_reaches_the_client_under_a_hub_id_and_the_clients_roots_changes_reach_the_server()
+ {
+    let (alice, bob) = two_nodes();
+    let server = SocketServer::start().await;
+    let socket = server.path().display().to_string();
+    alice.serve("stub", &["bob"], &["--socket", &socket]);
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+
+    // The stub's `ask` puts `roots/list` (its id "ask-1") to the client before it answers.
+    let ask = json!("ask");
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": ask, "method": "tools/call",
+                      "params": { "name": "alice__stub__ask", "arguments": {} } }),
+    )
+    .await;
+    let (answer, before) = until_answer(&mut hub, &ask).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "asked", "{answer}");
+    let asked = before
+        .iter()
+        .find(|f| f["method"] == "roots/list")
+        .unwrap_or_else(|| panic!("the client was not asked: {before:?}"));
+    assert_ne!(
+        asked["id"], "ask-1",
+        "the server's own id reached the client"
+    );
+    hub.send(&json!({ "jsonrpc": "2.0", "id": asked["id"],
+                      "result": { "roots": [{ "uri": "file:///tmp/hub-root" }] } }))
+        .await;
+    hub.send(&json!({ "jsonrpc": "2.0", "method": "notifications/roots/list_changed" }))
+        .await;
+
+    // The stub reads its session in order: once a later call is answered, both were read.
+    let echo = hub
+        .call("alice__stub__echo", json!({ "text": "after" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
+    let received: Vec<Value> = server
+        .received()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let roots = received
+        .iter()
+        .find(|f| f.get("result").is_some())
+        .unwrap_or_else(|| panic!("the client's answer never reached the server: {received:?}"));
+    assert_eq!(roots["id"], "ask-1", "{roots}");
+    assert_eq!(roots["result"]["roots"][0]["uri"], "file:///tmp/hub-root");
+    assert!(
+        received
+            .iter()
+            .any(|f| f["method"] == "notifications/roots/list_changed"),
+        "{received:?}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
