@@ -116,6 +116,14 @@ impl Reachability {
             .filter(|age| *age < FAIL_FAST)
     }
 
+    /// Forgets what was found of `peer` and has it checked now: something changed on its side
+    /// that the last check may have missed (it just committed a pairing with this node). The
+    /// next read waits for that check as for any first one.
+    pub(super) fn recheck(&self, peer: &EndpointId) {
+        self.lock().remove(peer);
+        self.poke();
+    }
+
     /// Asks the checker to look now (a peer was added, a dial failed).
     pub(super) fn poke(&self) {
         self.wake.notify_one();

@@ -498,6 +498,9 @@ impl Node {
         self.store
             .put_peer(&peer, Some(&record))
             .map_err(store_err)?;
+        // A check set off by the pending record may have met the inviter before its commit
+        // and been refused; it admits this node now.
+        self.reach.recheck(&inviter);
         self.trust_event("pair", Some(&name), None);
         let mounts: Vec<String> = reply
             .services
