@@ -611,6 +611,7 @@ fn every_verb_has_an_example_and_the_top_level_help_speaks_to_users() {
         "doctor",
         "completions",
         "connect",
+        "hub",
         "gateway",
         "audit",
         "audit tail",
@@ -683,6 +684,19 @@ fn a_home_that_holds_no_profile_is_refused_not_made_into_a_new_identity() {
         "{made}"
     );
     assert_eq!(error_line(&init(&[]))["error"]["code"], 1005);
+    // The config it wrote is private (service env may hold tokens), and doctor agrees.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(home.join("config.toml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "config.toml mode {mode:o}");
+    let doctor = std::process::Command::new(MCPMESH)
+        .args(["--home", home.to_str().unwrap(), "--json", "doctor"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert!(!report.contains("config permissions"), "{report}");
     let down = std::process::Command::new(MCPMESH)
         .args(["--home", home.to_str().unwrap(), "down"])
         .output()

@@ -254,7 +254,18 @@ fn init(ctx: &Ctx, loopback: bool, nickname: Option<&str>) -> Result<(), Failure
     if loopback {
         text.push_str("[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n");
     }
-    std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+    // Private from the start: service env may come to hold tokens (doctor checks it).
+    let created = mcpmesh::files::create_private_once(&config, text.as_bytes())
+        .with_context(|| format!("writing {}", config.display()))?;
+    if !created {
+        return Err(Failure::new(
+            codes::CONFLICT,
+            format!(
+                "a profile was made here meanwhile ({}); `mcpmesh id` shows its identity",
+                config.display()
+            ),
+        ));
+    }
     let mut client = ControlClient::connect_or_start(profile, ctx.exe)?;
     let v = client.call(methods::NODE_ID, json!({}))?;
     let mut value = v.clone();
