@@ -44,10 +44,7 @@ fn netns_ok(args: &[&str]) {
 
 /// Says, past the test harness's capture, that a test did not run and why.
 fn skip_loudly(test: &str, why: &str) {
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n!!!! SKIPPED {test}: {why}\n!!!! the network suite needs root and network namespaces; CI runs it as root\n"
-    );
+    let _ = writeln!(std::io::stderr(), "\n!!!! SKIPPED {test}: {why}\n");
 }
 
 /// One test's three namespaces, removed when dropped (a failing test included).
@@ -59,7 +56,10 @@ impl Net {
     /// Builds a fresh network, or `None` (after saying so) where this machine cannot.
     fn up(test: &str) -> Option<Net> {
         if !rustix::process::geteuid().is_root() {
-            skip_loudly(test, "not running as root");
+            skip_loudly(
+                test,
+                "not running as root; the network suite needs root (CI runs it as root)",
+            );
             return None;
         }
         static N: AtomicU32 = AtomicU32::new(0);
@@ -94,6 +94,33 @@ impl Net {
 
     fn unblock(&self) {
         netns_ok(&["unblock", &self.prefix]);
+    }
+
+    /// Packets the block rule has dropped so far.
+    fn dropped(&self) -> u64 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns("a")])
+            .args(["nft", "list", "table", "inet", "mcpmesh_block"])
+            .output()
+            .unwrap();
+        let rules = String::from_utf8_lossy(&out.stdout);
+        let words: Vec<&str> = rules.split_whitespace().collect();
+        words
+            .windows(2)
+            .filter(|w| w[0] == "packets")
+            .filter_map(|w| w[1].parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Shapes `side`'s link with `tc netem ARGS…`; the error when this machine cannot.
+    fn netem(&self, side: &str, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["netem", &self.prefix, side];
+        all.extend_from_slice(args);
+        let out = run_netns(&all);
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        }
     }
 
     /// iroh's relay server in the infra namespace; returns it with its URL as it printed it.
@@ -214,6 +241,11 @@ async fn with_direct_traffic_dropped_pairing_and_sessions_go_through_the_relay()
         let status = node.json(&["status"]);
         assert_eq!(peer(&status, other)["path"], "relay");
     }
+    // The nodes did try each other directly: the rule, not a lack of trying, kept them apart.
+    let dropped = net.dropped();
+    println!("{dropped} direct packets dropped");
+    assert!(dropped > 0);
+
     let table = String::from_utf8(bob.cli(&["peers"]).stdout).unwrap();
     println!("{table}");
     let row = table.lines().find(|l| l.starts_with("alice ")).unwrap();
@@ -288,4 +320,101 @@ async fn a_live_session_moves_to_the_direct_path_once_let_through_without_notici
     show("alice sees bob, let through", &alice_side);
     assert!(direct.get("relay_url").is_none(), "{direct}");
     assert!(direct["rtt_ms"].as_f64().is_some(), "{direct}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_loss_and_delay_on_one_link_every_call_of_a_sequential_run_is_answered() {
+    const CALLS: usize = 100;
+    let Some(net) = Net::up("netem") else {
+        return;
+    };
+    let (_relay, url) = net.relay().await;
+    let m = marker("net-netem");
+    let (_alice, bob) = paired(&net, &url, &m);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    echo(&mut s, "unshaped").await;
+
+    // alice's link: 100 ms on the way out, one packet in twenty lost. A kernel without netem
+    // gets the loss alone (nftables, each way), and says so.
+    let delayed = match net.netem("a", &["delay", "100ms", "loss", "5%"]) {
+        Ok(()) => true,
+        Err(why) => {
+            skip_loudly(
+                "netem's 100 ms delay",
+                &format!("no tc netem here ({why}); 5% loss each way by nftables instead"),
+            );
+            netns_ok(&["loss", &net.prefix, "a", "5"]);
+            false
+        }
+    };
+    let mut took = Vec::with_capacity(CALLS);
+    for i in 0..CALLS {
+        let started = Instant::now();
+        echo(&mut s, &format!("shaped {i}")).await;
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let at = |q: f64| took[((CALLS as f64 * q).ceil() as usize).clamp(1, CALLS) - 1];
+    println!(
+        "{CALLS} sequential calls, alice's link with {}5% loss: p50 {:?}, p99 {:?}, max {:?}",
+        if delayed { "100 ms delay and " } else { "" },
+        at(0.50),
+        at(0.99),
+        took[CALLS - 1]
+    );
+    if delayed {
+        assert!(
+            at(0.50) >= Duration::from_millis(100),
+            "the delay was applied"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_session_falls_back_to_the_relay_when_direct_traffic_is_dropped() {
+    let Some(net) = Net::up("fallback") else {
+        return;
+    };
+    let (_relay, url) = net.relay().await;
+    let m = marker("net-fallback");
+    let (_alice, bob) = paired(&net, &url, &m);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    let direct = path_becomes(&bob, "alice", "direct", UPGRADE_LIMIT)
+        .await
+        .expect("nothing blocks the direct path");
+    show("bob sees alice, open", &direct);
+    let children = procs_with(&m);
+
+    let dropped = Instant::now();
+    net.block();
+    // Calls go on being answered while the direct path dies and the relay takes over.
+    let (mut calls, mut slowest) = (0, Duration::ZERO);
+    let relayed = loop {
+        let started = Instant::now();
+        echo(&mut s, &format!("across {calls}")).await;
+        slowest = slowest.max(started.elapsed());
+        calls += 1;
+        let list = bob.json(&["peers"]);
+        let p = peer(&list, "alice");
+        if p["path"] == "relay" {
+            break p.clone();
+        }
+        assert!(
+            dropped.elapsed() < UPGRADE_LIMIT,
+            "still not on the relay {UPGRADE_LIMIT:?} after direct traffic was dropped: {p}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "on the relay {:?} after direct traffic was dropped; {calls} calls answered meanwhile, the slowest in {slowest:?}",
+        dropped.elapsed()
+    );
+    show("bob sees alice, direct dropped", &relayed);
+    assert_eq!(relayed["relay_url"], relay_url(&url), "{relayed}");
+    for i in 0..10 {
+        echo(&mut s, &format!("relayed {i}")).await;
+    }
+    assert_eq!(procs_with(&m), children);
 }
