@@ -22,8 +22,8 @@ const RELAY: &str = env!("CARGO_BIN_EXE_mcpmesh-test-relay");
 const INFRA_IP: &str = "10.77.0.1";
 const A_IP: &str = "10.77.0.2";
 const B_IP: &str = "10.77.0.3";
-/// How soon a live session must move to the direct path once it is let through.
-const UPGRADE_LIMIT: Duration = Duration::from_secs(10);
+/// How soon a live session must change path: to direct once let through, to the relay once not.
+const PATH_CHANGE_LIMIT: Duration = Duration::from_secs(10);
 
 fn netns_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns")
@@ -283,17 +283,19 @@ async fn a_live_session_moves_to_the_direct_path_once_let_through_without_notici
 
     // A call stays in flight across the whole window the move may take.
     let long = json!("in-flight");
-    let hold = UPGRADE_LIMIT + Duration::from_secs(2);
+    let hold = PATH_CHANGE_LIMIT + Duration::from_secs(2);
     s.start_long_call(long.clone(), hold.as_millis() as u64)
         .await;
     let lifted = Instant::now();
     net.unblock();
-    let direct = path_becomes(&bob, "alice", "direct", UPGRADE_LIMIT)
+    let direct = path_becomes(&bob, "alice", "direct", PATH_CHANGE_LIMIT)
         .await
-        .unwrap_or_else(|| panic!("still not direct {UPGRADE_LIMIT:?} after the rule was lifted"));
+        .unwrap_or_else(|| {
+            panic!("still not direct {PATH_CHANGE_LIMIT:?} after the rule was lifted")
+        });
     let took = lifted.elapsed();
     println!("direct {took:?} after the rule was lifted");
-    let alice_side = path_becomes(&alice, "bob", "direct", UPGRADE_LIMIT)
+    let alice_side = path_becomes(&alice, "bob", "direct", PATH_CHANGE_LIMIT)
         .await
         .expect("alice's side moves too");
 
@@ -381,7 +383,7 @@ async fn a_live_session_falls_back_to_the_relay_when_direct_traffic_is_dropped()
     let (_alice, bob) = paired(&net, &url, &m);
     let mut s = bob.connect("alice/notes");
     s.initialize().await;
-    let direct = path_becomes(&bob, "alice", "direct", UPGRADE_LIMIT)
+    let direct = path_becomes(&bob, "alice", "direct", PATH_CHANGE_LIMIT)
         .await
         .expect("nothing blocks the direct path");
     show("bob sees alice, open", &direct);
@@ -402,8 +404,8 @@ async fn a_live_session_falls_back_to_the_relay_when_direct_traffic_is_dropped()
             break p.clone();
         }
         assert!(
-            dropped.elapsed() < UPGRADE_LIMIT,
-            "still not on the relay {UPGRADE_LIMIT:?} after direct traffic was dropped: {p}"
+            dropped.elapsed() < PATH_CHANGE_LIMIT,
+            "still not on the relay {PATH_CHANGE_LIMIT:?} after direct traffic was dropped: {p}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
