@@ -72,6 +72,9 @@ async fn serve_invite_pair_connect_reaches_the_child_as_the_redeemer() {
     assert_eq!(peers["peers"][0]["mounts"], json!(["notes"]));
     assert_eq!(peers["peers"][0]["reachable"], true);
     assert!(peers["peers"][0]["rtt_ms"].as_f64().is_some());
+    // Without relays there is only the direct path.
+    assert_eq!(peers["peers"][0]["path"], "direct");
+    assert!(peers["peers"][0].get("relay_url").is_none());
 }
 
 #[test]

@@ -105,10 +105,11 @@ pub fn render_peers(v: &Value) -> String {
     // line up as they always have.
     let with_users = peers.iter().any(|p| p["user"].is_string());
     let header = format!(
-        "{:<16} {:<14} {:<14} {:<20} {:<20}{}",
+        "{:<16} {:<14} {:<14} {:<7} {:<20} {:<20}{}",
         "peer",
         "id",
         "reachable",
+        "path",
         "they may use",
         "you may use",
         if with_users { " user" } else { "" }
@@ -120,7 +121,7 @@ pub fn render_peers(v: &Value) -> String {
             None => "no".to_owned(),
         };
         let row = format!(
-            "{:<16} {:<14} {:<14} {:<20} {:<20}{}",
+            "{:<16} {:<14} {:<14} {:<7} {:<20} {:<20}{}",
             p["name"].as_str().unwrap_or_default(),
             format!(
                 "{}…",
@@ -131,12 +132,21 @@ pub fn render_peers(v: &Value) -> String {
                     .unwrap_or_default()
             ),
             reach,
+            p["path"].as_str().unwrap_or("-"),
             list(p, "services"),
             list(p, "mounts"),
             user_cell(p),
         );
         s.push_str(row.trim_end());
         s.push('\n');
+    }
+    for p in &peers {
+        if let Some(url) = p["relay_url"].as_str() {
+            s.push_str(&format!(
+                "{} is reached through the relay {url}\n",
+                p["name"].as_str().unwrap_or_default()
+            ));
+        }
     }
     s.push_str(&restricted_tools(&peers, None));
     s.trim_end().to_owned()
@@ -345,6 +355,27 @@ mod tests {
         assert!(lines[2].ends_with("-"), "{table}");
         let plain = render_peers(&json!({ "peers": [{ "name": "carol", "id": "cd" }] }));
         assert!(plain.lines().all(|l| l == l.trim_end()), "{plain:?}");
+    }
+
+    #[test]
+    fn peers_show_their_path_and_the_relay_a_relayed_one_goes_through() {
+        let v = json!({ "peers": [
+            { "name": "bob", "id": "ab", "rtt_ms": 1.2, "path": "relay", "relay_url": "http://10.77.0.1:3340/" },
+            { "name": "carol", "id": "cd", "rtt_ms": 0.3, "path": "direct" },
+            { "name": "dave", "id": "ef" }
+        ]});
+        let table = render_peers(&v);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].contains(" path "), "{table}");
+        let cell = |row: usize, n: usize| lines[row].split_whitespace().nth(n);
+        assert_eq!(cell(1, 5), Some("relay"), "{table}");
+        assert_eq!(cell(2, 5), Some("direct"), "{table}");
+        assert_eq!(cell(3, 3), Some("-"), "{table}");
+        assert_eq!(
+            lines[4], "bob is reached through the relay http://10.77.0.1:3340/",
+            "{table}"
+        );
+        assert_eq!(lines.len(), 5, "{table}");
     }
 
     #[test]

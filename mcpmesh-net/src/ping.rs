@@ -9,6 +9,7 @@ use iroh::protocol::{AcceptError, ProtocolHandler};
 use iroh::{Endpoint, EndpointId};
 
 use crate::gate::{CLOSE_UNKNOWN_PEER, TrustGate};
+use crate::path::Route;
 
 pub const ALPN_PING: &[u8] = b"mcpmesh/ping/1";
 
@@ -46,10 +47,10 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for PingProtocol<G> {
 }
 
 /// What one ping found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PingOutcome {
-    /// Answered, with the round trip (after the handshake).
-    Reachable(Duration),
+    /// Answered: the round trip (after the handshake), and the path the answer came on.
+    Reachable { rtt: Duration, route: Option<Route> },
     /// Reached, but the peer does not trust this node.
     Refused,
     /// No answer in time.
@@ -59,7 +60,7 @@ pub enum PingOutcome {
 /// One ping: the round trip on a fresh connection, after its handshake.
 pub async fn ping(endpoint: &Endpoint, peer: EndpointId, limit: Duration) -> Option<Duration> {
     match ping_outcome(endpoint, peer, limit).await {
-        PingOutcome::Reachable(rtt) => Some(rtt),
+        PingOutcome::Reachable { rtt, .. } => Some(rtt),
         _ => None,
     }
 }
@@ -77,7 +78,10 @@ pub async fn ping_outcome(endpoint: &Endpoint, peer: EndpointId, limit: Duration
             (echo == PAYLOAD).then(|| started.elapsed())
         };
         let outcome = match exchange.await {
-            Some(rtt) => PingOutcome::Reachable(rtt),
+            Some(rtt) => PingOutcome::Reachable {
+                rtt,
+                route: crate::path::selected(&conn).map(|p| p.route),
+            },
             None if crate::session::close_reason_code(conn.close_reason().as_ref())
                 == crate::errors::ErrorCode::UnknownService =>
             {

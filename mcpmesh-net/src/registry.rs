@@ -1,10 +1,13 @@
-//! Live connections per peer, so a trust change can sever them at once.
+//! Live connections per peer, so a trust change can sever them at once, and the node can say
+//! which path each peer is on.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use iroh::EndpointId;
 use iroh::endpoint::{Connection, VarInt};
+
+use crate::path::PathInfo;
 
 /// Every open connection, inbound and outbound, by remote peer.
 #[derive(Debug, Default)]
@@ -49,6 +52,18 @@ impl ConnectionRegistry {
         let mut map = self.lock();
         prune(&mut map);
         map.keys().copied().collect()
+    }
+
+    /// The path of the newest open connection with `peer`, if any.
+    pub fn path(&self, peer: &EndpointId) -> Option<PathInfo> {
+        let newest = self.lock().get(peer).and_then(|conns| {
+            conns
+                .iter()
+                .rev()
+                .find(|c| c.close_reason().is_none())
+                .cloned()
+        })?;
+        crate::path::selected(&newest)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, Vec<Connection>>> {

@@ -37,6 +37,30 @@ impl TestNode {
         let dir = tempfile::Builder::new().prefix("mm-").tempdir().unwrap();
         let config = format!("[identity]\nnickname = \"{name}\"\n\n{HERMETIC}\n{extra}");
         std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        Self::identified(dir, name, envs)
+    }
+
+    /// A node whose daemon lives in the network namespace `netns` (started there with `up`;
+    /// its control socket is reached by path as usual), with `network` as its whole
+    /// `[network]` section.
+    pub fn start_in_netns(name: &str, netns: &str, network: &str) -> Self {
+        let dir = tempfile::Builder::new().prefix("mm-").tempdir().unwrap();
+        let config = format!("[identity]\nnickname = \"{name}\"\n\n{network}");
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        let up = Command::new("ip")
+            .args(["netns", "exec", netns, MCPMESH, "--home"])
+            .arg(dir.path())
+            .args(["--json", "up"])
+            .env_remove("MCPMESH_HOME")
+            .output()
+            .unwrap();
+        parse_ok(&up);
+        Self::identified(dir, name, &[])
+    }
+
+    /// The node of the profile in `dir`, its id and addresses asked of its daemon (which this
+    /// starts when it is not running yet).
+    fn identified(dir: tempfile::TempDir, name: &str, envs: &[(&str, &str)]) -> Self {
         let mut node = TestNode {
             dir,
             name: name.to_owned(),

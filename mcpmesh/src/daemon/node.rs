@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use iroh::{Endpoint, EndpointId};
 use mcpmesh_net::TrustGate;
-use mcpmesh_net::endpoint;
+use mcpmesh_net::endpoint::{self, RelayPolicy};
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
 use mcpmesh_net::registry::ConnectionRegistry;
@@ -32,6 +32,9 @@ use crate::store::{Store, StoredPeer};
 
 use super::DRAIN_TIMEOUT;
 use super::reach::Reachability;
+
+/// How long a verb that hands out this node's address waits for its home relay.
+const HOME_RELAY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The running node.
 #[derive(Debug)]
@@ -252,6 +255,16 @@ impl Node {
             .collect()
     }
 
+    /// Waits, briefly, until this node is connected to its home relay, when it uses relays:
+    /// an invite or a roster seat minted in the first moments after start would otherwise
+    /// carry no relay, and a peer that cannot reach this node directly could not use it.
+    async fn home_relay_settled(&self) {
+        if self.settings().network.relay == RelayPolicy::Disabled || self.home_relay().is_some() {
+            return;
+        }
+        let _ = tokio::time::timeout(HOME_RELAY_WAIT, self.endpoint.online()).await;
+    }
+
     /// The relay this node can be reached through, when it has one (never waited for).
     pub(super) fn home_relay(&self) -> Option<String> {
         self.endpoint
@@ -417,7 +430,7 @@ impl Node {
         let opened = self.dialer.open(peer.id, &open.service).await;
         match &opened {
             Ok(_) => {
-                self.reach.record(peer.id, true, None);
+                self.reach.record(peer.id, true);
                 self.reach.poke();
                 // Two members that just connected compare rosters.
                 if fresh && peer.user.is_some() {
@@ -425,7 +438,7 @@ impl Node {
                 }
             }
             Err(DialError::Refused) => {}
-            Err(_) => self.reach.record(peer.id, false, None),
+            Err(_) => self.reach.record(peer.id, false),
         }
         opened.map_err(|e| ControlError::new(e.error_code().code(), format!("{}: {e}", open.peer)))
     }
@@ -517,13 +530,22 @@ impl ControlHandler for Node {
             methods::PEERS_REMOVE => self.peers_remove(params)?,
             methods::GRANT => self.grant(params)?,
             methods::REVOKE => self.revoke(params)?,
-            methods::INVITE => self.invite(params)?,
+            methods::INVITE => {
+                self.home_relay_settled().await;
+                self.invite(params)?
+            }
             methods::PAIR => self.pair(params).await?,
             methods::SERVICES_SERVE => self.serve(params)?,
             methods::SERVICES_UNSERVE => self.unserve(params)?,
             methods::STATUS => self.status().await,
-            methods::ORG_CREATE => self.org_create(params)?,
-            methods::ORG_INVITE => self.org_invite(params)?,
+            methods::ORG_CREATE => {
+                self.home_relay_settled().await;
+                self.org_create(params)?
+            }
+            methods::ORG_INVITE => {
+                self.home_relay_settled().await;
+                self.org_invite(params)?
+            }
             methods::ORG_JOIN => self.org_join(params).await?,
             methods::ORG_MEMBERS => self.org_members()?,
             methods::ORG_REMOVE => self.org_remove(params)?,

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use iroh::{Endpoint, EndpointId};
+use mcpmesh_net::path::Route;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -29,13 +30,15 @@ const FIRST_CHECK_WAIT: Duration = Duration::from_millis(500);
 const TICK: Duration = Duration::from_secs(1);
 
 /// The last thing known about one peer's reachability.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Seen {
     pub(super) reachable: bool,
     /// It answered, if only to refuse this node (a pairing not yet complete on its side).
     answered: bool,
     /// The round trip of the last ping that answered.
     pub(super) rtt: Option<Duration>,
+    /// The path that ping's answer came on.
+    pub(super) route: Option<Route>,
     /// Unix ms of the check.
     pub(super) checked_at_ms: u64,
     at: Instant,
@@ -75,26 +78,30 @@ impl Default for Reachability {
 
 impl Reachability {
     pub(super) fn get(&self, peer: &EndpointId) -> Option<Seen> {
-        self.lock().get(peer).copied()
+        self.lock().get(peer).cloned()
     }
 
-    /// Records what a ping or a dial found. A dial that worked keeps the last ping's RTT.
-    pub(super) fn record(&self, peer: EndpointId, reachable: bool, rtt: Option<Duration>) {
-        self.record_answer(peer, reachable, reachable, rtt);
+    /// Records what a dial found. A dial that worked keeps the last ping's RTT and route.
+    pub(super) fn record(&self, peer: EndpointId, reachable: bool) {
+        self.record_answer(peer, reachable, reachable, None);
     }
 
+    /// Records what a ping found: `measured` is its round trip and route when it answered.
     fn record_answer(
         &self,
         peer: EndpointId,
         reachable: bool,
         answered: bool,
-        rtt: Option<Duration>,
+        measured: Option<(Duration, Option<Route>)>,
     ) {
         let mut seen = self.lock();
-        let rtt = match (reachable, rtt) {
-            (true, None) => seen.get(&peer).and_then(|s| s.rtt),
-            (true, rtt) => rtt,
-            (false, _) => None,
+        let (rtt, route) = match (reachable, measured) {
+            (true, None) => seen
+                .get(&peer)
+                .map(|s| (s.rtt, s.route.clone()))
+                .unwrap_or_default(),
+            (true, Some((rtt, route))) => (Some(rtt), route),
+            (false, _) => (None, None),
         };
         seen.insert(
             peer,
@@ -102,6 +109,7 @@ impl Reachability {
                 reachable,
                 answered,
                 rtt,
+                route,
                 checked_at_ms: crate::time::unix_ms(),
                 at: Instant::now(),
             },
@@ -189,9 +197,11 @@ impl Reachability {
             while let Some(done) = pings.join_next().await {
                 if let Ok((id, outcome)) = done {
                     match outcome {
-                        PingOutcome::Reachable(rtt) => self.record(id, true, Some(rtt)),
+                        PingOutcome::Reachable { rtt, route } => {
+                            self.record_answer(id, true, true, Some((rtt, route)))
+                        }
                         PingOutcome::Refused => self.record_answer(id, false, true, None),
-                        PingOutcome::Unreachable => self.record(id, false, None),
+                        PingOutcome::Unreachable => self.record(id, false),
                     }
                 }
             }

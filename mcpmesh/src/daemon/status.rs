@@ -1,5 +1,6 @@
-//! What the node can say about itself: its peers (with reachability and round-trip time),
-//! what it serves and to whom, live sessions, recent pairings, the org it is in.
+//! What the node can say about itself: its peers (with reachability, round-trip time and the
+//! path their traffic takes, direct or through a relay), what it serves and to whom, live
+//! sessions, recent pairings, the org it is in.
 
 use crate::peers::Source;
 use serde_json::{Value, json};
@@ -45,16 +46,29 @@ impl Node {
                     },
                     "pending": record.is_some_and(|r| r.pending),
                     "connected": connected.contains(&p.id),
-                    "reachable": seen.is_some_and(|s| s.reachable),
+                    "reachable": seen.as_ref().is_some_and(|s| s.reachable),
                 });
                 if let Some(user) = &p.user {
                     v["user"] = json!(user);
                     v["groups"] = json!(p.groups);
                 }
-                if let Some(seen) = seen {
+                if let Some(seen) = &seen {
                     v["checked_at"] = json!(seen.checked_at_ms / 1000);
-                    if let Some(rtt) = seen.rtt.filter(|_| seen.reachable) {
+                }
+                if let Some(seen) = seen.as_ref().filter(|s| s.reachable) {
+                    // A live connection's path is the one sessions use now (with QUIC's
+                    // estimate of its round trip); without one, the last ping's.
+                    let live = self.registry.path(&p.id);
+                    let rtt = live.as_ref().map(|l| l.rtt).or(seen.rtt);
+                    let route = live.map(|l| l.route).or_else(|| seen.route.clone());
+                    if let Some(rtt) = rtt {
                         v["rtt_ms"] = json!((rtt.as_secs_f64() * 1e4).round() / 10.0);
+                    }
+                    if let Some(route) = route {
+                        v["path"] = json!(route.as_str());
+                        if let Some(url) = route.relay_url() {
+                            v["relay_url"] = json!(url.to_string());
+                        }
                     }
                 }
                 v

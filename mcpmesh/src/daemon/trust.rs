@@ -551,7 +551,7 @@ impl Node {
                 continue;
             };
             match ping_outcome(&self.endpoint, id, pairing::EXCHANGE_TIMEOUT).await {
-                PingOutcome::Reachable(_) => {
+                PingOutcome::Reachable { .. } => {
                     peer.pending = false;
                     if self.store.put_peer(&peer, None).is_ok() {
                         tracing::info!(peer = %peer.name, "pairing confirmed");

@@ -51,7 +51,7 @@ impl Node {
         self.dialer
             .add_address_hint(hint(admin, &pending.addrs, pending.relay.as_deref()));
         match ping_outcome(&self.endpoint, admin, EXCHANGE_TIMEOUT).await {
-            PingOutcome::Reachable(_) => {
+            PingOutcome::Reachable { .. } => {
                 self.sync_with(admin).await;
             }
             PingOutcome::Refused => {
