@@ -746,6 +746,31 @@ async fn a_call_made_before_any_list_waits_for_the_first_listing_instead_of_fail
     assert_eq!(opened_by_bob(&records, "stub"), 1, "{records:?}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_whose_params_are_not_an_object_is_refused_and_the_hub_goes_on() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-params"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    for (id, method, params) in [
+        (901, "tools/call", json!(["alice__stub__echo"])),
+        (902, "prompts/get", json!("alice__stub__echo")),
+        (903, "completion/complete", json!({ "ref": "ref/prompt" })),
+        (904, "resources/read", json!(7)),
+    ] {
+        hub.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))
+            .await;
+        let (answer, _) = until_answer(&mut hub, &json!(id)).await;
+        assert_eq!(answer["error"]["code"], -32602, "{method}: {answer}");
+    }
+    let echo = hub
+        .call("alice__stub__echo", json!({ "text": "still" }))
+        .await;
+    assert_eq!(echo["result"]["content"][0]["text"], "still", "{echo}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
 /// Reads the hub's frames until the answer to `id`; returns it and every frame before it.
 async fn until_answer(hub: &mut McpSession, id: &Value) -> (Value, Vec<Value>) {
     let mut before = Vec::new();
