@@ -1,6 +1,7 @@
 //! Real networks, with iroh's own relay server: two nodes in network namespaces of their own
 //! (`scripts/netns`), the relay in a third, direct traffic between the nodes dropped or let
-//! through by a firewall rule. Nothing leaves the namespaces the test builds.
+//! through by a firewall rule. Nothing leaves the namespaces the test builds. Faults too: loss on
+//! a link, a ten-second outage with a call in flight, the relay killed and started again.
 //!
 //! Needs root (to build namespaces) and `nft` (scripts/net-deps). Where namespaces cannot be
 //! built, every test here says so loudly on stderr and passes without running.
@@ -24,6 +25,11 @@ const A_IP: &str = "10.77.0.2";
 const B_IP: &str = "10.77.0.3";
 /// How soon a live session must change path: to direct once let through, to the relay once not.
 const PATH_CHANGE_LIMIT: Duration = Duration::from_secs(10);
+/// The node's dial timeout (`[limits] dial_timeout_secs`, default): how soon a caller must hear
+/// that its peer is gone.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an outage lasts.
+const OUTAGE: Duration = Duration::from_secs(10);
 
 fn netns_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns")
@@ -98,18 +104,7 @@ impl Net {
 
     /// Packets the block rule has dropped so far.
     fn dropped(&self) -> u64 {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns("a")])
-            .args(["nft", "list", "table", "inet", "mcpmesh_block"])
-            .output()
-            .unwrap();
-        let rules = String::from_utf8_lossy(&out.stdout);
-        let words: Vec<&str> = rules.split_whitespace().collect();
-        words
-            .windows(2)
-            .filter(|w| w[0] == "packets")
-            .filter_map(|w| w[1].parse::<u64>().ok())
-            .sum()
+        dropped_in(&self.ns("a"), "mcpmesh_block")
     }
 
     /// Shapes `side`'s link with `tc netem ARGS…`; the error when this machine cannot.
@@ -123,13 +118,19 @@ impl Net {
         }
     }
 
+    /// Starts an outage on `side`'s link: every packet dropped, both ways.
+    fn cut(&self, side: &str) {
+        netns_ok(&["cut", &self.prefix, side]);
+    }
+
     /// iroh's relay server in the infra namespace; returns it with its URL as it printed it.
     async fn relay(&self) -> (Started, String) {
-        let mut cmd = tokio::process::Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns("infra"), RELAY])
-            .arg(format!("{INFRA_IP}:0"));
-        let (relay, line) = Started::until(&mut cmd, "http://").await;
-        (relay, line.trim().to_owned())
+        self.relay_on(&format!("{INFRA_IP}:0")).await
+    }
+
+    /// [`Net::relay`] on `addr` (`IP:PORT`).
+    async fn relay_on(&self, addr: &str) -> (Started, String) {
+        relay_in(&self.ns("infra"), addr).await
     }
 
     /// A node in namespace `side` that uses only `relay`, bound to its namespace's address.
@@ -146,6 +147,30 @@ impl Drop for Net {
     fn drop(&mut self) {
         let _ = run_netns(&["down", &self.prefix]);
     }
+}
+
+/// iroh's relay server in namespace `ns` on `addr`; returns it with its URL as it printed it.
+async fn relay_in(ns: &str, addr: &str) -> (Started, String) {
+    let mut cmd = tokio::process::Command::new("ip");
+    cmd.args(["netns", "exec", ns, RELAY]).arg(addr);
+    let (relay, line) = Started::until(&mut cmd, "http://").await;
+    (relay, line.trim().to_owned())
+}
+
+/// Packets the rules of nftables table `table` in namespace `ns` have dropped so far.
+fn dropped_in(ns: &str, table: &str) -> u64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(["nft", "list", "table", "inet", table])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = rules.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "packets")
+        .filter_map(|w| w[1].parse::<u64>().ok())
+        .sum()
 }
 
 /// `url` as iroh spells a relay URL (with its path).
@@ -338,13 +363,18 @@ async fn with_loss_and_delay_on_one_link_every_call_of_a_sequential_run_is_answe
     echo(&mut s, "unshaped").await;
 
     // alice's link: 100 ms on the way out, one packet in twenty lost. A kernel without netem
-    // gets the loss alone (nftables, each way), and says so.
+    // gets the loss alone (nftables, each way), and says so: nothing else in the kernel delays
+    // every packet by a fixed time (a rate limiter such as tbf delays only what queues), so the
+    // delay is not imitated.
     let delayed = match net.netem("a", &["delay", "100ms", "loss", "5%"]) {
         Ok(()) => true,
         Err(why) => {
             skip_loudly(
                 "netem's 100 ms delay",
-                &format!("no tc netem here ({why}); 5% loss each way by nftables instead"),
+                &format!(
+                    "no tc netem here ({why}); the delay cannot be applied on this kernel, \
+                     so the run has 5% loss each way (nftables) and no delay"
+                ),
             );
             netns_ok(&["loss", &net.prefix, "a", "5"]);
             false
@@ -419,4 +449,260 @@ async fn a_live_session_falls_back_to_the_relay_when_direct_traffic_is_dropped()
         echo(&mut s, &format!("relayed {i}")).await;
     }
     assert_eq!(procs_with(&m), children);
+}
+
+/// The message answering `id` (progress and anything else skipped), or `None` at EOF.
+async fn answer_to(s: &mut McpSession, id: &Value) -> Option<Value> {
+    loop {
+        let msg = s.recv().await?;
+        if msg["id"] == *id {
+            return Some(msg);
+        }
+    }
+}
+
+/// Whether `answer` is the mesh's own error for a peer or session lost.
+fn is_lost(answer: &Value) -> bool {
+    answer["error"]["code"] == -32055 && answer["error"]["data"]["source"] == "mcpmesh"
+}
+
+/// The session ends (EOF, the `connect` process exits) and alice's server child with it.
+async fn ends_without_a_child_left(s: &mut McpSession, marker: &str) {
+    s.wait_eof().await;
+    let exited = tokio::time::timeout(ANSWER_TIMEOUT, s.child.wait()).await;
+    assert!(
+        matches!(exited, Ok(Ok(_))),
+        "connect still running: {exited:?}"
+    );
+    assert!(
+        eventually(DIAL_TIMEOUT, || procs_with(marker).is_empty()).await,
+        "server children left after the session ended: {:?}",
+        procs_with(marker)
+    );
+}
+
+/// How soon after a fault is over a new session must open: iroh's relay clients come back on
+/// an exponential backoff (up to 16 s between tries), so a node may need that long to be
+/// reachable through its relay again.
+const BACK_LIMIT: Duration = Duration::from_secs(30);
+
+/// A new session from bob to alice, initialized and answering, on `path`. Until it opens, each
+/// attempt must fail with the band's -32055 (never hang); returns how long it took.
+async fn a_new_session_works(bob: &TestNode, path: &str) -> Duration {
+    let started = Instant::now();
+    let mut failed = 0;
+    let mut s = loop {
+        let mut s = bob.connect("alice/notes");
+        let init = s.initialize().await;
+        if init.get("result").is_some() {
+            break s;
+        }
+        assert!(
+            is_lost(&init),
+            "a new session neither opened nor failed with -32055: {init}"
+        );
+        failed += 1;
+        assert!(
+            started.elapsed() < BACK_LIMIT,
+            "no new session {BACK_LIMIT:?} after the fault: {init}"
+        );
+        // Nothing announces that the peer is reachable again: try again shortly.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    echo(&mut s, "a new session").await;
+    let took = started.elapsed();
+    let p = path_becomes(bob, "alice", path, Duration::ZERO)
+        .await
+        .unwrap_or_else(|| panic!("the new session is not {path}"));
+    show("bob sees alice on the new session", &p);
+    println!("{failed} attempts failed with -32055 before it opened");
+    took
+}
+
+/// bob has a call in flight to alice when every packet on alice's link is dropped for
+/// [`OUTAGE`]. The call must be answered after the outage, or fail with the band's -32055
+/// within the dial timeout of the cut; either way nothing hangs, no server child outlives its
+/// session, and a new session works once the link is back.
+async fn outage_mid_call(test: &str, relayed: bool) {
+    let Some(net) = Net::up(test) else {
+        return;
+    };
+    if relayed {
+        net.block();
+    }
+    let path = if relayed { "relay" } else { "direct" };
+    let (_relay, url) = net.relay().await;
+    let m = marker(&format!("net-{test}"));
+    let (_alice, bob) = paired(&net, &url, &m);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    echo(&mut s, "before the outage").await;
+    let before = path_becomes(&bob, "alice", path, PATH_CHANGE_LIMIT)
+        .await
+        .unwrap_or_else(|| panic!("the session is not {path}"));
+    show("bob sees alice before the outage", &before);
+    assert_eq!(procs_with(&m).len(), 1, "{:?}", procs_with(&m));
+
+    // Answered by the server 15 s after it was made: after the outage is over.
+    let id = json!("across-the-outage");
+    s.start_long_call(id.clone(), 15_000).await;
+    let cut = Instant::now();
+    net.cut("a");
+    let (prefix, ns) = (net.prefix.clone(), net.ns("a"));
+    let restore = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(OUTAGE);
+        let dropped = dropped_in(&ns, "mcpmesh_cut");
+        netns_ok(&["restore", &prefix, "a"]);
+        (Instant::now(), dropped)
+    });
+
+    let answer = answer_to(&mut s, &id)
+        .await
+        .expect("an answer to the call in flight before EOF");
+    let answered = cut.elapsed();
+    if is_lost(&answer) {
+        println!(
+            "{path} outage: the call in flight failed with -32055 {answered:?} after the cut ({})",
+            answer["error"]["message"]
+        );
+        assert!(
+            answered <= DIAL_TIMEOUT,
+            "the error came {answered:?} after the cut, later than the dial timeout"
+        );
+    } else {
+        assert!(
+            answer.get("result").is_some(),
+            "neither a result nor the band's -32055: {answer}"
+        );
+        println!("{path} outage: the call in flight completed {answered:?} after the cut");
+        assert!(
+            answered >= OUTAGE,
+            "answered during the outage: {answered:?}"
+        );
+        assert!(
+            answered <= OUTAGE + DIAL_TIMEOUT,
+            "the answer came {answered:?} after the cut"
+        );
+        echo(&mut s, "after the outage").await;
+        s.close_stdin();
+    }
+    ends_without_a_child_left(&mut s, &m).await;
+    println!(
+        "{path} outage: session over, no server child left, {:?} after the cut",
+        cut.elapsed()
+    );
+
+    let (restored, dropped) = restore.await.expect("the outage ends");
+    println!("{path} outage: {dropped} packets dropped on alice's link");
+    assert!(dropped > 0, "the outage dropped nothing");
+    let took = a_new_session_works(&bob, path).await;
+    println!(
+        "{path} outage: a new session answered in {took:?}, {:?} after the link came back",
+        restored.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_in_flight_across_a_ten_second_outage_is_answered_or_fails_clearly_in_time() {
+    outage_mid_call("outage_direct", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_call_in_flight_across_a_ten_second_outage_is_answered_or_fails_clearly() {
+    outage_mid_call("outage_relayed", true).await;
+}
+
+/// bob has a call in flight to alice over the relay (direct traffic dropped) when the relay is
+/// killed and started again on its address `down` later. The call must be answered, or fail
+/// with the band's -32055 within the dial timeout of the kill; nothing hangs, no server child
+/// outlives its session, and a new session works through the new relay.
+async fn relay_restart(test: &str, down: Duration) {
+    let Some(net) = Net::up(test) else {
+        return;
+    };
+    net.block();
+    let (mut relay, url) = net.relay().await;
+    let m = marker(&format!("net-{test}"));
+    let (_alice, bob) = paired(&net, &url, &m);
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    for i in 0..5 {
+        echo(&mut s, &format!("before {i}")).await;
+    }
+    let before = path_becomes(&bob, "alice", "relay", Duration::ZERO)
+        .await
+        .expect("the session is on the relay");
+    show("bob sees alice before the restart", &before);
+
+    // Answered by the server once the relay has been back for a while.
+    let call = down + Duration::from_secs(5);
+    let id = json!("across-the-restart");
+    s.start_long_call(id.clone(), call.as_millis() as u64).await;
+    let killed = Instant::now();
+    relay.child.start_kill().expect("the relay is killed");
+    relay.child.wait().await.expect("the relay exits");
+    let (infra, addr) = (
+        net.ns("infra"),
+        url.trim_start_matches("http://").to_owned(),
+    );
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(down).await;
+        let (relay, url) = relay_in(&infra, &addr).await;
+        (relay, url, Instant::now())
+    });
+
+    let answer = answer_to(&mut s, &id)
+        .await
+        .expect("an answer to the call in flight before EOF");
+    let answered = killed.elapsed();
+    let (_relay, again, up) = back.await.expect("the relay starts again");
+    assert_eq!(again, url, "the relay is back on its address");
+    println!("relay killed, back {:?} later", up - killed);
+    if is_lost(&answer) {
+        println!(
+            "relay down {down:?}: the call in flight failed with -32055 {answered:?} after the kill ({})",
+            answer["error"]["message"]
+        );
+        assert!(
+            answered <= DIAL_TIMEOUT,
+            "the error came {answered:?} after the kill, later than the dial timeout"
+        );
+    } else {
+        assert!(
+            answer.get("result").is_some(),
+            "neither a result nor the band's -32055: {answer}"
+        );
+        assert!(
+            answered <= call + DIAL_TIMEOUT,
+            "the answer came {answered:?} after the kill"
+        );
+        for i in 0..10 {
+            echo(&mut s, &format!("after {i}")).await;
+        }
+        let after = path_becomes(&bob, "alice", "relay", Duration::ZERO)
+            .await
+            .expect("the session is still on the relay");
+        show("bob sees alice after the restart", &after);
+        println!(
+            "relay down {down:?}: the session recovered; the call in flight completed {answered:?} after the kill, later calls answered"
+        );
+        s.close_stdin();
+    }
+    ends_without_a_child_left(&mut s, &m).await;
+
+    let took = a_new_session_works(&bob, "relay").await;
+    println!(
+        "relay down {down:?}: a new session answered in {took:?}, {:?} after the kill",
+        killed.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_session_outlives_a_relay_restart_or_fails_clearly_and_a_new_one_works() {
+    relay_restart("relay_restart", Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_down_longer_than_the_dial_timeout_ends_or_keeps_a_relayed_session_clearly() {
+    relay_restart("relay_down", DIAL_TIMEOUT + Duration::from_secs(2)).await;
 }
