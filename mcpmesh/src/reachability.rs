@@ -110,3 +110,61 @@ async fn dns_query(origin: String, nameserver: Option<SocketAddr>) -> Result<Str
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcpmesh_net::endpoint::Discovery;
+
+    fn network(relay: RelayPolicy, discovery: Discovery) -> NetworkConfig {
+        NetworkConfig {
+            relay,
+            bind: Vec::new(),
+            discovery,
+        }
+    }
+
+    #[tokio::test]
+    async fn hermetic_and_public_setups_have_nothing_to_ask() {
+        let teams = Discovery {
+            pkarr_relay: Some("http://127.0.0.1:9/pkarr".parse().unwrap()),
+            dns_origin: Some("dns.example.org".into()),
+            dns_nameserver: Some("127.0.0.1:9".parse().unwrap()),
+        };
+        assert!(
+            check(&network(RelayPolicy::Disabled, teams))
+                .await
+                .is_empty()
+        );
+        let public = network(RelayPolicy::Default, Discovery::default());
+        assert!(check(&public).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_gone_is_reported_with_the_error_and_one_that_answers_is_not() {
+        let listening = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone_at = gone.local_addr().unwrap();
+        drop(gone);
+        let here = listening.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok((mut s, _)) = listening.accept().await {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let relays = [here, gone_at].map(|a| format!("http://{a}").parse().unwrap());
+        let checks = check(&network(
+            RelayPolicy::Custom(relays.to_vec()),
+            Discovery::default(),
+        ))
+        .await;
+        assert_eq!(checks.len(), 2, "{checks:?}");
+        assert_eq!(checks[0].server, format!("relay http://{here}/"));
+        assert_eq!(checks[0].outcome, Ok("answers (HTTP 200)".into()));
+        let why = checks[1].outcome.clone().unwrap_err();
+        assert!(why.contains("refused"), "{why}");
+    }
+}
