@@ -209,7 +209,8 @@ fn doctor_accepts_the_example_node_config() {
     let mut cmd = Command::new(MCPMESH);
     cmd.arg("--home")
         .arg(home.path())
-        .args(["doctor", "--json"]);
+        // Offline: the example names relay.example.org, which must not be looked up.
+        .args(["doctor", "--offline", "--json"]);
     let out = run_bounded(cmd);
     assert!(out.status.success(), "{}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

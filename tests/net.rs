@@ -19,10 +19,17 @@ use mcpmesh::pairing::Invite;
 use serde_json::{Value, json};
 
 const RELAY: &str = env!("CARGO_BIN_EXE_mcpmesh-test-relay");
+const DNS: &str = env!("CARGO_BIN_EXE_mcpmesh-test-dns");
 /// Where scripts/netns puts the relay and the two nodes.
 const INFRA_IP: &str = "10.77.0.1";
 const A_IP: &str = "10.77.0.2";
 const B_IP: &str = "10.77.0.3";
+/// Where `scripts/netns move` puts a.
+const A_MOVED_IP: &str = "10.77.0.12";
+/// The zone mcpmesh-test-dns serves.
+const DNS_ORIGIN: &str = "mcpmesh.test";
+/// How soon a node that moved must be reached again through discovery.
+const REDISCOVERY_LIMIT: Duration = Duration::from_secs(60);
 /// How soon a live session must change path: to direct once let through, to the relay once not.
 const PATH_CHANGE_LIMIT: Duration = Duration::from_secs(10);
 /// The node's dial timeout (`[limits] dial_timeout_secs`, default): how soon a caller must hear
@@ -107,6 +114,11 @@ impl Net {
         dropped_in(&self.ns("a"), "mcpmesh_block")
     }
 
+    /// Packets the rules of nftables table `table` in a's namespace have counted so far.
+    fn dropped_by(&self, table: &str) -> u64 {
+        dropped_in(&self.ns("a"), table)
+    }
+
     /// Shapes `side`'s link with `tc netem ARGS…`; the error when this machine cannot.
     fn netem(&self, side: &str, args: &[&str]) -> Result<(), String> {
         let mut all = vec!["netem", &self.prefix, side];
@@ -131,6 +143,34 @@ impl Net {
     /// [`Net::relay`] on `addr` (`IP:PORT`).
     async fn relay_on(&self, addr: &str) -> (Started, String) {
         relay_in(&self.ns("infra"), addr).await
+    }
+
+    /// iroh's DNS server in the infra namespace (pkarr over HTTP, the zone `mcpmesh.test` over
+    /// UDP DNS), its packets kept under `dir`; returns it with its pkarr URL and DNS address.
+    async fn dns_server(&self, dir: &std::path::Path) -> (Started, String, String) {
+        let mut cmd = tokio::process::Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns("infra"), DNS, INFRA_IP])
+            .arg(dir);
+        let (server, line) = Started::until(&mut cmd, "pkarr=").await;
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+                .to_owned()
+        };
+        let (pkarr, dns) = (field("pkarr="), field("dns="));
+        (server, pkarr, dns)
+    }
+
+    /// Runs `mcpmesh ARGS…` for `node` inside namespace `side` (where its daemon lives).
+    fn cli_in(&self, side: &str, node: &TestNode, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns(side), MCPMESH, "--home"])
+            .arg(node.home())
+            .args(args)
+            .env_remove("MCPMESH_HOME")
+            .output()
+            .unwrap()
     }
 
     /// A node in namespace `side` that uses only `relay`, bound to its namespace's address.
@@ -705,4 +745,146 @@ async fn a_relayed_session_outlives_a_relay_restart_or_fails_clearly_and_a_new_o
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_down_longer_than_the_dial_timeout_ends_or_keeps_a_relayed_session_clearly() {
     relay_restart("relay_down", DIAL_TIMEOUT + Duration::from_secs(2)).await;
+}
+
+/// `doctor --json`'s reachability lines, as (status, message), of `node` run inside `side`.
+fn reachability(net: &Net, side: &str, node: &TestNode) -> Vec<(String, String)> {
+    let out = net.cli_in(side, node, &["--json", "doctor"]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}): {out:?}"));
+    report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["check"] == "reachable")
+        .map(|c| {
+            let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (text("status"), text("message"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_moves_is_found_again_through_the_teams_dns_server() {
+    let Some(net) = Net::up("discovery") else {
+        return;
+    };
+    let (mut relay, url) = net.relay().await;
+    let data = tempfile::tempdir().unwrap();
+    let (mut dns_server, pkarr, dns) = net.dns_server(data.path()).await;
+    println!("relay {url}, pkarr relay {pkarr}, dns {dns}");
+    // No `bind`: all interfaces, on a port the node keeps across restarts, so a's address is
+    // whatever its namespace gives it, and nobody edits a config when that changes.
+    let network = format!(
+        "[network]\nrelay_mode = \"custom\"\nrelay_urls = [\"{url}\"]\npkarr_relay = \"{pkarr}\"\ndns_origin = \"{DNS_ORIGIN}\"\ndns_nameserver = \"{dns}\"\n"
+    );
+    let alice = TestNode::start_in_netns("alice", &net.ns("a"), &network);
+    let bob = TestNode::start_in_netns("bob", &net.ns("b"), &network);
+    let m = marker("net-discovery");
+    alice.serve_stub("notes", &[], None, &m);
+    let line = alice.json(&["invite", "notes"])["invite"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let paired = bob.json(&["pair", &line]);
+    assert_eq!(paired["mounts"], json!(["alice/notes"]));
+    let mut s = bob.connect("alice/notes");
+    s.initialize().await;
+    echo(&mut s, "before the move").await;
+    drop(s);
+
+    // doctor, from b's namespace: every server answers.
+    let checks = reachability(&net, "b", &bob);
+    println!("doctor on b: {checks:?}");
+    assert_eq!(checks.len(), 3, "{checks:?}");
+    for (status, message) in &checks {
+        assert_eq!(status, "ok", "{message}");
+    }
+    assert!(checks[0].1.starts_with("relay http://"), "{checks:?}");
+    assert!(
+        checks[1].1.starts_with(&format!("pkarr relay {pkarr}")),
+        "{checks:?}"
+    );
+    assert!(
+        checks[2]
+            .1
+            .starts_with(&format!("dns zone {DNS_ORIGIN} at {dns}")),
+        "{checks:?}"
+    );
+
+    // The relay goes away, so nothing can carry b to a but an address; a moves to a new one
+    // and comes back up there, and may answer b but not dial it (so b cannot learn the new
+    // address from a's own packets). b's hints still name the old address only.
+    relay.child.kill().await.unwrap();
+    let checks = reachability(&net, "b", &bob);
+    println!("doctor on b, relay gone: {checks:?}");
+    assert_eq!(checks[0].0, "warn", "{checks:?}");
+    assert!(checks[0].1.contains("not reachable: "), "{checks:?}");
+    assert_eq!((checks[1].0.as_str(), checks[2].0.as_str()), ("ok", "ok"));
+
+    let port = alice.addrs[0].rsplit(':').next().unwrap().to_owned();
+    alice.json(&["down"]);
+    netns_ok(&["move", &net.prefix, "a"]);
+    netns_ok(&["mute", &net.prefix]);
+    let up = net.cli_in("a", &alice, &["--json", "up"]);
+    parse_ok(&up);
+    let restarted = Instant::now();
+    let moved = alice.json(&["id"]);
+    println!("alice moved: {}", moved["addrs"]);
+    assert!(
+        moved["addrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| *a == format!("{A_MOVED_IP}:{port}")),
+        "{moved}"
+    );
+    let hints = peer(&bob.json(&["peers"]), "alice")["addrs"].clone();
+    assert!(
+        hints
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a.as_str().unwrap().starts_with(&format!("{A_IP}:"))),
+        "bob's hints name only the old address: {hints}"
+    );
+
+    let alice_z32 = alice.id.parse::<iroh::EndpointId>().unwrap().to_z32();
+    dns_server.drain();
+    // b reaches a again: the new address can only have come from the DNS server (polled:
+    // nothing says when a's record is published).
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let mut s = bob.connect("alice/notes");
+        let init = s.initialize().await;
+        if init.get("result").is_some() {
+            echo(&mut s, "after the move").await;
+            break;
+        }
+        assert!(
+            restarted.elapsed() < REDISCOVERY_LIMIT,
+            "bob did not reach alice {REDISCOVERY_LIMIT:?} after she moved: {init}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = restarted.elapsed();
+    println!(
+        "bob reached alice at her new address {took:?} after she came back up ({attempts} attempts)"
+    );
+    let p = path_becomes(&bob, "alice", "direct", Duration::ZERO)
+        .await
+        .unwrap_or_else(|| panic!("not direct: {}", bob.json(&["peers"])));
+    show("bob sees alice, moved", &p);
+    println!(
+        "packets alice started toward bob after the move (dropped): {}",
+        net.dropped_by("mcpmesh_mute")
+    );
+    // The DNS server answered a lookup of a's key with her record.
+    let served = dns_server.drain();
+    let found = served
+        .iter()
+        .find(|l| l.contains(&alice_z32) && l.contains("found") && l.contains("records"))
+        .unwrap_or_else(|| panic!("no lookup of alice answered by the DNS server: {served:#?}"));
+    println!("dns server: {found}");
 }

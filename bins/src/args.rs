@@ -200,9 +200,14 @@ pub enum Command {
         after_help = "Examples:\n  mcpmesh watch\n  mcpmesh watch --json | jq 'select(.event == \"request\")'"
     )]
     Watch,
-    /// Check config, key and socket permissions, service commands and network settings.
-    #[command(after_help = "Examples:\n  mcpmesh doctor")]
-    Doctor,
+    /// Check config, key and socket permissions, service commands and network settings, and
+    /// whether the configured relays and discovery servers answer.
+    #[command(after_help = "Examples:\n  mcpmesh doctor\n  mcpmesh doctor --offline")]
+    Doctor {
+        /// Do not contact the configured relays and discovery servers.
+        #[arg(long)]
+        offline: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "Examples:\n  mcpmesh completions bash > ~/.local/share/bash-completion/completions/mcpmesh\n  mcpmesh completions zsh > \"${fpath[1]}/_mcpmesh\""

@@ -186,7 +186,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Org { action } => crate::org::run(&ctx, action),
         Command::Use { target } => crate::mount::use_lines(&profile, &exe, &target, &out),
         Command::Status => status(&ctx),
-        Command::Doctor => doctor(&profile, &out),
+        Command::Doctor { offline } => doctor(&profile, offline, &out),
         Command::Watch => watch(&ctx),
         Command::Completions { shell } => completions(shell, &out),
         Command::Serve {

@@ -9,8 +9,9 @@ use serde_json::json;
 
 use crate::output::{Failure, Output};
 
-/// `mcpmesh doctor`: checks that need no running node, and a few that do. Exit 1 on errors.
-pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
+/// `mcpmesh doctor`: checks that need no running node, and a few that do; unless `offline`,
+/// asks the configured relays and discovery servers whether they answer. Exit 1 on errors.
+pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Failure> {
     use std::os::unix::fs::PermissionsExt;
     let mut checks: Vec<(String, &str, String)> = Vec::new();
     let mut check = |name: &str, status: &'static str, message: String| {
@@ -213,6 +214,20 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
                 format!("self-hosted relays: {}", urls.len()),
             ),
         }
+        let reached = match offline {
+            true => Vec::new(),
+            false => reachability(&s.network),
+        };
+        for r in reached {
+            match r.outcome {
+                Ok(what) => check("reachable", "ok", format!("{}: {what}", r.server)),
+                Err(why) => check(
+                    "reachable",
+                    "warn",
+                    format!("{}: not reachable: {why}", r.server),
+                ),
+            }
+        }
     }
     let ok = !checks.iter().any(|(_, status, _)| *status == "error");
     let value = json!({
@@ -253,6 +268,23 @@ pub fn doctor(profile: &Profile, out: &Output) -> Result<(), Failure> {
             failed.join(", ")
         ),
     ))
+}
+
+/// The configured relays and discovery servers, each asked once (a few seconds at most, all at
+/// once); none for hermetic or public setups.
+fn reachability(
+    network: &mcpmesh_net::endpoint::NetworkConfig,
+) -> Vec<mcpmesh::reachability::Reachability> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(rt) => rt.block_on(mcpmesh::reachability::check(network)),
+        Err(e) => vec![mcpmesh::reachability::Reachability {
+            server: "relays and discovery servers".into(),
+            outcome: Err(format!("cannot start the checks: {e}")),
+        }],
+    }
 }
 
 /// The peers this node trusts, as (name, key): from the running node when there is one (it

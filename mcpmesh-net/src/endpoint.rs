@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 
-use iroh::address_lookup::MemoryLookup;
+use iroh::address_lookup::{AddrFilter, DnsAddressLookup, MemoryLookup, PkarrPublisher};
+use iroh::dns::{DnsResolver, NameserverConfig};
 use iroh::endpoint::{BindOpts, PortmapperConfig, QuicTransportConfig, presets};
 use iroh::{Endpoint, RelayMode, RelayUrl, SecretKey};
 
@@ -18,12 +19,34 @@ pub enum RelayPolicy {
     Disabled,
 }
 
+/// A team's own discovery service (iroh's `iroh-dns-server`, or any pkarr relay with a DNS
+/// zone): where the node publishes its signed address record, and where it looks peers up by
+/// key. Used beside the relay policy's own discovery (none for custom relays).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovery {
+    /// The pkarr relay the node publishes to (`PUT <url>/<key>`), relay url and direct
+    /// addresses both: a team's server is trusted with them, unlike a public one.
+    pub pkarr_relay: Option<url::Url>,
+    /// The DNS zone peers' records are looked up in (`_iroh.<key>.<origin>` TXT records).
+    pub dns_origin: Option<String>,
+    /// The nameserver asked for `dns_origin` (UDP), instead of the system's resolver.
+    pub dns_nameserver: Option<SocketAddr>,
+}
+
+impl Discovery {
+    pub fn is_empty(&self) -> bool {
+        self.pkarr_relay.is_none() && self.dns_origin.is_none()
+    }
+}
+
 /// The network part of a node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkConfig {
     pub relay: RelayPolicy,
     /// Sockets to bind. Empty means iroh's defaults (all interfaces, a random port).
     pub bind: Vec<SocketAddr>,
+    /// A team's own discovery service; never used with [`RelayPolicy::Disabled`].
+    pub discovery: Discovery,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +107,9 @@ pub async fn bind_on_port(
         .alpns(alpns)
         .transport_config(transport)
         .address_lookup(book);
+    if config.relay != RelayPolicy::Disabled {
+        builder = add_discovery(builder, &config.discovery);
+    }
     if !config.bind.is_empty() {
         builder = builder.clear_ip_transports();
         for addr in &config.bind {
@@ -114,6 +140,38 @@ pub async fn bind_on_port(
         .bind()
         .await
         .map_err(|e| EndpointError::Bind(e.to_string()))
+}
+
+/// How long peers may cache this node's published record, in seconds: a node that moved is
+/// found again at most this long after it published its new address (iroh's default is 30).
+/// Lookups happen only when a peer dials, so a short one costs the server little.
+const PUBLISHED_TTL_SECS: u32 = 5;
+
+/// Adds the team's pkarr publisher and DNS lookup, when configured.
+fn add_discovery(
+    mut builder: iroh::endpoint::Builder,
+    discovery: &Discovery,
+) -> iroh::endpoint::Builder {
+    if let Some(url) = &discovery.pkarr_relay {
+        builder = builder.address_lookup(
+            PkarrPublisher::builder(url.clone())
+                .addr_filter(AddrFilter::unfiltered())
+                .ttl(PUBLISHED_TTL_SECS),
+        );
+    }
+    if let Some(origin) = &discovery.dns_origin {
+        let mut lookup = DnsAddressLookup::builder(origin.clone());
+        if let Some(server) = discovery.dns_nameserver {
+            // Only this server: no system or public resolvers behind it.
+            let resolver = DnsResolver::builder()
+                .add_nameserver_config(NameserverConfig::udp(server.ip()).with_port(server.port()))
+                .disable_fallback()
+                .build();
+            lookup = lookup.dns_resolver(resolver);
+        }
+        builder = builder.address_lookup(lookup);
+    }
+    builder
 }
 
 /// The endpoint's dialable direct addresses (relay urls are not included).

@@ -27,6 +27,7 @@ pub mod paths;
 pub mod peers;
 pub mod principal;
 pub mod proxy;
+pub mod reachability;
 pub mod roster;
 pub mod services;
 pub mod store;

@@ -515,6 +515,7 @@ pub async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh
     let config = mcpmesh_net::endpoint::NetworkConfig {
         relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
         bind: vec!["127.0.0.1:0".parse().unwrap()],
+        discovery: Default::default(),
     };
     let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
         .await

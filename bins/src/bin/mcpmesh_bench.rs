@@ -781,6 +781,7 @@ fn hermetic() -> mcpmesh_net::endpoint::NetworkConfig {
     mcpmesh_net::endpoint::NetworkConfig {
         relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
         bind: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 0))],
+        discovery: Default::default(),
     }
 }
 

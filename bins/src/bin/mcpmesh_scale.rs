@@ -99,6 +99,7 @@ async fn run(args: Args, mcpmesh: PathBuf, stub: PathBuf) -> anyhow::Result<()> 
     let config = NetworkConfig {
         relay: RelayPolicy::Disabled,
         bind: vec!["127.0.0.1:0".parse()?],
+        discovery: Default::default(),
     };
     let opened = Instant::now();
     let mut peers = tokio::task::JoinSet::new();

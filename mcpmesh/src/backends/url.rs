@@ -128,7 +128,7 @@ impl UrlBackend {
 }
 
 /// One process-wide HTTP client: connections to an upstream are pooled across sessions.
-fn client() -> Result<reqwest::Client, String> {
+pub(crate) fn client() -> Result<reqwest::Client, String> {
     static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {

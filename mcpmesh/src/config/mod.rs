@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use iroh::{EndpointId, RelayUrl};
-use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
+use mcpmesh_net::endpoint::{Discovery, NetworkConfig, RelayPolicy};
 use mcpmesh_net::session::valid_service_name;
 use serde::Deserialize;
 
@@ -84,6 +84,14 @@ pub struct NetworkSection {
     /// `"127.0.0.1:0"` or a list of such; empty means all interfaces.
     #[serde(default)]
     pub bind: OneOrMany,
+    /// A team's own pkarr relay, where the node publishes its signed addresses:
+    /// `"https://dns.team.example/pkarr"`.
+    pub pkarr_relay: Option<String>,
+    /// The DNS zone peers are looked up in: `"dns.team.example"`.
+    pub dns_origin: Option<String>,
+    /// The nameserver asked for `dns_origin`, `"IP:PORT"` or `"IP"` (port 53); unset means the
+    /// system's resolver.
+    pub dns_nameserver: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -311,6 +319,76 @@ pub struct Settings {
     pub org_sync: Duration,
 }
 
+/// The `[network]` keys of a team's own discovery service: only with relays (a hermetic node
+/// never publishes or looks anything up), a resolver only for a zone to resolve.
+fn validate_discovery(network: &NetworkSection) -> Result<Discovery, String> {
+    if network.relay_mode == RelayMode::Disabled {
+        let keys = [
+            ("pkarr_relay", network.pkarr_relay.is_some()),
+            ("dns_origin", network.dns_origin.is_some()),
+            ("dns_nameserver", network.dns_nameserver.is_some()),
+        ];
+        if let Some((key, _)) = keys.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "network.{key}: relay_mode = \"disabled\" is hermetic (no discovery): use relay_mode = \"custom\" or remove the key"
+            ));
+        }
+    }
+    let pkarr_relay = match &network.pkarr_relay {
+        None => None,
+        Some(u) => {
+            let url = url::Url::parse(u)
+                .map_err(|e| format!("network.pkarr_relay: {u:?} is not a url: {e}"))?;
+            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+                return Err(format!(
+                    "network.pkarr_relay: {u:?} is not an http(s) url like \"https://dns.example.org/pkarr\""
+                ));
+            }
+            Some(url)
+        }
+    };
+    let dns_origin = match &network.dns_origin {
+        None => None,
+        Some(o) => {
+            let name = o.strip_suffix('.').unwrap_or(o);
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            if name.len() > 253 || !name.split('.').all(label_ok) {
+                return Err(format!(
+                    "network.dns_origin: {o:?} is not a domain name like \"dns.example.org\""
+                ));
+            }
+            Some(name.to_owned())
+        }
+    };
+    let dns_nameserver = match &network.dns_nameserver {
+        None => None,
+        Some(_) if dns_origin.is_none() => {
+            return Err(
+                "network.dns_nameserver: set dns_origin too (the zone to look peers up in)".into(),
+            );
+        }
+        Some(n) => Some(
+            n.parse::<SocketAddr>()
+                .or_else(|_| n.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .map_err(|_| {
+                    format!(
+                        "network.dns_nameserver: {n:?} is not an address like \"10.0.0.1:53\" or \"10.0.0.1\""
+                    )
+                })?,
+        ),
+    };
+    Ok(Discovery {
+        pkarr_relay,
+        dns_origin,
+        dns_nameserver,
+    })
+}
+
 impl Config {
     /// Parses and validates config text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Settings, ConfigError> {
@@ -359,6 +437,7 @@ impl Config {
                 })
             })
             .collect::<Result<_, _>>()?;
+        let discovery = validate_discovery(&self.network)?;
         if self.limits.max_sessions == 0 {
             return Err("limits.max_sessions: must be at least 1".into());
         }
@@ -383,7 +462,11 @@ impl Config {
         }
         Ok(Settings {
             nickname: self.identity.nickname.clone(),
-            network: NetworkConfig { relay, bind },
+            network: NetworkConfig {
+                relay,
+                bind,
+                discovery,
+            },
             rate_limit_per_min: self.limits.rate_limit_per_min,
             dial_timeout: Duration::from_secs(self.limits.dial_timeout_secs.max(1)),
             idle_close: Duration::from_secs(self.limits.idle_close_secs.max(1)),
@@ -912,6 +995,62 @@ addrs = ["127.0.0.1:4433"]
 
     fn error_of(text: &str) -> String {
         Config::parse(text, "config.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_teams_discovery_server_is_read_with_custom_relays_and_refused_when_hermetic() {
+        let custom =
+            "[network]\nrelay_mode = \"custom\"\nrelay_urls = [\"http://10.0.0.1:3340\"]\n";
+        let s = Config::parse(
+            &format!(
+                "{custom}pkarr_relay = \"http://10.0.0.1:8080/pkarr\"\ndns_origin = \"dns.team.example.\"\ndns_nameserver = \"10.0.0.1\"\n"
+            ),
+            "config.toml",
+        )
+        .unwrap();
+        let d = &s.network.discovery;
+        assert_eq!(
+            d.pkarr_relay.as_ref().map(|u| u.as_str()),
+            Some("http://10.0.0.1:8080/pkarr")
+        );
+        assert_eq!(d.dns_origin.as_deref(), Some("dns.team.example"));
+        assert_eq!(d.dns_nameserver, Some("10.0.0.1:53".parse().unwrap()));
+        // None by default, in every mode.
+        assert!(
+            Config::parse(custom, "c")
+                .unwrap()
+                .network
+                .discovery
+                .is_empty()
+        );
+        assert!(Config::parse("", "c").unwrap().network.discovery.is_empty());
+
+        let hermetic = "[network]\nrelay_mode = \"disabled\"\n";
+        for key in [
+            "pkarr_relay = \"http://a/pkarr\"",
+            "dns_origin = \"a.example\"",
+        ] {
+            let e = error_of(&format!("{hermetic}{key}\n"));
+            assert!(e.contains("hermetic (no discovery)"), "{e}");
+            assert!(
+                e.contains(&format!("network.{}", &key[..key.find(' ').unwrap()])),
+                "{e}"
+            );
+        }
+        let e = error_of(&format!("{custom}pkarr_relay = \"ftp://a/pkarr\"\n"));
+        assert!(e.contains("network.pkarr_relay"), "{e}");
+        let e = error_of(&format!("{custom}pkarr_relay = \"not a url\"\n"));
+        assert!(e.contains("network.pkarr_relay"), "{e}");
+        let e = error_of(&format!("{custom}dns_origin = \"bad name.example\"\n"));
+        assert!(e.contains("network.dns_origin"), "{e}");
+        let e = error_of(&format!("{custom}dns_origin = \"\"\n"));
+        assert!(e.contains("network.dns_origin"), "{e}");
+        let e = error_of(&format!("{custom}dns_nameserver = \"10.0.0.1\"\n"));
+        assert!(e.contains("network.dns_nameserver: set dns_origin"), "{e}");
+        let e = error_of(&format!(
+            "{custom}dns_origin = \"a.example\"\ndns_nameserver = \"ns1\"\n"
+        ));
+        assert!(e.contains("network.dns_nameserver"), "{e}");
     }
 
     #[test]
