@@ -138,20 +138,24 @@ async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How many sessions each calling node saw fail, for the nodes that saw any.
+/// How many sessions failed per calling node and per called node, for the nodes with any.
 fn print_failures_by_caller(failures: &[(usize, usize, anyhow::Error)], n: usize) {
-    let mut by_caller = vec![0usize; n + 1];
-    for (i, _, _) in failures {
-        by_caller[(*i).min(n)] += 1;
-    }
-    let seen: Vec<String> = by_caller
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| **c > 0)
-        .map(|(i, c)| format!("node{i}: {c}"))
-        .collect();
-    if !seen.is_empty() {
-        println!("  failed sessions by caller: {}", seen.join(", "));
+    let count = |side: fn(&(usize, usize, anyhow::Error)) -> usize| {
+        let mut by = vec![0usize; n + 1];
+        for f in failures {
+            by[side(f).min(n)] += 1;
+        }
+        let seen: Vec<String> = by
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, c)| format!("node{i}: {c}"))
+            .collect();
+        seen.join(", ")
+    };
+    if !failures.is_empty() {
+        println!("  failed sessions by caller: {}", count(|f| f.0));
+        println!("  failed sessions by target: {}", count(|f| f.1));
     }
 }
 
@@ -333,11 +337,12 @@ impl Fleet {
         let mut open = Vec::new();
         for node in others {
             let mut s = McpClient::spawn(removed.client(), &format!("{}/{SERVICE}", node.user))?;
-            s.initialize()
-                .await
-                .with_context(|| format!("{} → {}", removed.user, node.user))?;
-            open.push(s);
+            match s.initialize().await {
+                Ok(()) => open.push(s),
+                Err(e) => println!("  {} → {} not opened: {e:#}", removed.user, node.user),
+            }
         }
+        let open_count = open.len();
         let started = Instant::now();
         let waits = open.into_iter().map(|mut s| async move {
             tokio::time::timeout(SPREAD_TIMEOUT, s.until_end())
@@ -359,11 +364,10 @@ impl Fleet {
             .unwrap_or_default();
         println!(
             "removal of {} (serial {}, [org] sync_secs = {sync_secs}): `org remove` returned in {:.2} s; \
-             its sessions on {cut} of {} nodes ended, median {:.2} s, last {:.2} s",
+             its sessions on {cut} of {open_count} nodes ended, median {:.2} s, last {:.2} s",
             removed.user,
             answer["serial"],
             command.as_secs_f64(),
-            others.len(),
             median.as_secs_f64(),
             last.as_secs_f64()
         );
@@ -383,7 +387,7 @@ impl Fleet {
                 still.join(", ")
             }
         );
-        if cut < others.len() || !still.is_empty() {
+        if cut < open_count || !still.is_empty() {
             bail!("the removal did not reach every node");
         }
         Ok(())
