@@ -1,0 +1,606 @@
+//! `mcpmesh-fleet`: many whole nodes on one machine, as a team of them would run. Prints the
+//! time for every ordered pair of nodes to open a session and make a call, the failures, each
+//! daemon's memory, and how long one removal from the team roster takes to reach every node.
+//!
+//! N hermetic daemons (loopback, no relay), each in a profile of its own under one temporary
+//! directory and each serving `echo_mcp_stub` as `stub` to the group `fleet` (and to node0's
+//! user: the admin holds no group). Trust comes from the roster alone: node0 creates the org
+//! and invites the others, who join. Then:
+//!
+//! 1. every ordered pair (i → j, i ≠ j) runs `mcpmesh connect nodeJ/stub` from node i (the real
+//!    client path), `--parallel` at a time, and calls `whoami`, whose answer must name node i's
+//!    user as the caller;
+//! 2. the last node keeps a session open to every other node, the admin removes its user, and
+//!    the time until the last of those sessions ends is the time until every node severed it.
+//!
+//! Every node is stopped and the directory removed on the way out, on error too.
+//!
+//!   cargo build --release -p mcpmesh-cli --bins
+//!   target/release/mcpmesh-fleet [--nodes 50] [--parallel 8] [--sync-secs 120]
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures_util::future::join_all;
+use mcpmesh_net::transport::FrameReader;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+#[path = "../bench_util.rs"]
+mod bench_util;
+
+/// Longest one answer may take before the session counts as failed.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest the roster may take to reach every node, or a removal to cut every session.
+const SPREAD_TIMEOUT: Duration = Duration::from_secs(120);
+const ORG: &str = "fleet";
+const SERVICE: &str = "stub";
+
+struct Args {
+    nodes: usize,
+    parallel: usize,
+    sync_secs: usize,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        nodes: 50,
+        parallel: 8,
+        sync_secs: 120,
+    };
+    bench_util::numeric_flags(
+        std::env::args().skip(1),
+        &mut [
+            ("nodes", &mut args.nodes, 2),
+            ("parallel", &mut args.parallel, 1),
+            ("sync-secs", &mut args.sync_secs, 1),
+        ],
+        "",
+    )?;
+    Ok(args)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = parse_args()?;
+    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let fleet = Fleet::start(&args, mcpmesh).await?;
+        let result = run(&args, &fleet, &stub).await;
+        fleet.stop().await;
+        result
+    })
+}
+
+async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
+    let n = fleet.nodes.len();
+    println!(
+        "\nmcpmesh-fleet: {n} nodes on one machine, loopback, {}",
+        bench_util::build_label(&fleet.mcpmesh)
+    );
+    let formed = Instant::now();
+    fleet.form_org().await?;
+    fleet.serve_everywhere(stub).await?;
+    let serial = fleet.admin().serial().await?;
+    let spread = fleet.converge(serial).await?;
+    println!(
+        "org formed ({} joins) in {:.1} s; roster serial {serial} on every node {:.1} s after the last join",
+        n - 1,
+        formed.elapsed().as_secs_f64(),
+        spread.as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = fleet.rss_kib();
+
+    let sampler = RssSampler::start(fleet.pids());
+    let started = Instant::now();
+    let failures = fleet.all_pairs(args.parallel).await;
+    let secs = started.elapsed().as_secs_f64();
+    let peak = sampler.stop().await;
+    let pairs = n * (n - 1);
+    println!(
+        "{pairs} sessions (every ordered pair: connect, initialize, whoami checked), {} at a time: {secs:.1} s, {:.1} sessions/s, {} failed",
+        args.parallel,
+        pairs as f64 / secs,
+        failures.len()
+    );
+    for (i, j, e) in failures.iter().take(5) {
+        println!("  node{i} → node{j}: {e:#}");
+    }
+    print_failures_by_caller(&failures, n);
+    // The sessions' children are gone and the node has settled before "after" is read.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = fleet.rss_kib();
+    for (label, kib) in [("idle", &idle), ("peak", &peak), ("after", &after)] {
+        let mean = kib.iter().sum::<u64>() as f64 / kib.len() as f64;
+        let max = kib.iter().copied().max().unwrap_or(0);
+        println!(
+            "RSS per node {label:>5}: mean {:.1} MB, max {:.1} MB",
+            mean / 1024.0,
+            max as f64 / 1024.0
+        );
+    }
+
+    fleet.removal(args.sync_secs).await?;
+    if !failures.is_empty() {
+        bail!("{} of {pairs} sessions failed", failures.len());
+    }
+    Ok(())
+}
+
+/// How many sessions failed per calling node and per called node, for the nodes with any.
+fn print_failures_by_caller(failures: &[(usize, usize, anyhow::Error)], n: usize) {
+    let count = |side: fn(&(usize, usize, anyhow::Error)) -> usize| {
+        let mut by = vec![0usize; n + 1];
+        for f in failures {
+            by[side(f).min(n)] += 1;
+        }
+        let seen: Vec<String> = by
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, c)| format!("node{i}: {c}"))
+            .collect();
+        seen.join(", ")
+    };
+    if !failures.is_empty() {
+        println!("  failed sessions by caller: {}", count(|f| f.0));
+        println!("  failed sessions by target: {}", count(|f| f.1));
+    }
+}
+
+/// The nodes, in profiles under one temporary directory removed when this is dropped.
+struct Fleet {
+    mcpmesh: PathBuf,
+    nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+/// One node: its profile, its user (its nickname), its key and its daemon's pid.
+struct Node {
+    mcpmesh: PathBuf,
+    home: PathBuf,
+    user: String,
+    id: String,
+    pid: u32,
+}
+
+impl Fleet {
+    /// Starts `args.nodes` hermetic daemons, a few at a time.
+    async fn start(args: &Args, mcpmesh: PathBuf) -> anyhow::Result<Fleet> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcpmesh-fleet-")
+            .tempdir()?;
+        let mut nodes = Vec::new();
+        for i in 0..args.nodes {
+            let home = dir.path().join(format!("node{i}"));
+            std::fs::create_dir(&home)?;
+            let user = format!("node{i}");
+            std::fs::write(
+                home.join("config.toml"),
+                format!(
+                    "[identity]\nnickname = \"{user}\"\n\n[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n\n[org]\nsync_secs = {}\n",
+                    args.sync_secs
+                ),
+            )?;
+            nodes.push(Node {
+                mcpmesh: mcpmesh.clone(),
+                home,
+                user,
+                id: String::new(),
+                pid: 0,
+            });
+        }
+        // Held by the fleet before any starts, so that a failed start still stops the others.
+        let mut fleet = Fleet {
+            mcpmesh,
+            nodes,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        for chunk in fleet.nodes.chunks(8) {
+            for up in join_all(chunk.iter().map(|n| n.cli(&["up"]))).await {
+                up?;
+            }
+        }
+        for node in &mut fleet.nodes {
+            node.id = node.cli(&["id"]).await?["id"]
+                .as_str()
+                .context("the node's id")?
+                .to_owned();
+            node.pid = bench_util::daemon_pid(&node.home).context("the daemon's pid")?;
+        }
+        println!(
+            "{} daemons up in {:.1} s",
+            fleet.nodes.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(fleet)
+    }
+
+    fn admin(&self) -> &Node {
+        &self.nodes[0]
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(|n| n.pid).collect()
+    }
+
+    fn rss_kib(&self) -> Vec<u64> {
+        self.pids()
+            .into_iter()
+            .map(|p| bench_util::status_kib(p, "VmRSS:"))
+            .collect()
+    }
+
+    /// node0 creates the org; every other node joins it as its own user in group `fleet`.
+    async fn form_org(&self) -> anyhow::Result<()> {
+        let admin = self.admin();
+        admin.cli(&["org", "create", ORG]).await?;
+        for node in &self.nodes[1..] {
+            let invite = admin
+                .cli(&["org", "invite", &node.user, "--groups", ORG])
+                .await?;
+            let line = invite["invite"].as_str().context("an invite line")?;
+            let joined = node.cli(&["join", line]).await?;
+            if joined["user"] != node.user.as_str() {
+                bail!("{} joined as {}", node.user, joined["user"]);
+            }
+        }
+        Ok(())
+    }
+
+    async fn serve_everywhere(&self, stub: &Path) -> anyhow::Result<()> {
+        let group = format!("group:{ORG}");
+        let stub = stub.display().to_string();
+        // The admin holds no group of its own: it is allowed by its user.
+        let admin = format!("user:{}", self.admin().user);
+        let args = [
+            "serve", SERVICE, "--allow", &group, "--allow", &admin, "--", &stub,
+        ];
+        let serves = self.nodes.iter().map(|n| n.cli(&args));
+        for r in join_all(serves).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every node holds roster `serial`; returns how long that took.
+    async fn converge(&self, serial: u64) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        loop {
+            let held = join_all(self.nodes.iter().map(|n| n.held_serial())).await;
+            let behind: Vec<&str> = self
+                .nodes
+                .iter()
+                .zip(&held)
+                .filter(|(_, s)| **s != Some(serial))
+                .map(|(n, _)| n.user.as_str())
+                .collect();
+            if behind.is_empty() {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > SPREAD_TIMEOUT {
+                bail!("roster serial {serial} not reached by {behind:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Every ordered pair opens a session and calls `whoami`, `parallel` at a time; returns
+    /// the failures.
+    async fn all_pairs(&self, parallel: usize) -> Vec<(usize, usize, anyhow::Error)> {
+        let n = self.nodes.len();
+        let pairs = (0..n).flat_map(|i| (0..n).filter(move |j| *j != i).map(move |j| (i, j)));
+        let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let mut sessions = tokio::task::JoinSet::new();
+        for (i, j) in pairs {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                break;
+            };
+            let client = self.nodes[i].client();
+            let (caller, target) = (self.nodes[i].user.clone(), self.nodes[j].user.clone());
+            sessions.spawn(async move {
+                let r = whoami_session(client, &caller, &target).await;
+                drop(permit);
+                (i, j, r)
+            });
+        }
+        let mut failures = Vec::new();
+        while let Some(done) = sessions.join_next().await {
+            match done {
+                Ok((i, j, Err(e))) => failures.push((i, j, e)),
+                Ok(_) => {}
+                Err(e) => failures.push((n, n, e.into())),
+            }
+        }
+        failures.sort_by_key(|(i, j, _)| (*i, *j));
+        failures
+    }
+
+    /// The last node holds a session to every other node; the admin removes its user. Prints
+    /// when each of those sessions ended (the serving node cut it) and checks that no node
+    /// lists the removed key any more.
+    async fn removal(&self, sync_secs: usize) -> anyhow::Result<()> {
+        let removed = self.nodes.last().context("a node to remove")?;
+        let others = &self.nodes[..self.nodes.len() - 1];
+        let mut open = Vec::new();
+        for node in others {
+            let mut s = McpClient::spawn(removed.client(), &format!("{}/{SERVICE}", node.user))?;
+            match s.initialize().await {
+                Ok(()) => open.push(s),
+                Err(e) => println!("  {} → {} not opened: {e:#}", removed.user, node.user),
+            }
+        }
+        let open_count = open.len();
+        let started = Instant::now();
+        let waits = open.into_iter().map(|mut s| async move {
+            tokio::time::timeout(SPREAD_TIMEOUT, s.until_end())
+                .await
+                .ok()
+                .map(|()| started.elapsed())
+        });
+        let ends = tokio::spawn(join_all(waits));
+        let answer = self.admin().cli(&["org", "remove", &removed.user]).await?;
+        let command = started.elapsed();
+        let mut ends = ends.await?;
+        let cut = ends.iter().filter(|e| e.is_some()).count();
+        ends.sort();
+        let last = ends.iter().flatten().max().copied().unwrap_or_default();
+        let median = ends
+            .get(ends.len() / 2)
+            .copied()
+            .flatten()
+            .unwrap_or_default();
+        println!(
+            "removal of {} (serial {}, [org] sync_secs = {sync_secs}): `org remove` returned in {:.2} s; \
+             its sessions on {cut} of {open_count} nodes ended, median {:.2} s, last {:.2} s",
+            removed.user,
+            answer["serial"],
+            command.as_secs_f64(),
+            median.as_secs_f64(),
+            last.as_secs_f64()
+        );
+        let listing = join_all(others.iter().map(|n| n.lists(&removed.id))).await;
+        let still: Vec<&str> = others
+            .iter()
+            .zip(listing)
+            .filter(|(_, l)| !matches!(l, Ok(false)))
+            .map(|(n, _)| n.user.as_str())
+            .collect();
+        println!(
+            "nodes still listing {} afterwards: {}",
+            removed.user,
+            if still.is_empty() {
+                "none".to_owned()
+            } else {
+                still.join(", ")
+            }
+        );
+        if cut < open_count || !still.is_empty() {
+            bail!("the removal did not reach every node");
+        }
+        Ok(())
+    }
+
+    /// Stops every node that started (its children with it), a few at a time.
+    async fn stop(mut self) {
+        let nodes = std::mem::take(&mut self.nodes);
+        for chunk in nodes.chunks(8) {
+            join_all(chunk.iter().map(|n| n.cli(&["down"]))).await;
+        }
+    }
+}
+
+impl Drop for Fleet {
+    /// On a panic or early return the nodes still stop, before their profiles go.
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            let _ = std::process::Command::new(&node.mcpmesh)
+                .arg("--home")
+                .arg(&node.home)
+                .arg("down")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Node {
+    /// `mcpmesh --home H --json ARGS…`; its stdout's value, or an error with its stderr.
+    async fn cli(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let out = tokio::process::Command::new(&self.mcpmesh)
+            .arg("--home")
+            .arg(&self.home)
+            .arg("--json")
+            .args(args)
+            .env_remove("MCPMESH_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "{}: mcpmesh {args:?}: {}",
+                self.user,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+    }
+
+    /// The admin's serial (from `org members`).
+    async fn serial(&self) -> anyhow::Result<u64> {
+        self.cli(&["org", "members"]).await?["serial"]
+            .as_u64()
+            .context("a roster serial")
+    }
+
+    /// The roster serial this node holds (from `status`, which asks no other node).
+    async fn held_serial(&self) -> Option<u64> {
+        self.cli(&["status"]).await.ok()?["org"]["serial"].as_u64()
+    }
+
+    /// Whether this node's `peers` lists the key `id`.
+    async fn lists(&self, id: &str) -> anyhow::Result<bool> {
+        let peers = self.cli(&["peers"]).await?;
+        let list = peers["peers"].as_array().context("a peers list")?;
+        Ok(list.iter().any(|p| p["id"] == id))
+    }
+
+    /// What a `connect` process of this node needs.
+    fn client(&self) -> Client {
+        Client {
+            mcpmesh: self.mcpmesh.clone(),
+            home: self.home.clone(),
+        }
+    }
+}
+
+/// Enough to launch `mcpmesh connect` as one node, from any task.
+struct Client {
+    mcpmesh: PathBuf,
+    home: PathBuf,
+}
+
+/// One session: connect, initialize, `whoami`, checked to name `caller` as the peer's user.
+async fn whoami_session(client: Client, caller: &str, target: &str) -> anyhow::Result<()> {
+    let mut s = McpClient::spawn(client, &format!("{target}/{SERVICE}"))?;
+    s.initialize().await?;
+    let answer = s
+        .request("tools/call", json!({ "name": "whoami", "arguments": {} }))
+        .await?;
+    let seen = &answer["result"]["structuredContent"]["MCPMESH_PEER_USER"];
+    if seen != caller {
+        bail!("whoami names {seen} as the caller: {answer}");
+    }
+    s.close().await
+}
+
+/// An MCP client over a `mcpmesh connect` process's stdio.
+struct McpClient {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reader: FrameReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl McpClient {
+    fn spawn(client: Client, target: &str) -> anyhow::Result<Self> {
+        let mut child = tokio::process::Command::new(&client.mcpmesh)
+            .arg("--home")
+            .arg(&client.home)
+            .args(["connect", target])
+            .env_remove("MCPMESH_HOME")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().context("connect's stdout")?;
+        Ok(McpClient {
+            child,
+            stdin,
+            reader: FrameReader::new(stdout, 1 << 20),
+            next_id: 0,
+        })
+    }
+
+    async fn send(&mut self, msg: &Value) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(msg)?;
+        line.push(b'\n');
+        let stdin = self.stdin.as_mut().context("stdin open")?;
+        stdin.write_all(&line).await?;
+        stdin.flush().await?;
+        Ok(())
+    }
+
+    /// Sends a request and returns its answer (skipping anything else); an error answer fails.
+    async fn request(&mut self, method: &str, params: Value) -> anyhow::Result<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(&json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }))
+            .await?;
+        loop {
+            let line = tokio::time::timeout(ANSWER_TIMEOUT, self.reader.next_line())
+                .await
+                .context("an answer in time")??
+                .context("the session ended before answering")?;
+            let v: Value = serde_json::from_slice(&line)?;
+            if v["id"] == id {
+                if v.get("error").is_some() {
+                    bail!("{method} refused: {}", v["error"]);
+                }
+                return Ok(v);
+            }
+        }
+    }
+
+    async fn initialize(&mut self) -> anyhow::Result<()> {
+        self.request(
+            "initialize",
+            json!({ "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "mcpmesh-fleet", "version": "0" } }),
+        )
+        .await?;
+        self.send(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
+            .await
+    }
+
+    /// Ends the session as a client does (stdin closed) and waits for the process to exit.
+    async fn close(mut self) -> anyhow::Result<()> {
+        self.stdin = None;
+        let status = tokio::time::timeout(ANSWER_TIMEOUT, self.child.wait())
+            .await
+            .context("connect exiting in time")??;
+        if !status.success() {
+            bail!("connect exited with {status}");
+        }
+        Ok(())
+    }
+
+    /// Returns once the session has ended from the far side (its output closed).
+    async fn until_end(&mut self) {
+        while let Ok(Some(_)) = self.reader.next_line().await {}
+    }
+}
+
+/// Samples every node's RSS a few times a second, keeping each one's highest.
+struct RssSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<u64>>,
+}
+
+impl RssSampler {
+    fn start(pids: Vec<u32>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = vec![0u64; pids.len()];
+            while !flag.load(Ordering::Relaxed) {
+                for (p, pid) in peak.iter_mut().zip(&pids) {
+                    *p = (*p).max(bench_util::status_kib(*pid, "VmRSS:"));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            peak
+        });
+        RssSampler { stop, task }
+    }
+
+    async fn stop(self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
