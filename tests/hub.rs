@@ -771,6 +771,19 @@ async fn a_request_whose_params_are_not_an_object_is_refused_and_the_hub_goes_on
     hub.wait_eof().await;
 }
 
+/// alice serves the recording stub on a socket (every line its sessions receive is kept);
+/// bob's raw hub over it, initialized and listed.
+async fn hub_over_recording_stub() -> (TestNode, TestNode, SocketServer, McpSession) {
+    let (alice, bob) = two_nodes();
+    let server = SocketServer::start().await;
+    let socket = server.path().display().to_string();
+    alice.serve("stub", &["bob"], &["--socket", &socket]);
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    (alice, bob, server, hub)
+}
+
 /// Reads the hub's frames until the answer to `id`; returns it and every frame before it.
 async fn until_answer(hub: &mut McpSession, id: &Value) -> (Value, Vec<Value>) {
     let mut before = Vec::new();
@@ -1096,14 +1109,8 @@ async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_wa
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cancelled_call_gets_no_answer_its_server_hears_the_cancellation_under_the_hubs_id_and_the_next_call_works()
  {
-    let (alice, bob) = two_nodes();
-    // The recording stub on a socket: every line its sessions received is kept.
-    let server = SocketServer::start().await;
-    let socket = server.path().display().to_string();
-    alice.serve("stub", &["bob"], &["--socket", &socket]);
-    let mut hub = raw_hub(&bob, &["alice/stub"]);
-    hub.initialize().await;
-    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    // The nodes live as long as the test.
+    let (_alice, _bob, server, mut hub) = hub_over_recording_stub().await;
 
     // A slow call, known to be at the server once its first progress arrives.
     let slow = json!("slow-call");
@@ -1375,13 +1382,8 @@ async fn merged_lists_are_paginated_a_hundred_to_a_page_and_a_loose_schema_becom
 #[tokio::test(flavor = "multi_thread")]
 async fn a_servers_roots_request_reaches_the_client_under_a_hub_id_and_the_clients_roots_changes_reach_the_server()
  {
-    let (alice, bob) = two_nodes();
-    let server = SocketServer::start().await;
-    let socket = server.path().display().to_string();
-    alice.serve("stub", &["bob"], &["--socket", &socket]);
-    let mut hub = raw_hub(&bob, &["alice/stub"]);
-    hub.initialize().await;
-    assert_eq!(raw_tool_names(&mut hub).await.len(), STUB_TOOLS.len());
+    // The nodes live as long as the test.
+    let (_alice, _bob, server, mut hub) = hub_over_recording_stub().await;
 
     // The stub's `ask` puts `roots/list` (its id "ask-1") to the client before it answers.
     let ask = json!("ask");

@@ -122,17 +122,20 @@ impl Pool {
         })
     }
 
-    /// Every live session.
-    pub async fn all_live(&self) -> Vec<Arc<Upstream>> {
-        let slots: Vec<Arc<Slot>> = self
-            .slots
+    /// Every slot there is now.
+    fn all_slots(&self) -> Vec<Arc<Slot>> {
+        self.slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Every live session.
+    pub async fn all_live(&self) -> Vec<Arc<Upstream>> {
         let mut out = Vec::new();
-        for slot in slots {
+        for slot in self.all_slots() {
             if let Some(up) = slot.live.lock().await.as_ref().filter(|up| up.is_live()) {
                 out.push(up.clone());
             }
@@ -142,15 +145,8 @@ impl Pool {
 
     /// Closes every session, waiting for each to end.
     pub async fn close_all(&self) {
-        let slots: Vec<Arc<Slot>> = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
         let mut closing = Vec::new();
-        for slot in slots {
+        for slot in self.all_slots() {
             if let Some(up) = slot.live.lock().await.take() {
                 closing.push(async move { up.close().await });
             }

@@ -65,16 +65,7 @@ impl NodeAccess {
     /// A control connection to the node, started when it is not running.
     pub async fn control(&self) -> Result<ControlClient, UpstreamError> {
         let (profile, exe) = (self.profile.clone(), self.exe.clone());
-        tokio::task::spawn_blocking(move || ControlClient::connect_or_start(&profile, &exe))
-            .await
-            .map_err(|e| UpstreamError::Open {
-                code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
-                message: e.to_string(),
-            })?
-            .map_err(|e| UpstreamError::Open {
-                code: e.code,
-                message: e.message,
-            })
+        blocking(move || ControlClient::connect_or_start(&profile, &exe)).await
     }
 
     /// Calls one control method of the running node; `None` when it is not running (it is
@@ -91,11 +82,17 @@ impl NodeAccess {
 
     /// Calls one control method, starting the node when it is not running.
     pub async fn call(&self, method: &'static str, params: Value) -> Result<Value, UpstreamError> {
-        let client = self.control().await?;
-        tokio::task::spawn_blocking(move || {
-            let mut client = client;
-            client.call(method, params)
-        })
+        let mut client = self.control().await?;
+        blocking(move || client.call(method, params)).await
+    }
+}
+
+/// Runs a blocking control call off the runtime; its failure (or the task's) as an opening
+/// error carrying the node's code.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> Result<T, crate::control::ControlError> + Send + 'static,
+) -> Result<T, UpstreamError> {
+    tokio::task::spawn_blocking(call)
         .await
         .map_err(|e| UpstreamError::Open {
             code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
@@ -105,7 +102,6 @@ impl NodeAccess {
             code: e.code,
             message: e.message,
         })
-    }
 }
 
 /// A live session to one service.
@@ -132,19 +128,8 @@ impl Upstream {
     ) -> Result<Arc<Upstream>, UpstreamError> {
         let client = node.control().await?;
         let (peer, service) = (target.peer.clone(), target.service.clone());
-        let opened = tokio::task::spawn_blocking(move || {
-            client.open_session(&peer, &service, Attach::Stream)
-        })
-        .await
-        .map_err(|e| UpstreamError::Open {
-            code: mcpmesh_net::errors::ErrorCode::Unreachable.code(),
-            message: e.to_string(),
-        })?
-        .map_err(|e| UpstreamError::Open {
-            code: e.code,
-            message: e.message,
-        })?;
-        let (stream, _leftover) = opened;
+        let (stream, _leftover) =
+            blocking(move || client.open_session(&peer, &service, Attach::Stream)).await?;
         let stream = stream
             .set_nonblocking(true)
             .and_then(|()| UnixStream::from_std(stream))
