@@ -56,6 +56,22 @@ struct Item {
     value: Value,
 }
 
+impl Item {
+    /// The item as the client sees it: under the hub's `name`, its description saying where
+    /// it lives (and whether its peer is reachable now); every other member as the server
+    /// listed it.
+    fn presented(&self, name: &str, reachable: bool) -> Value {
+        let mut shown = self.value.clone();
+        shown["name"] = json!(name);
+        shown["description"] = json!(names::describe(
+            &self.origin,
+            self.value["description"].as_str(),
+            reachable,
+        ));
+        shown
+    }
+}
+
 /// The merged lists, rebuilt whenever a listing changes.
 #[derive(Debug, Default)]
 struct View {
@@ -926,13 +942,7 @@ impl Hub {
                 view.tools
                     .iter()
                     .map(|(name, item)| {
-                        let mut tool = item.value.clone();
-                        tool["name"] = json!(name);
-                        tool["description"] = json!(names::describe(
-                            &item.origin,
-                            item.value["description"].as_str(),
-                            reachable(&item.target),
-                        ));
+                        let mut tool = item.presented(name, reachable(&item.target));
                         tool["inputSchema"] =
                             names::normalize_schema(item.value.get("inputSchema"));
                         tool
@@ -943,16 +953,7 @@ impl Hub {
                 "prompts",
                 view.prompts
                     .iter()
-                    .map(|(name, item)| {
-                        let mut prompt = item.value.clone();
-                        prompt["name"] = json!(name);
-                        prompt["description"] = json!(names::describe(
-                            &item.origin,
-                            item.value["description"].as_str(),
-                            reachable(&item.target),
-                        ));
-                        prompt
-                    })
+                    .map(|(name, item)| item.presented(name, reachable(&item.target)))
                     .collect(),
             ),
             "resources/list" => ("resources", view.resources.clone()),
