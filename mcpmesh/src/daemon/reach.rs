@@ -15,6 +15,15 @@ use tokio_util::sync::CancellationToken;
 
 /// How long one ping may take.
 const PING_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How long the ping that would confirm a miss may take: a first miss may only mean this
+/// machine was busy (fifty nodes starting on two cores miss many 1.5 s pings), so the second
+/// look is a patient one.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many checks in a row must go unanswered before dials to the peer fail at once.
+const MISSES_TO_FAIL_FAST: u32 = 2;
+/// How many pings one node has in flight at once: each is a QUIC handshake, and a node with
+/// many peers must not starve its own sessions (nor time its own pings out) checking them.
+const MAX_PINGS: usize = 8;
 /// How often a peer that answered is checked again.
 const RECHECK_UP: Duration = Duration::from_secs(30);
 /// A read asks for peers checked longer ago than this to be checked again (in the background).
@@ -39,6 +48,8 @@ pub(super) struct Seen {
     pub(super) rtt: Option<Duration>,
     /// The path that ping's answer came on.
     pub(super) route: Option<Route>,
+    /// Checks in a row that got no answer (a failed dial counts as enough of them).
+    misses: u32,
     /// Unix ms of the check.
     pub(super) checked_at_ms: u64,
     at: Instant,
@@ -81,9 +92,13 @@ impl Reachability {
         self.lock().get(peer).cloned()
     }
 
-    /// Records what a dial found. A dial that worked keeps the last ping's RTT and route.
+    /// Records what a dial found. A dial that worked keeps the last ping's RTT and route; one
+    /// that failed had the whole dial timeout, so dials fail at once for a while.
     pub(super) fn record(&self, peer: EndpointId, reachable: bool) {
         self.record_answer(peer, reachable, reachable, None);
+        if !reachable && let Some(seen) = self.lock().get_mut(&peer) {
+            seen.misses = seen.misses.max(MISSES_TO_FAIL_FAST);
+        }
     }
 
     /// Records what a ping found: `measured` is its round trip and route when it answered.
@@ -103,6 +118,11 @@ impl Reachability {
             (true, Some((rtt, route))) => (Some(rtt), route),
             (false, _) => (None, None),
         };
+        let misses = match seen.get(&peer) {
+            _ if answered => 0,
+            Some(s) => s.misses.saturating_add(1),
+            None => 1,
+        };
         seen.insert(
             peer,
             Seen {
@@ -110,16 +130,18 @@ impl Reachability {
                 answered,
                 rtt,
                 route,
+                misses,
                 checked_at_ms: crate::time::unix_ms(),
                 at: Instant::now(),
             },
         );
     }
 
-    /// When the last check of `peer` got no answer less than [`FAIL_FAST`] ago, how long ago.
+    /// When the last [`MISSES_TO_FAIL_FAST`] checks of `peer` (or a dial) got no answer, the
+    /// last less than [`FAIL_FAST`] ago, how long ago.
     pub(super) fn recently_down(&self, peer: &EndpointId) -> Option<Duration> {
         self.get(peer)
-            .filter(|s| !s.answered)
+            .filter(|s| !s.answered && s.misses >= MISSES_TO_FAIL_FAST)
             .map(|s| s.age())
             .filter(|age| *age < FAIL_FAST)
     }
@@ -189,9 +211,18 @@ impl Reachability {
             let asked = self.asked.swap(false, std::sync::atomic::Ordering::Relaxed);
             self.lock().retain(|id, _| all.contains(id));
             let mut pings = tokio::task::JoinSet::new();
+            let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PINGS));
             for id in all.into_iter().filter(|id| self.due(id, asked)) {
                 let endpoint = endpoint.clone();
-                pings.spawn(async move { (id, ping_outcome(&endpoint, id, PING_TIMEOUT).await) });
+                let limit = match self.get(&id) {
+                    Some(s) if s.misses > 0 => CONFIRM_TIMEOUT,
+                    _ => PING_TIMEOUT,
+                };
+                let slots = slots.clone();
+                pings.spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    (id, ping_outcome(&endpoint, id, limit).await)
+                });
             }
             let checked = !pings.is_empty();
             while let Some(done) = pings.join_next().await {
@@ -218,5 +249,49 @@ impl Reachability {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, Seen>> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> EndpointId {
+        iroh::SecretKey::from_bytes(&[7; 32]).public()
+    }
+
+    #[test]
+    fn one_missed_ping_does_not_make_dials_fail_at_once_two_in_a_row_do() {
+        let reach = Reachability::default();
+        let id = peer();
+        reach.record_answer(id, false, false, None);
+        assert_eq!(reach.recently_down(&id), None, "one miss may be this machine's load");
+        reach.record_answer(id, false, false, None);
+        assert!(reach.recently_down(&id).is_some(), "two misses in a row");
+    }
+
+    #[test]
+    fn an_answer_between_misses_starts_the_count_again() {
+        let reach = Reachability::default();
+        let id = peer();
+        reach.record_answer(id, false, false, None);
+        reach.record_answer(id, true, true, Some((Duration::from_millis(1), None)));
+        reach.record_answer(id, false, false, None);
+        assert_eq!(reach.recently_down(&id), None);
+        // A refusal is an answer too: the peer is there.
+        reach.record_answer(id, false, false, None);
+        reach.record_answer(id, false, true, None);
+        reach.record_answer(id, false, false, None);
+        assert_eq!(reach.recently_down(&id), None);
+    }
+
+    #[test]
+    fn a_failed_dial_makes_the_next_dials_fail_at_once() {
+        let reach = Reachability::default();
+        let id = peer();
+        reach.record(id, false);
+        assert!(reach.recently_down(&id).is_some());
+        reach.record(id, true);
+        assert_eq!(reach.recently_down(&id), None);
     }
 }
