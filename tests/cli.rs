@@ -4,6 +4,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -400,6 +401,10 @@ async fn a_server_that_cannot_start_is_explained_to_the_owner_and_briefly_to_the
     );
     let human = String::from_utf8_lossy(&alice.cli(&["status"]).stdout).into_owned();
     assert!(human.contains("could not serve bob"), "{human}");
+    // Where the owner looks next: the node's log, which holds the server's stderr.
+    let log = status["log"].as_str().unwrap();
+    assert!(Path::new(log).starts_with(alice.home()), "{status}");
+    assert!(human.contains(&format!("node log: {log}")), "{human}");
 
     let records = alice.stop_and_audit();
     assert!(
@@ -741,4 +746,86 @@ async fn connect_under_json_writes_only_a_failures_json_line_on_stderr() {
             assert_eq!(text, "", "{target}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_node_log_is_plain_text_bounded_in_size_and_named_by_doctor() {
+    const BOUND: u64 = 4096;
+    let alice = TestNode::start_with(
+        "alice",
+        "",
+        &[
+            ("MCPMESH_LOG_MAX_BYTES", "4096"),
+            ("MCPMESH_LOG", "debug,iroh=warn,noq=warn,noq_proto=warn"),
+        ],
+    );
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    // A server that talks a lot on stderr before it starts: the node logs every line.
+    let script = alice.home().join("chatty.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ni=0\nwhile [ $i -lt 300 ]; do echo \"chatty line $i of a server that says a lot\" >&2; i=$((i+1)); done\nexec {STUB}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    alice.serve("chatty", &["bob"], &["--", script.to_str().unwrap()]);
+    let mut s = bob.connect("alice/chatty");
+    s.initialize().await;
+
+    let doctor = alice.json(&["doctor", "--offline"]);
+    let log = std::path::PathBuf::from(doctor["log"].as_str().unwrap());
+    assert!(log.starts_with(alice.home()), "{doctor}");
+    let check = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "log")
+        .unwrap_or_else(|| panic!("no log check: {doctor}"));
+    assert!(
+        check["message"]
+            .as_str()
+            .unwrap()
+            .contains(&log.display().to_string()),
+        "{check}"
+    );
+
+    let rotated = |n: u32| std::path::PathBuf::from(format!("{}.{n}", log.display()));
+    let everything = || -> String {
+        [log.clone(), rotated(1), rotated(2), rotated(3)]
+            .iter()
+            .filter_map(|p| std::fs::read(p).ok())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect()
+    };
+    // The node reads the server's stderr as it comes: wait for the last line to be logged.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !everything().contains("chatty line 299 ") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server's last stderr line never reached the log"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for p in [log.clone(), rotated(1), rotated(2), rotated(3)] {
+        let meta = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            meta.len() <= BOUND,
+            "{} is {} bytes",
+            p.display(),
+            meta.len()
+        );
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{}", p.display());
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(!bytes.contains(&0x1b), "colour codes in {}", p.display());
+    }
+    assert!(!rotated(4).exists(), "only three older files are kept");
+    let all = everything();
+    assert!(
+        !all.contains("chatty line 0 "),
+        "the oldest lines were dropped"
+    );
 }

@@ -57,6 +57,11 @@ pub enum Command {
         /// Report readiness or failure as one JSON line on stdout (for whoever started us).
         #[arg(long, hide = true)]
         notify: bool,
+        /// Write the log to the profile's log file (`doctor` names it), rotated at 10 MiB
+        /// (`MCPMESH_LOG_MAX_BYTES`) with 3 older files kept, instead of to stderr. A node that
+        /// starts itself does this.
+        #[arg(long)]
+        log_file: bool,
     },
     /// List trusted peers, or add, rename or remove one.
     #[command(

@@ -1,7 +1,7 @@
 //! What each verb does: one function per verb, each parsing nothing (clap did, in `args`)
 //! and rendering its answer through `Output`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -33,7 +33,7 @@ pub fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    init_logging(&cli.command);
+    init_logging(&cli);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -52,10 +52,10 @@ fn usage_message(e: &clap::Error) -> String {
     format!("{what} (see `mcpmesh --help`)")
 }
 
-fn init_logging(command: &Command) {
+fn init_logging(cli: &Cli) {
     // iroh's own spans and events stay at warn: entering its per-poll spans was a few percent
     // of the node's CPU per call, and its info lines are not the node's story.
-    let default = match command {
+    let default = match &cli.command {
         Command::Daemon { .. } => {
             "info,iroh=warn,iroh_relay=warn,noq=warn,noq_proto=warn,netwatch=warn,portmapper=warn"
         }
@@ -63,8 +63,29 @@ fn init_logging(command: &Command) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCPMESH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if let Command::Daemon { log_file: true, .. } = &cli.command
+        && let Ok(profile) = Profile::resolve(cli.home.clone())
+    {
+        let path = profile.log_file();
+        let max = mcpmesh::logfile::max_bytes_from_env();
+        let opened = profile
+            .create_dirs()
+            .and_then(|()| mcpmesh::logfile::LogFile::open(&path, max, true));
+        match opened {
+            Ok(file) => {
+                let _ = builder
+                    .with_ansi(false)
+                    .with_writer(std::sync::Mutex::new(file))
+                    .try_init();
+                return;
+            }
+            Err(e) => eprintln!("cannot open the node log {}: {e}", path.display()),
+        }
+    }
+    // Colour only for a person at a terminal; a service manager's journal gets plain text.
+    let _ = builder
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -109,7 +130,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     };
     match cli.command {
         Command::Init { loopback, nickname } => init(&ctx, loopback, nickname.as_deref()),
-        Command::Daemon { notify } => daemon(profile.clone(), notify, out.json),
+        Command::Daemon { notify, .. } => daemon(profile.clone(), notify, out.json),
         Command::DemoServer => {
             crate::stub_server::serve_stdio("mcpmesh-demo", false).context("demo server")?;
             Ok(())

@@ -11,6 +11,27 @@ use crate::output::{Failure, Output};
 
 /// `mcpmesh doctor`: checks that need no running node, and a few that do; unless `offline`,
 /// asks the configured relays and discovery servers whether they answer. Exit 1 on errors.
+/// Where the node's log is, how large, and how it is bounded.
+fn log_message(profile: &Profile) -> String {
+    use mcpmesh::logfile::{KEEP, max_bytes_from_env};
+    let path = profile.log_file();
+    let bound = format!(
+        "rotated at {} KiB, {KEEP} older files kept",
+        max_bytes_from_env() / 1024
+    );
+    match std::fs::metadata(&path) {
+        Ok(m) => format!(
+            "{} ({} KiB; {bound})",
+            path.display(),
+            m.len().div_ceil(1024)
+        ),
+        Err(_) => format!(
+            "{} (none yet; a node that `mcpmesh` starts writes there, {bound}; a node run by systemd logs to its journal)",
+            path.display()
+        ),
+    }
+}
+
 pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Failure> {
     use std::os::unix::fs::PermissionsExt;
     let mut checks: Vec<(String, &str, String)> = Vec::new();
@@ -104,6 +125,7 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             ),
         },
     }
+    check("log", "ok", log_message(profile));
     // Which org this node is in, if any: only a running node knows.
     let org = node
         .as_mut()
@@ -232,6 +254,7 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
     let ok = !checks.iter().any(|(_, status, _)| *status == "error");
     let value = json!({
         "ok": ok,
+        "log": profile.log_file().display().to_string(),
         "checks": checks.iter().map(|(n, st, m)| json!({ "check": n, "status": st, "message": m })).collect::<Vec<_>>(),
     });
     out.print(value, || {

@@ -243,6 +243,11 @@ pub fn render_status(v: &Value) -> String {
                 svc["last_failure"]["peer"].as_str().unwrap_or_default(),
                 mcpmesh::time::format_time(svc["last_failure"]["at_ms"].as_u64().unwrap_or(0))
             ));
+            if let Some(log) = v["log"].as_str() {
+                s.push_str(&format!(
+                    "    (the server's stderr is in the node log: {log})\n"
+                ));
+            }
         }
     }
     if let Some(line) = org_line(&v["org"]) {

@@ -21,6 +21,7 @@ pub mod gateway;
 pub mod hub;
 pub mod keys;
 pub mod limits;
+pub mod logfile;
 pub mod memory;
 pub mod pairing;
 pub mod paths;

@@ -2,6 +2,7 @@
 //! `connect` turns the connection into a byte pipe. Starts the node when it is not running.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -182,6 +183,7 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log_path)
         .map_err(|e| {
             unavailable(format!(
@@ -194,7 +196,7 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
         cmd.arg("--home").arg(home);
     }
     crate::memory::tune_node(&mut cmd);
-    cmd.args(["daemon", "--notify"])
+    cmd.args(["daemon", "--notify", "--log-file"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)

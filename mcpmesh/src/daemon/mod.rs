@@ -156,6 +156,7 @@ pub async fn run(
         held: Default::default(),
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
+        log_file: profile.log_file(),
         this: Default::default(),
     });
     let _ = node.this.set(Arc::downgrade(&node));

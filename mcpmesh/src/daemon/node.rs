@@ -62,6 +62,8 @@ pub(super) struct Node {
     pub(super) org_lock: std::sync::Mutex<()>,
     /// Where the org root key is kept on the admin's node.
     pub(super) root_file: std::path::PathBuf,
+    /// The node's log, which `status` names when a service failed.
+    pub(super) log_file: std::path::PathBuf,
     /// The node itself, for work it hands to tasks of its own.
     pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
 }

@@ -265,7 +265,11 @@ mod tests {
         let reach = Reachability::default();
         let id = peer();
         reach.record_answer(id, false, false, None);
-        assert_eq!(reach.recently_down(&id), None, "one miss may be this machine's load");
+        assert_eq!(
+            reach.recently_down(&id),
+            None,
+            "one miss may be this machine's load"
+        );
         reach.record_answer(id, false, false, None);
         assert!(reach.recently_down(&id).is_some(), "two misses in a row");
     }

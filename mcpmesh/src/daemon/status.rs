@@ -127,6 +127,7 @@ impl Node {
             "outgoing": outgoing,
             "invites_live": invites,
             "org": self.org_summary(),
+            "log": self.log_file.display().to_string(),
         })
     }
 }
