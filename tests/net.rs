@@ -1,10 +1,13 @@
 //! Real networks, with iroh's own relay server: two nodes in network namespaces of their own
 //! (`scripts/netns`), the relay in a third, direct traffic between the nodes dropped or let
-//! through by a firewall rule. Nothing leaves the namespaces the test builds. Faults too: loss on
-//! a link, a ten-second outage with a call in flight, the relay killed and started again.
+//! through by a firewall rule. Nothing leaves the namespaces the test builds. Faults too: delay
+//! and loss on a link, a ten-second outage with a call in flight, the relay killed and started
+//! again. The delay is `scripts/netdelay`, a forwarder on a TUN device, so the kernel needs no
+//! netem.
 //!
-//! Needs root (to build namespaces) and `nft` (scripts/net-deps). Where namespaces cannot be
-//! built, every test here says so loudly on stderr and passes without running.
+//! Needs root (to build namespaces), `nft` and python3 (scripts/net-deps) and /dev/net/tun.
+//! Where namespaces cannot be built, every test here says so loudly on stderr and passes
+//! without running.
 
 mod common;
 
