@@ -1,10 +1,13 @@
 //! Real networks, with iroh's own relay server: two nodes in network namespaces of their own
 //! (`scripts/netns`), the relay in a third, direct traffic between the nodes dropped or let
-//! through by a firewall rule. Nothing leaves the namespaces the test builds. Faults too: loss on
-//! a link, a ten-second outage with a call in flight, the relay killed and started again.
+//! through by a firewall rule. Nothing leaves the namespaces the test builds. Faults too: delay
+//! and loss on a link, a ten-second outage with a call in flight, the relay killed and started
+//! again. The delay is `scripts/netdelay`, a forwarder on a TUN device, so the kernel needs no
+//! netem.
 //!
-//! Needs root (to build namespaces) and `nft` (scripts/net-deps). Where namespaces cannot be
-//! built, every test here says so loudly on stderr and passes without running.
+//! Needs root (to build namespaces), `nft` and python3 (scripts/net-deps) and /dev/net/tun.
+//! Where namespaces cannot be built, every test here says so loudly on stderr and passes
+//! without running.
 
 mod common;
 
@@ -37,6 +40,8 @@ const PATH_CHANGE_LIMIT: Duration = Duration::from_secs(10);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an outage lasts.
 const OUTAGE: Duration = Duration::from_secs(10);
+/// The delay put on a link.
+const DELAY: Duration = Duration::from_millis(100);
 
 fn netns_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns")
@@ -119,15 +124,19 @@ impl Net {
         dropped_in(&self.ns("a"), table)
     }
 
-    /// Shapes `side`'s link with `tc netem ARGS…`; the error when this machine cannot.
-    fn netem(&self, side: &str, args: &[&str]) -> Result<(), String> {
-        let mut all = vec!["netem", &self.prefix, side];
-        all.extend_from_slice(args);
-        let out = run_netns(&all);
-        match out.status.success() {
-            true => Ok(()),
-            false => Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
-        }
+    /// Holds every packet `side` sends for `delay` (scripts/netdelay, through a TUN device).
+    fn delay(&self, side: &str, delay: Duration) {
+        netns_ok(&["delay", &self.prefix, side, &delay.as_millis().to_string()]);
+    }
+
+    /// Drops `pct`% of `side`'s packets each way, at random.
+    fn loss(&self, side: &str, pct: u32) {
+        netns_ok(&["loss", &self.prefix, side, &pct.to_string()]);
+    }
+
+    /// The live delay forwarders of `side`'s link (scripts/netdelay names its pid file).
+    fn forwarders(&self, side: &str) -> Vec<u32> {
+        forwarders_of(&self.ns(side))
     }
 
     /// Starts an outage on `side`'s link: every packet dropped, both ways.
@@ -195,6 +204,15 @@ async fn relay_in(ns: &str, addr: &str) -> (Started, String) {
     cmd.args(["netns", "exec", ns, RELAY]).arg(addr);
     let (relay, line) = Started::until(&mut cmd, "http://").await;
     (relay, line.trim().to_owned())
+}
+
+/// The live (non-zombie) delay forwarders of namespace `ns`.
+fn forwarders_of(ns: &str) -> Vec<u32> {
+    procs_with(&format!("/run/mcpmesh-netns/{ns}.delay.pid"))
+        .into_iter()
+        .filter(|(_, state)| *state != 'Z')
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Packets the rules of nftables table `table` in namespace `ns` have dropped so far.
@@ -392,34 +410,25 @@ async fn a_live_session_moves_to_the_direct_path_once_let_through_without_notici
 #[tokio::test(flavor = "multi_thread")]
 async fn with_loss_and_delay_on_one_link_every_call_of_a_sequential_run_is_answered() {
     const CALLS: usize = 100;
-    let Some(net) = Net::up("netem") else {
+    let Some(net) = Net::up("delay_loss") else {
         return;
     };
     let (_relay, url) = net.relay().await;
-    let m = marker("net-netem");
-    let (_alice, bob) = paired(&net, &url, &m);
+    let m = marker("net-delay");
+    let (alice, bob) = paired(&net, &url, &m);
     let mut s = bob.connect("alice/notes");
     s.initialize().await;
     echo(&mut s, "unshaped").await;
+    let unshaped = path_becomes(&bob, "alice", "direct", PATH_CHANGE_LIMIT)
+        .await
+        .expect("nothing blocks the direct path");
+    show("bob sees alice, unshaped", &unshaped);
 
-    // alice's link: 100 ms on the way out, one packet in twenty lost. A kernel without netem
-    // gets the loss alone (nftables, each way), and says so: nothing else in the kernel delays
-    // every packet by a fixed time (a rate limiter such as tbf delays only what queues), so the
-    // delay is not imitated.
-    let delayed = match net.netem("a", &["delay", "100ms", "loss", "5%"]) {
-        Ok(()) => true,
-        Err(why) => {
-            skip_loudly(
-                "netem's 100 ms delay",
-                &format!(
-                    "no tc netem here ({why}); the delay cannot be applied on this kernel, \
-                     so the run has 5% loss each way (nftables) and no delay"
-                ),
-            );
-            netns_ok(&["loss", &net.prefix, "a", "5"]);
-            false
-        }
-    };
+    // alice's link: everything she sends held 100 ms (so every answer is), one packet in twenty
+    // lost each way.
+    net.delay("a", DELAY);
+    net.loss("a", 5);
+    assert_eq!(net.forwarders("a").len(), 1, "one delay forwarder runs");
     let mut took = Vec::with_capacity(CALLS);
     for i in 0..CALLS {
         let started = Instant::now();
@@ -428,19 +437,34 @@ async fn with_loss_and_delay_on_one_link_every_call_of_a_sequential_run_is_answe
     }
     took.sort();
     let at = |q: f64| took[((CALLS as f64 * q).ceil() as usize).clamp(1, CALLS) - 1];
+    let shaped = path_becomes(&bob, "alice", "direct", Duration::ZERO)
+        .await
+        .unwrap_or_else(|| panic!("no longer direct: {}", bob.json(&["peers"])));
+    show("bob sees alice, 100 ms delay and 5% loss", &shaped);
+    let lost = net.dropped_by("mcpmesh_loss");
     println!(
-        "{CALLS} sequential calls, alice's link with {}5% loss: p50 {:?}, p99 {:?}, max {:?}",
-        if delayed { "100 ms delay and " } else { "" },
+        "{CALLS} sequential calls, alice's link with 100 ms delay and 5% loss ({lost} packets \
+         lost): p50 {:?}, p99 {:?}, max {:?}",
         at(0.50),
         at(0.99),
         took[CALLS - 1]
     );
-    if delayed {
-        assert!(
-            at(0.50) >= Duration::from_millis(100),
-            "the delay was applied"
-        );
-    }
+    // Both faults were really there: the answers waited, QUIC measured the longer round
+    // trip, packets were lost.
+    assert!(at(0.50) >= DELAY, "p50 {:?} under the delay", at(0.50));
+    let rtt = shaped["rtt_ms"].as_f64().expect("a round trip");
+    assert!(rtt >= DELAY.as_millis() as f64, "{shaped}");
+    assert!(lost > 0, "no packet lost");
+
+    // The network's teardown ends the forwarder, a process of its own outside the namespace.
+    let ns = net.ns("a");
+    drop((s, alice, bob));
+    drop(net);
+    assert_eq!(
+        forwarders_of(&ns),
+        Vec::<u32>::new(),
+        "a forwarder outlived its network"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
