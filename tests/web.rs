@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, COOKIE, HOST, LOCATION, ORIGIN, SET_COOKIE};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// alice serves the stub as `svc` to bob; her status page is open.
 struct Served {
@@ -386,6 +386,8 @@ async fn in_a_browser_the_page_shows_a_session_appear_and_disappear_without_relo
     let mut session = s.bob.connect("alice/svc");
     session.initialize().await;
     assert_eq!(report(&mut browser, "shown ").await, "shown bob");
+    session.call(r#"<b id="injected">x</b>"#, json!({})).await;
+    report(&mut browser, "escaped").await;
 
     session.close_stdin();
     session.wait_eof().await;

@@ -2,6 +2,7 @@
 // driven by playwright-core) and reports what it sees, one line at a time on stdout:
 //   ready <nickname>       the page loaded and its live feed is connected
 //   shown <peer>           a live session of <peer> appeared (shot: <dir>/live.png)
+//   escaped               a tool name that is markup (the test calls it) shows as text
 //   gone <peer>            it disappeared, in the same document (no reload)
 //   screenshot <path>      the final screenshot
 //   errors <n> <first>     console errors and page errors seen (a CSP violation is one)
@@ -14,6 +15,7 @@ const fs = require("node:fs");
 
 const [url, peer, shots] = process.argv.slice(2);
 const wait = 20_000;
+const HOSTILE = '<b id="injected">';
 const say = (line) => process.stdout.write(line + "\n");
 
 async function main() {
@@ -42,6 +44,16 @@ async function main() {
     await page.waitForSelector(session, { timeout: wait });
     await page.screenshot({ path: path.join(shots, "live.png"), fullPage: true });
     say("shown " + peer);
+    // What a peer names reaches the page as text: a tool name that is markup stays text.
+    await page.waitForFunction(
+      (m) => [...document.querySelectorAll("#recent td")].some((td) => td.textContent.includes(m)),
+      HOSTILE,
+      { timeout: wait },
+    );
+    if (await page.evaluate(() => document.getElementById("injected") !== null)) {
+      throw new Error("a tool name became markup");
+    }
+    say("escaped");
     await page.waitForSelector(session, { state: "detached", timeout: wait });
     if (!(await page.evaluate(() => window.sameDocument === true))) {
       throw new Error("the page was reloaded");
