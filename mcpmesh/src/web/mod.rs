@@ -94,6 +94,7 @@ impl StatusPage {
         let page = Arc::new(Page {
             feed,
             viewers: Arc::new(Semaphore::new(MAX_VIEWERS)),
+            stop: stop.clone(),
         });
         let keys = Arc::new(guard::Keys::new(token.clone(), addr.port()));
         let app = Router::new()
@@ -131,6 +132,8 @@ impl StatusPage {
 struct Page {
     feed: Feed,
     viewers: Arc<Semaphore>,
+    /// Ends the open feeds when the node stops (the server's graceful stop waits for them).
+    stop: CancellationToken,
 }
 
 async fn index() -> Response {
@@ -175,28 +178,40 @@ async fn events(State(page): State<Arc<Page>>) -> Response {
     };
     let changes = page.feed.subscribe();
     let first = page.feed.snapshot().await.to_string();
-    Sse::new(pushes(first, changes, permit))
+    Sse::new(pushes(first, changes, permit, page.stop.clone()))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// One page's feed; the permit it holds is its place among [`MAX_VIEWERS`].
+struct Viewer {
+    changes: watch::Receiver<Arc<str>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    stop: CancellationToken,
 }
 
 fn pushes(
     first: String,
     changes: watch::Receiver<Arc<str>>,
     permit: tokio::sync::OwnedSemaphorePermit,
+    stop: CancellationToken,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    stream::unfold(
-        (Some(first), changes, permit),
-        |(first, mut changes, permit)| async move {
-            if let Some(first) = first {
-                return Some((Ok(Event::default().data(first)), (None, changes, permit)));
-            }
-            // Ends when the feed does (the node stops).
-            changes.changed().await.ok()?;
-            let next = changes.borrow_and_update().to_string();
-            Some((Ok(Event::default().data(next)), (None, changes, permit)))
-        },
-    )
+    let viewer = Viewer {
+        changes,
+        _permit: permit,
+        stop,
+    };
+    stream::unfold((Some(first), viewer), |(first, mut viewer)| async move {
+        if let Some(first) = first {
+            return Some((Ok(Event::default().data(first)), (None, viewer)));
+        }
+        tokio::select! {
+            _ = viewer.stop.cancelled() => return None,
+            changed = viewer.changes.changed() => changed.ok()?,
+        }
+        let next = viewer.changes.borrow_and_update().to_string();
+        Some((Ok(Event::default().data(next)), (None, viewer)))
+    })
 }
 
 /// Headers every answer carries, refusals too.
