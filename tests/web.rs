@@ -322,6 +322,30 @@ async fn a_configured_address_is_used_and_one_in_use_is_reported_without_stoppin
     assert!(busy.log().contains("the status page is not open"));
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_file_others_can_read_keeps_the_page_closed_and_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = TestNode::start("alice");
+    let file = node.home().join("status.token");
+    std::fs::write(&file, "leaked-token\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = node.cli(&["--json", "status", "--web"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("readable by others") && err.contains("chmod 600"),
+        "{err}"
+    );
+    assert!(!err.contains("leaked-token"), "{err}");
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = node.json(&["status", "--web"])["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(url.ends_with("?token=leaked-token"), "{url}");
+}
+
 // ---- in a real browser ----
 
 /// The driver's next report line starting with `what`; a `fail` line fails the test.
