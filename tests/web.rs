@@ -220,10 +220,22 @@ async fn the_state_shows_what_the_node_serves_and_the_feed_pushes_a_session_as_i
     let first = feed.next().await;
     assert!(!has_session_of(&first, "bob"), "{first}");
 
+    // The org roster shows once there is one.
+    s.alice.json(&["org", "create", "acme"]);
+    let in_org = feed.until(|v| !v["roster"].is_null()).await;
+    assert_eq!(in_org["roster"]["org"], "acme");
+    assert_eq!(in_org["roster"]["members"][0]["user"], "alice");
+    assert_eq!(in_org["org"]["name"], "acme");
+
     let mut session = s.bob.connect("alice/svc");
     session.initialize().await;
     let opened = feed.until(|v| has_session_of(v, "bob")).await;
     assert_eq!(opened["sessions"][0]["service"], "svc");
+    // The page shows what the node's checker found, on the checker's schedule.
+    let checked = feed.until(|v| v["peers"][0]["reachable"] == true).await;
+    let bob = &checked["peers"][0];
+    assert_eq!(bob["path"], "direct", "{bob}");
+    assert!(bob["rtt_ms"].as_f64().is_some(), "{bob}");
     let recent = opened["recent"].as_array().unwrap();
     assert!(
         recent
