@@ -246,7 +246,8 @@ async fn the_state_shows_what_the_node_serves_and_the_feed_pushes_a_session_as_i
 
     // A refusal shows among the refusals.
     let mut refused = s.bob.connect("alice/nothing-here");
-    refused.wait_eof().await;
+    let answer = refused.initialize().await;
+    assert!(answer["error"].is_object(), "{answer}");
     let with_refusal = feed
         .until(|v| {
             v["refusals"]
@@ -407,6 +408,10 @@ async fn in_a_browser_the_page_shows_a_session_appear_and_disappear_without_relo
         return;
     };
     let s = served("web-browser");
+    // So that the screenshots show every part of the page: an org, a refusal.
+    s.alice.json(&["org", "create", "acme"]);
+    let mut refused = s.bob.connect("alice/nothing-here");
+    refused.initialize().await;
     let shots = artifacts();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/drive.cjs");
     let mut cmd = tokio::process::Command::new("node");
