@@ -336,7 +336,7 @@ async fn a_configured_address_is_used_and_one_in_use_is_reported_without_stoppin
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_token_file_others_can_read_keeps_the_page_closed_and_says_why() {
+async fn a_token_file_others_can_read_or_unfit_for_a_url_keeps_the_page_closed_and_says_why() {
     use std::os::unix::fs::PermissionsExt;
     let node = TestNode::start("alice");
     let file = node.home().join("status.token");
@@ -351,7 +351,16 @@ async fn a_token_file_others_can_read_keeps_the_page_closed_and_says_why() {
     );
     assert!(!err.contains("leaked-token"), "{err}");
 
+    // It goes in a URL and a cookie as it is.
+    std::fs::write(&file, "leaked;token\n").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = node.cli(&["--json", "status", "--web"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only letters, digits"), "{err}");
+    assert!(!err.contains("leaked;token"), "{err}");
+
+    std::fs::write(&file, "leaked-token\n").unwrap();
     let url = node.json(&["status", "--web"])["url"]
         .as_str()
         .unwrap()

@@ -196,6 +196,16 @@ impl Node {
                 .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
             let local = |e: String| ControlError::new(codes::LOCAL, e);
             let token = token::load_or_mint(&slot.token_file).map_err(|e| local(e.to_string()))?;
+            // It goes in a URL and a cookie as it is.
+            if !token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(local(format!(
+                    "the status page token {} may hold only letters, digits, '-' and '_': delete it and a new one is minted",
+                    slot.token_file.display()
+                )));
+            }
             let source = Arc::new(NodeStatus(self.this.get().cloned().unwrap_or_default()));
             let opened = StatusPage::start(
                 listen,
