@@ -197,8 +197,16 @@ pub enum Command {
         target: String,
     },
     /// What this node serves and to whom, its peers, live sessions, recent pairings.
-    #[command(after_help = "Examples:\n  mcpmesh status\n  mcpmesh status --json")]
-    Status,
+    #[command(
+        after_help = "Examples:\n  mcpmesh status\n  mcpmesh status --json\n  mcpmesh status --web"
+    )]
+    Status {
+        /// Print the URL of the status page, a page on loopback that shows the same and updates
+        /// itself (opened now if it is not yet). The URL carries the page's token: keep it to
+        /// yourself.
+        #[arg(long)]
+        web: bool,
+    },
     /// Follow the node live: sessions opening and closing, each request's latency and bytes,
     /// trust changes (with --json, one JSON event per line).
     #[command(

@@ -206,7 +206,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Join { invite, device } => crate::org::join(&ctx, &invite, device.as_deref()),
         Command::Org { action } => crate::org::run(&ctx, action),
         Command::Use { target } => crate::mount::use_lines(&profile, &exe, &target, &out),
-        Command::Status => status(&ctx),
+        Command::Status { web: false } => status(&ctx),
+        Command::Status { web: true } => status_web(&ctx),
         Command::Doctor { offline } => doctor(&profile, offline, &out),
         Command::Watch => watch(&ctx),
         Command::Completions { shell } => completions(shell, &out),
@@ -541,6 +542,17 @@ fn pair(ctx: &Ctx, invite: &str, name: Option<&str>) -> Result<(), Failure> {
 fn status(ctx: &Ctx) -> Result<(), Failure> {
     let v = ctx.call(methods::STATUS, json!({}))?;
     ctx.out.print(v.clone(), || render_status(&v));
+    Ok(())
+}
+
+fn status_web(ctx: &Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::STATUS_WEB, json!({}))?;
+    ctx.out.print(v.clone(), || {
+        format!(
+            "open the status page at {}",
+            v["url"].as_str().unwrap_or_default()
+        )
+    });
     Ok(())
 }
 

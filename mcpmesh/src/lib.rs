@@ -35,3 +35,4 @@ pub mod store;
 pub mod template;
 pub mod time;
 pub mod tool_policy;
+pub mod web;

@@ -78,6 +78,11 @@ impl Profile {
         self.config_dir.join("gateway.token")
     }
 
+    /// The status page's token (`0600`), apart from the gateway's: it only lets one look.
+    pub fn status_token_file(&self) -> PathBuf {
+        self.config_dir.join("status.token")
+    }
+
     pub fn socket_path(&self) -> PathBuf {
         self.runtime_dir.join("mcpmesh.sock")
     }
@@ -143,6 +148,7 @@ mod tests {
             p.config_file(),
             p.key_file(),
             p.gateway_token_file(),
+            p.status_token_file(),
             p.socket_path(),
             p.log_file(),
             p.port_file(),

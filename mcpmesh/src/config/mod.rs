@@ -53,6 +53,8 @@ pub struct Config {
     #[serde(default)]
     pub org: OrgSection,
     #[serde(default)]
+    pub telemetry: TelemetrySection,
+    #[serde(default)]
     pub services: BTreeMap<String, ServiceConfig>,
     #[serde(default)]
     pub peers: BTreeMap<String, PeerConfig>,
@@ -106,6 +108,14 @@ pub struct AuditSection {
 pub struct OrgSection {
     /// How often the node pulls the roster from reachable members, in seconds.
     pub sync_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// Where the status page listens from the start, `"127.0.0.1:PORT"` (loopback only);
+    /// unset, it opens on an ephemeral loopback port at the first `status --web`.
+    pub status: Option<String>,
 }
 
 /// How often a node pulls the roster from reachable members, by default.
@@ -317,6 +327,8 @@ pub struct Settings {
     pub audit_retain_months: Option<u32>,
     /// How often the roster is pulled from reachable members.
     pub org_sync: Duration,
+    /// Where the status page listens from the start (`[telemetry] status`).
+    pub status_listen: Option<SocketAddr>,
 }
 
 /// The `[network]` keys of a team's own discovery service: only with relays (a hermetic node
@@ -444,6 +456,17 @@ impl Config {
         if self.limits.rate_limit_per_min == 0 {
             return Err("limits.rate_limit_per_min: must be at least 1".into());
         }
+        let status_listen = match &self.telemetry.status {
+            None => None,
+            Some(a) => match a.parse::<SocketAddr>() {
+                Ok(addr) if addr.ip().is_loopback() => Some(addr),
+                _ => {
+                    return Err(format!(
+                        "telemetry.status: {a:?} is not a loopback address like \"127.0.0.1:9465\" (the status page is only served on loopback)"
+                    ));
+                }
+            },
+        };
         let mut services = Vec::new();
         for (name, svc) in &self.services {
             services.push(validate_service(name, svc, &self.limits)?);
@@ -476,6 +499,7 @@ impl Config {
             org_sync: Duration::from_secs(
                 self.org.sync_secs.unwrap_or(DEFAULT_ORG_SYNC_SECS).max(1),
             ),
+            status_listen,
         })
     }
 }
@@ -995,6 +1019,20 @@ addrs = ["127.0.0.1:4433"]
 
     fn error_of(text: &str) -> String {
         Config::parse(text, "config.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_status_page_address_is_loopback_or_an_error_naming_the_key() {
+        let s = Config::parse("[telemetry]\nstatus = \"127.0.0.1:9465\"\n", "c").unwrap();
+        assert_eq!(s.status_listen, Some("127.0.0.1:9465".parse().unwrap()));
+        assert_eq!(Config::parse("", "c").unwrap().status_listen, None);
+        for bad in ["0.0.0.0:9465", "192.168.1.2:80", "localhost:9465", "9465"] {
+            let e = error_of(&format!("[telemetry]\nstatus = \"{bad}\"\n"));
+            assert!(
+                e.contains("telemetry.status") && e.contains("loopback"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

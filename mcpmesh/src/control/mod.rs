@@ -30,6 +30,7 @@ pub mod methods {
     pub const PAIR: &str = "pair";
     pub const SERVICES_UNSERVE: &str = "services.unserve";
     pub const STATUS: &str = "status";
+    pub const STATUS_WEB: &str = "status.web";
     pub const WATCH: &str = "watch";
     pub const SERVICES_SERVE: &str = "services.serve";
     pub const SESSION_OPEN: &str = "session.open";

@@ -157,6 +157,7 @@ pub async fn run(
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
         log_file: profile.log_file(),
+        status_page: status::StatusPageSlot::new(profile.status_token_file(), profile.audit_dir()),
         this: Default::default(),
     });
     let _ = node.this.set(Arc::downgrade(&node));
@@ -227,6 +228,13 @@ pub async fn run(
                 .await;
         })
     };
+
+    // A page configured to listen from the start that cannot is no reason not to run the
+    // node: it is logged, and `status --web` tries again and says why.
+    let page_configured = node.settings().status_listen.is_some();
+    if page_configured && let Err(e) = node.status_web().await {
+        tracing::warn!("the status page is not open: {e}");
+    }
 
     let socket_path = profile.socket_path();
     let listener = bind_control_socket(&socket_path)?;

@@ -64,6 +64,8 @@ pub(super) struct Node {
     pub(super) root_file: std::path::PathBuf,
     /// The node's log, which `status` names when a service failed.
     pub(super) log_file: std::path::PathBuf,
+    /// The status page, opened at start or on the first `status.web`.
+    pub(super) status_page: super::status::StatusPageSlot,
     /// The node itself, for work it hands to tasks of its own.
     pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
 }
@@ -540,6 +542,7 @@ impl ControlHandler for Node {
             methods::SERVICES_SERVE => self.serve(params)?,
             methods::SERVICES_UNSERVE => self.unserve(params)?,
             methods::STATUS => self.status().await,
+            methods::STATUS_WEB => self.status_web().await?,
             methods::ORG_CREATE => {
                 self.home_relay_settled().await;
                 self.org_create(params)?

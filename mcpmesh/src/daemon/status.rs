@@ -2,16 +2,64 @@
 //! path their traffic takes, direct or through a relay), what it serves and to whom, live
 //! sessions, recent pairings, the org it is in.
 
-use crate::peers::Source;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+
 use serde_json::{Value, json};
 
 use super::node::Node;
+use crate::control::{ControlError, codes};
+use crate::gateway::token;
+use crate::peers::Source;
+use crate::web::{StatusPage, StatusSource};
+
+/// The status page, once it is open, and what opening it takes.
+#[derive(Debug)]
+pub(super) struct StatusPageSlot {
+    token_file: PathBuf,
+    audit_dir: PathBuf,
+    page: tokio::sync::Mutex<Option<StatusPage>>,
+}
+
+impl StatusPageSlot {
+    pub(super) fn new(token_file: PathBuf, audit_dir: PathBuf) -> Self {
+        StatusPageSlot {
+            token_file,
+            audit_dir,
+            page: Default::default(),
+        }
+    }
+}
+
+/// The node as the status page sees it; held weakly, so an open page never keeps a stopped
+/// node's store open.
+struct NodeStatus(Weak<Node>);
+
+impl StatusSource for NodeStatus {
+    async fn snapshot(&self) -> Value {
+        let Some(node) = self.0.upgrade() else {
+            return Value::Null;
+        };
+        // The page asks often: it shows what the checker found on its own schedule instead of
+        // asking for new checks each time.
+        let mut v = node.status_as_checked(false).await;
+        v["roster"] = node.org_members().unwrap_or(Value::Null);
+        v
+    }
+}
 
 impl Node {
     /// Every peer with what this node knows of it. Reachability comes from what the node's
     /// checker last found (`checked_at`, unix seconds), so this answers at once even when a
     /// peer is offline; only a peer never checked yet is waited for, briefly.
     pub(super) async fn peers_list(&self) -> Value {
+        self.peers_as_checked(true).await
+    }
+
+    /// [`Node::peers_list`]; with `recheck`, peers not checked in the last moments are checked
+    /// again in the background.
+    async fn peers_as_checked(&self, recheck: bool) -> Value {
         // A pairing a crash left pending is settled before it is shown.
         self.confirm_pending().await;
         let table = self.gate.snapshot();
@@ -24,7 +72,9 @@ impl Node {
         let connected = self.registry.connected_peers();
         let ids: Vec<_> = table.all().iter().map(|p| p.id).collect();
         self.reach.first_checks(&ids).await;
-        self.reach.refresh();
+        if recheck {
+            self.reach.refresh();
+        }
         let peers: Vec<Value> = table
             .all()
             .iter()
@@ -78,7 +128,11 @@ impl Node {
     }
 
     pub(super) async fn status(&self) -> Value {
-        let peers = self.peers_list().await["peers"].take();
+        self.status_as_checked(true).await
+    }
+
+    async fn status_as_checked(&self, recheck: bool) -> Value {
+        let peers = self.peers_as_checked(recheck).await["peers"].take();
         let sessions = self.host.live_sessions();
         let services: Vec<Value> = self
             .settings()
@@ -129,5 +183,44 @@ impl Node {
             "org": self.org_summary(),
             "log": self.log_file.display().to_string(),
         })
+    }
+
+    /// `status.web`: the status page's URL (with its token), the page opened first if it is
+    /// not yet: on `[telemetry] status`, else on an ephemeral loopback port.
+    pub(super) async fn status_web(&self) -> Result<Value, ControlError> {
+        let slot = &self.status_page;
+        let mut page = slot.page.lock().await;
+        if page.is_none() {
+            let listen = self
+                .settings()
+                .status_listen
+                .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+            let local = |e: String| ControlError::new(codes::LOCAL, e);
+            let token = token::load_or_mint(&slot.token_file).map_err(|e| local(e.to_string()))?;
+            // It goes in a URL and a cookie as it is.
+            if !token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(local(format!(
+                    "the status page token {} may hold only letters, digits, '-' and '_': delete it and a new one is minted",
+                    slot.token_file.display()
+                )));
+            }
+            let source = Arc::new(NodeStatus(self.this.get().cloned().unwrap_or_default()));
+            let opened = StatusPage::start(
+                listen,
+                token,
+                source,
+                &self.audit,
+                slot.audit_dir.clone(),
+                self.shutdown.child_token(),
+            )
+            .await
+            .map_err(|e| local(e.to_string()))?;
+            *page = Some(opened);
+        }
+        let url = page.as_ref().map(StatusPage::url).unwrap_or_default();
+        Ok(json!({ "url": url }))
     }
 }

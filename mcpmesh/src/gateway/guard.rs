@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 
 use super::{Gateway, plain};
@@ -30,40 +30,60 @@ pub(super) async fn guard(
             return r;
         }
     }
-    if config.listen.ip().is_loopback() {
+    if let Some(refused) = foreign_host_or_origin(
+        headers,
+        config.listen.ip().is_loopback(),
+        &config.allowed_hosts,
+        &config.allowed_origins,
+    ) {
+        return refused;
+    }
+    next.run(request).await
+}
+
+/// The refusal of a request whose `Host` (checked when `check_host`: on a loopback bind) or
+/// `Origin` is neither a loopback name nor one of those allowed: what a page a DNS rebinding
+/// points at this port sends. `None` when both pass.
+pub(crate) fn foreign_host_or_origin(
+    headers: &HeaderMap,
+    check_host: bool,
+    allowed_hosts: &[String],
+    allowed_origins: &[String],
+) -> Option<Response> {
+    if check_host {
         let host = headers
             .get(header::HOST)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         let name = host_name(host);
-        if !is_loopback_name(name) && !config.allowed_hosts.iter().any(|h| h == name) {
-            return plain(
+        if !is_loopback_name(name) && !allowed_hosts.iter().any(|h| h == name) {
+            return Some(plain(
                 StatusCode::FORBIDDEN,
                 "this Host is not allowed (DNS rebinding protection)",
-            );
+            ));
         }
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or_default();
         let allowed = origin_host(origin).is_some_and(is_loopback_name)
-            || config.allowed_origins.iter().any(|o| o == origin);
+            || allowed_origins.iter().any(|o| o == origin);
         if !allowed {
-            return plain(StatusCode::FORBIDDEN, "this Origin is not allowed");
+            return Some(plain(StatusCode::FORBIDDEN, "this Origin is not allowed"));
         }
     }
-    next.run(request).await
+    None
 }
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive and
 /// may be followed by more than one space (RFC 9110 §11.1); anything else is no token.
-fn bearer_token(value: &str) -> Option<&str> {
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, rest) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| rest.trim_start_matches(' '))
 }
 
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

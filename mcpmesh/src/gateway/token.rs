@@ -1,7 +1,8 @@
 //! The gateway's bearer token: minted once per profile (32 random bytes, URL-safe base64) and
 //! kept `0600` beside the device key, so it stays the same across gateway restarts and the
 //! clients configured with it keep working. Never logged. And the policy around it: a token
-//! unless waived on loopback, never waived beyond it.
+//! unless waived on loopback, never waived beyond it. The status page keeps a token of its own
+//! the same way ([`load_or_mint`] with its own file).
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -16,23 +17,23 @@ const MAX_LEN: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read the gateway token {path}: {source}")]
+    #[error("cannot read the token {path}: {source}")]
     Read {
         path: String,
         source: std::io::Error,
     },
-    #[error("cannot store a new gateway token in {path}: {source}")]
+    #[error("cannot store a new token in {path}: {source}")]
     Create {
         path: String,
         source: std::io::Error,
     },
     #[error(
-        "the gateway token {path} is readable by others (mode {mode:o}), so it may have leaked: delete it to get a new one, or run: chmod 600 {path}"
+        "the token {path} is readable by others (mode {mode:o}), so it may have leaked: delete it to get a new one, or run: chmod 600 {path}"
     )]
     Permissions { path: String, mode: u32 },
-    #[error("the gateway token {path} is damaged: delete it and a new one is minted")]
+    #[error("the token {path} is damaged: delete it and a new one is minted")]
     Malformed { path: String },
-    #[error("no randomness for a gateway token: {0}")]
+    #[error("no randomness for a token: {0}")]
     Random(String),
 }
 

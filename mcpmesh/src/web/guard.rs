@@ -1,0 +1,125 @@
+//! The checks every status page request passes before any handler: `Host` and `Origin` as
+//! the gateway checks them, then the token, from the cookie the page set, or `?token=` (traded
+//! for that cookie), or an `Authorization: Bearer` header (for scripts).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::gateway::guard::{bearer_token, constant_time_eq, foreign_host_or_origin};
+
+/// The token and the name of the cookie that carries it.
+#[derive(Debug)]
+pub(super) struct Keys {
+    token: String,
+    /// Cookies are kept per host, not per port: two nodes' pages on one machine each need a
+    /// name of their own.
+    cookie: String,
+}
+
+impl Keys {
+    pub(super) fn new(token: String, port: u16) -> Self {
+        Keys {
+            token,
+            cookie: format!("mcpmesh_status_{port}"),
+        }
+    }
+
+    fn matches(&self, given: &str) -> bool {
+        constant_time_eq(given.as_bytes(), self.token.as_bytes())
+    }
+}
+
+pub(super) async fn guard(
+    State(keys): State<Arc<Keys>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let headers = request.headers();
+    if let Some(refused) = foreign_host_or_origin(headers, true, &[], &[]) {
+        return refused;
+    }
+    if let Some(given) = query_token(request.uri().query()) {
+        if !keys.matches(given) || request.method() != Method::GET {
+            return unauthorized();
+        }
+        return into_cookie(&keys, request.uri().path());
+    }
+    let carried = cookie_token(headers, &keys.cookie).or_else(|| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer_token)
+    });
+    match carried {
+        Some(given) if keys.matches(given) => next.run(request).await,
+        _ => unauthorized(),
+    }
+}
+
+/// The answer to a right `?token=`: the cookie, and the same page without the token in its
+/// URL (so it stays out of the address bar and of what is bookmarked).
+fn into_cookie(keys: &Keys, path: &str) -> Response {
+    let cookie = format!(
+        "{}={}; HttpOnly; SameSite=Strict; Path=/",
+        keys.cookie, keys.token
+    );
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    // Neither is ever invalid: the token is URL-safe base64 and the path came in a URI.
+    if let (Ok(cookie), Ok(location)) =
+        (HeaderValue::from_str(&cookie), HeaderValue::from_str(path))
+    {
+        r.headers_mut().insert(header::SET_COOKIE, cookie);
+        r.headers_mut().insert(header::LOCATION, location);
+    }
+    r
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "text/plain")],
+        "this page needs its token: open the URL `mcpmesh status --web` prints",
+    )
+        .into_response()
+}
+
+fn query_token(query: Option<&str>) -> Option<&str> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("token="))
+}
+
+fn cookie_token<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (key, value) = pair.trim().split_once('=')?;
+            (key == name).then_some(value)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_found_in_the_query_or_in_this_pages_cookie_only() {
+        assert_eq!(query_token(Some("a=1&token=xyz")), Some("xyz"));
+        assert_eq!(query_token(Some("tokens=xyz")), None);
+        assert_eq!(query_token(None), None);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("other=1; mcpmesh_status_9=abc; mcpmesh_status_10=def"),
+        );
+        assert_eq!(cookie_token(&headers, "mcpmesh_status_10"), Some("def"));
+        assert_eq!(cookie_token(&headers, "mcpmesh_status_9"), Some("abc"));
+        assert_eq!(cookie_token(&headers, "mcpmesh_status_1"), None);
+    }
+}
