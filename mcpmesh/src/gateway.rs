@@ -14,7 +14,7 @@
 //! check. It listens on loopback unless told otherwise, and checks `Host` and `Origin` against
 //! DNS rebinding.
 
-mod guard;
+pub(crate) mod guard;
 pub mod token;
 
 pub use token::{TokenChoice, check_bind, resolve_token};

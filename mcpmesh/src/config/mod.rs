@@ -53,6 +53,8 @@ pub struct Config {
     #[serde(default)]
     pub org: OrgSection,
     #[serde(default)]
+    pub telemetry: TelemetrySection,
+    #[serde(default)]
     pub services: BTreeMap<String, ServiceConfig>,
     #[serde(default)]
     pub peers: BTreeMap<String, PeerConfig>,
@@ -106,6 +108,14 @@ pub struct AuditSection {
 pub struct OrgSection {
     /// How often the node pulls the roster from reachable members, in seconds.
     pub sync_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// Where Prometheus scrapes the node's metrics (`GET /metrics`): a loopback address like
+    /// `"127.0.0.1:9464"`. Unset: no metrics endpoint.
+    pub metrics: Option<String>,
 }
 
 /// How often a node pulls the roster from reachable members, by default.
@@ -317,6 +327,8 @@ pub struct Settings {
     pub audit_retain_months: Option<u32>,
     /// How often the roster is pulled from reachable members.
     pub org_sync: Duration,
+    /// Where the metrics endpoint listens, when there is one.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The `[network]` keys of a team's own discovery service: only with relays (a hermetic node
@@ -438,6 +450,12 @@ impl Config {
             })
             .collect::<Result<_, _>>()?;
         let discovery = validate_discovery(&self.network)?;
+        let metrics = self
+            .telemetry
+            .metrics
+            .as_deref()
+            .map(validate_metrics)
+            .transpose()?;
         if self.limits.max_sessions == 0 {
             return Err("limits.max_sessions: must be at least 1".into());
         }
@@ -476,8 +494,24 @@ impl Config {
             org_sync: Duration::from_secs(
                 self.org.sync_secs.unwrap_or(DEFAULT_ORG_SYNC_SECS).max(1),
             ),
+            metrics,
         })
     }
+}
+
+/// `telemetry.metrics`: a loopback address only. The endpoint has no token (Prometheus
+/// exporters' convention), so it must not be reachable from another machine.
+fn validate_metrics(text: &str) -> Result<SocketAddr, String> {
+    let addr = text.parse::<SocketAddr>().map_err(|_| {
+        format!("telemetry.metrics: {text:?} is not an address like \"127.0.0.1:9464\"")
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "telemetry.metrics: {addr} is not a loopback address; the metrics endpoint has no token, so it listens on this machine only (\"127.0.0.1:{port}\" or \"[::1]:{port}\")",
+            port = addr.port()
+        ));
+    }
+    Ok(addr)
 }
 
 fn validate_service(
@@ -1080,6 +1114,27 @@ addrs = ["127.0.0.1:4433"]
         );
         assert!(error_of("[services.x]\nsocket = \"rel.sock\"\n").contains("absolute"));
         assert!(error_of("[services.x]\nallow = []\n").contains("services.x.run"));
+        assert!(error_of("[telemetry]\nmetrics = \"9464\"\n").contains("telemetry.metrics"));
+        let e = error_of("[telemetry]\nmetrics = \"0.0.0.0:9464\"\n");
+        assert!(
+            e.contains("telemetry.metrics") && e.contains("loopback"),
+            "{e}"
+        );
+        assert!(error_of("[telemetry]\nmetric = \"127.0.0.1:1\"\n").contains("metric"));
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_listen_on_loopback_when_asked() {
+        let parse = |text: &str| Config::parse(text, "config.toml").unwrap();
+        assert_eq!(parse("").metrics, None);
+        assert_eq!(
+            parse("[telemetry]\nmetrics = \"127.0.0.1:9464\"\n").metrics,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(
+            parse("[telemetry]\nmetrics = \"[::1]:0\"\n").metrics,
+            Some("[::1]:0".parse().unwrap())
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::roster::invite::ALPN_JOIN;
 use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
+use crate::telemetry::Dialed;
 
 use super::DRAIN_TIMEOUT;
 use super::reach::Reachability;
@@ -64,6 +65,8 @@ pub(super) struct Node {
     pub(super) root_file: std::path::PathBuf,
     /// The node itself, for work it hands to tasks of its own.
     pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
+    /// Where the metrics endpoint listens, or why it could not (set once, at start).
+    pub(super) metrics_at: std::sync::OnceLock<Result<SocketAddr, String>>,
 }
 
 /// Sessions this node opened to peers' services, for `status`.
@@ -589,7 +592,12 @@ impl ControlHandler for Node {
             peer: open.peer.clone(),
             service: open.service.clone(),
         });
-        let ending = proxy::tunnel(local, session, self.shutdown.child_token()).await;
+        let dialed = self.audit.metrics().map(|metrics| Dialed {
+            metrics: metrics.clone(),
+            peer: open.peer.clone(),
+            service: open.service.clone(),
+        });
+        let ending = proxy::tunnel(local, session, self.shutdown.child_token(), dialed).await;
         self.outgoing.closed(key);
         self.audit.record(AuditEvent::OutgoingClose {
             peer: open.peer,

@@ -30,28 +30,48 @@ pub(super) async fn guard(
             return r;
         }
     }
-    if config.listen.ip().is_loopback() {
+    if let Some(refused) = foreign(
+        headers,
+        config.listen,
+        &config.allowed_hosts,
+        &config.allowed_origins,
+    ) {
+        return refused;
+    }
+    next.run(request).await
+}
+
+/// The refusal of a request whose `Host` (on a loopback listener at `listen`) or `Origin`
+/// names neither this machine nor an allowed name: DNS rebinding protection for every HTTP
+/// listener of the node.
+pub(crate) fn foreign(
+    headers: &axum::http::HeaderMap,
+    listen: std::net::SocketAddr,
+    allowed_hosts: &[String],
+    allowed_origins: &[String],
+) -> Option<Response> {
+    if listen.ip().is_loopback() {
         let host = headers
             .get(header::HOST)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         let name = host_name(host);
-        if !is_loopback_name(name) && !config.allowed_hosts.iter().any(|h| h == name) {
-            return plain(
+        if !is_loopback_name(name) && !allowed_hosts.iter().any(|h| h == name) {
+            return Some(plain(
                 StatusCode::FORBIDDEN,
                 "this Host is not allowed (DNS rebinding protection)",
-            );
+            ));
         }
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or_default();
         let allowed = origin_host(origin).is_some_and(is_loopback_name)
-            || config.allowed_origins.iter().any(|o| o == origin);
+            || allowed_origins.iter().any(|o| o == origin);
         if !allowed {
-            return plain(StatusCode::FORBIDDEN, "this Origin is not allowed");
+            return Some(plain(StatusCode::FORBIDDEN, "this Origin is not allowed"));
         }
     }
-    next.run(request).await
+    None
 }
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive and
