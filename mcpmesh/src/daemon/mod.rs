@@ -129,7 +129,9 @@ pub async fn run(
     let services = Arc::new(RwLock::new(ServiceTable::default()));
     let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
         .map_err(DaemonError::Files)?;
-    let metrics = settings.metrics.map(|listen| (listen, Arc::new(Metrics::new())));
+    let metrics = settings
+        .metrics
+        .map(|listen| (listen, Arc::new(Metrics::new())));
     let audit = match &metrics {
         Some((_, m)) => audit.with_metrics(m.clone()),
         None => audit,
@@ -235,7 +237,9 @@ pub async fn run(
     };
 
     if let Some((listen, metrics)) = metrics {
-        let _ = node.metrics_at.set(serve_metrics(&node, listen, metrics).await);
+        let _ = node
+            .metrics_at
+            .set(serve_metrics(&node, listen, metrics).await);
     }
 
     let socket_path = profile.socket_path();

@@ -107,7 +107,10 @@ mod tests {
     #[test]
     fn only_methods_of_the_specification_keep_their_name() {
         assert_eq!(method("tools/call"), "tools/call");
-        assert_eq!(method("resources/templates/list"), "resources/templates/list");
+        assert_eq!(
+            method("resources/templates/list"),
+            "resources/templates/list"
+        );
         assert_eq!(method("tools/call2"), OTHER);
         assert_eq!(method("x".repeat(10_000).as_str()), OTHER);
         assert_eq!(outcome("rate_limited"), "rate_limited");
@@ -123,10 +126,16 @@ mod tests {
         // Once kept, a refused call of it keeps its name too.
         assert_eq!(&*names.label("svc", "echo", false), "echo");
         for i in 1..TOOLS_PER_SERVICE {
-            assert_eq!(&*names.label("svc", &format!("t{i}"), true), format!("t{i}"));
+            assert_eq!(
+                &*names.label("svc", &format!("t{i}"), true),
+                format!("t{i}")
+            );
         }
         assert_eq!(&*names.label("svc", "one_too_many", true), OTHER);
         // Each service has its own room.
-        assert_eq!(&*names.label("other_svc", "one_too_many", true), "one_too_many");
+        assert_eq!(
+            &*names.label("other_svc", "one_too_many", true),
+            "one_too_many"
+        );
     }
 }
