@@ -121,7 +121,7 @@ impl Outstanding {
 
     fn answered(&self, done: Unanswered, outcome: &'static str) {
         if let (Some(dialed), Some(asked)) = (&self.dialed, &done.asked) {
-            dialed.metrics.asked(dialed, asked, outcome);
+            dialed.answered(asked, outcome);
         }
     }
 
@@ -131,7 +131,7 @@ impl Outstanding {
         let unanswered: Vec<Unanswered> = self.ids.drain().map(|(_, u)| u).collect();
         for u in &unanswered {
             if let (Some(dialed), Some(asked)) = (&self.dialed, &u.asked) {
-                dialed.metrics.asked(dialed, asked, "unanswered");
+                dialed.answered(asked, "unanswered");
             }
         }
         answers(unanswered.into_iter().map(|u| u.id), code, message)

@@ -17,9 +17,10 @@
 pub mod names;
 mod serve;
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
@@ -91,13 +92,14 @@ pub struct PeerPath {
     pub rtt: Option<Duration>,
 }
 
-/// The labels of an operation's duration.
+/// The labels of an operation's duration. Label values on the request path are interned
+/// ([`Metrics::names`]) or static: finding a request's series allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Operation {
     method: &'static str,
     tool: Option<Arc<str>>,
-    service: String,
-    peer: String,
+    service: Arc<str>,
+    peer: Arc<str>,
     outcome: &'static str,
 }
 
@@ -107,9 +109,39 @@ impl EncodeLabelSet for Operation {
         if let Some(tool) = &self.tool {
             ("gen_ai_tool_name", &**tool).encode(encoder.encode_label())?;
         }
-        ("service", self.service.as_str()).encode(encoder.encode_label())?;
-        ("peer", self.peer.as_str()).encode(encoder.encode_label())?;
+        ("service", &*self.service).encode(encoder.encode_label())?;
+        ("peer", &*self.peer).encode(encoder.encode_label())?;
         ("outcome", self.outcome).encode(encoder.encode_label())
+    }
+}
+
+/// `service`, `peer`, `outcome`: a served request's count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Outcome {
+    service: Arc<str>,
+    peer: Arc<str>,
+    outcome: &'static str,
+}
+
+impl EncodeLabelSet for Outcome {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("service", &*self.service).encode(encoder.encode_label())?;
+        ("peer", &*self.peer).encode(encoder.encode_label())?;
+        ("outcome", self.outcome).encode(encoder.encode_label())
+    }
+}
+
+/// `service`, `direction`: bytes of served requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Direction {
+    service: Arc<str>,
+    direction: &'static str,
+}
+
+impl EncodeLabelSet for Direction {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("service", &*self.service).encode(encoder.encode_label())?;
+        ("direction", self.direction).encode(encoder.encode_label())
     }
 }
 
@@ -144,14 +176,16 @@ pub struct Metrics {
     client_ops: Histograms<Operation>,
     server_sessions: Histograms<Labels>,
     client_sessions: Histograms<Labels>,
-    requests: Family<Labels, Counter>,
+    requests: Family<Outcome, Counter>,
     refusals: Family<Labels, Counter>,
-    bytes: Family<Labels, Counter>,
+    bytes: Family<Direction, Counter>,
     sessions_live: Family<Labels, Gauge>,
     children_alive: Gauge,
     peers: Family<Labels, Gauge>,
     peer_rtt: Family<Labels, Gauge<f64, AtomicU64>>,
     tools: ToolNames,
+    /// Service and peer names, interned (both are names this node configured or paired).
+    names: Mutex<HashSet<Arc<str>>>,
 }
 
 impl Default for Metrics {
@@ -180,6 +214,7 @@ impl Metrics {
             peers: Family::default(),
             peer_rtt: Family::default(),
             tools: ToolNames::default(),
+            names: Mutex::default(),
             registry: Registry::default(),
         };
         let seconds = || Unit::Seconds;
@@ -247,9 +282,30 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// `name` as a label value, shared.
+    fn name(&self, name: &str) -> Arc<str> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = names.get(name) {
+            return known.clone();
+        }
+        let name: Arc<str> = Arc::from(name);
+        names.insert(name.clone());
+        name
+    }
+
+    /// A dialed session's labels.
+    pub fn dialed(self: &Arc<Self>, peer: &str, service: &str) -> Dialed {
+        Dialed {
+            metrics: self.clone(),
+            peer: self.name(peer),
+            service: self.name(service),
+        }
+    }
+
     /// A request a served session finished (answered, refused, or left unanswered).
     pub fn served(&self, r: &Served<'_>) {
-        let peer = if r.peer.is_empty() { LOCAL } else { r.peer };
+        let peer = self.name(if r.peer.is_empty() { LOCAL } else { r.peer });
+        let service = self.name(r.service);
         let outcome = names::outcome(r.outcome);
         let method = names::method(r.method);
         let tool = (method == "tools/call").then(|| {
@@ -270,22 +326,24 @@ impl Metrics {
             .get_or_create(&Operation {
                 method,
                 tool,
-                service: r.service.to_owned(),
-                peer: peer.to_owned(),
+                service: service.clone(),
+                peer: peer.clone(),
                 outcome,
             })
             .observe(r.latency.as_secs_f64());
         self.requests
-            .get_or_create(&labels([
-                ("service", r.service),
-                ("peer", peer),
-                ("outcome", outcome),
-            ]))
+            .get_or_create(&Outcome {
+                service: service.clone(),
+                peer,
+                outcome,
+            })
             .inc();
         for (direction, n) in [("in", r.bytes_in), ("out", r.bytes_out)] {
-            self.bytes
-                .get_or_create(&labels([("service", r.service), ("direction", direction)]))
-                .inc_by(n);
+            let series = Direction {
+                service: service.clone(),
+                direction,
+            };
+            self.bytes.get_or_create(&series).inc_by(n);
         }
     }
 
@@ -322,7 +380,7 @@ impl Metrics {
     }
 
     /// A request this node's client sent to `peer`'s `service` was answered (or never was).
-    pub fn asked(&self, dialed: &Dialed, asked: &Asked, outcome: &'static str) {
+    fn asked(&self, dialed: &Dialed, asked: &Asked, outcome: &'static str) {
         let tool = asked.tool.as_deref().map(|tool| {
             let accepted = matches!(outcome, "ok" | "tool_error");
             self.tools.label(&dialed.service, tool, accepted)
@@ -385,12 +443,19 @@ impl Drop for ChildAlive {
     }
 }
 
-/// The service a dialed session reaches, for its requests' labels.
+/// The service a dialed session reaches, for its requests' labels ([`Metrics::dialed`]).
 #[derive(Debug, Clone)]
 pub struct Dialed {
-    pub metrics: Arc<Metrics>,
-    pub peer: String,
-    pub service: String,
+    metrics: Arc<Metrics>,
+    peer: Arc<str>,
+    service: Arc<str>,
+}
+
+impl Dialed {
+    /// The request `asked` ended with `outcome` (its answer's, or `cancelled`, `unanswered`).
+    pub fn answered(&self, asked: &Asked, outcome: &'static str) {
+        self.metrics.asked(self, asked, outcome);
+    }
 }
 
 /// A request a dialed session sent and has not had answered yet.

@@ -71,9 +71,19 @@ pub fn outcome(outcome: &str) -> &'static str {
 }
 
 /// The tool names each service has labels for.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ToolNames {
     kept: Mutex<HashMap<String, HashSet<Arc<str>>>>,
+    other: Arc<str>,
+}
+
+impl Default for ToolNames {
+    fn default() -> Self {
+        ToolNames {
+            kept: Mutex::default(),
+            other: Arc::from(OTHER),
+        }
+    }
 }
 
 impl ToolNames {
@@ -85,14 +95,14 @@ impl ToolNames {
             return known.clone();
         }
         if !accepted {
-            return Arc::from(OTHER);
+            return self.other.clone();
         }
         let names = match kept.get_mut(service) {
             Some(names) => names,
             None => kept.entry(service.to_owned()).or_default(),
         };
         if names.len() >= TOOLS_PER_SERVICE {
-            return Arc::from(OTHER);
+            return self.other.clone();
         }
         let name: Arc<str> = Arc::from(tool);
         names.insert(name.clone());
