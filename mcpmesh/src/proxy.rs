@@ -83,7 +83,7 @@ impl Outstanding {
                         Asked {
                             method,
                             tool: (method == "tools/call")
-                                .then(|| peek.params.and_then(jsonrpc::subject_name))
+                                .then(|| peek.params.and_then(|p| names::tool_of(p.get())))
                                 .flatten(),
                             at: std::time::Instant::now(),
                         }

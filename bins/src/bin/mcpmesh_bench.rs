@@ -159,6 +159,18 @@ fn main() -> anyhow::Result<()> {
         }
         for round in 1..=args.rounds {
             eprintln!("{} round {round}/{}", phases.join(", "), args.rounds);
+            // The metered pair goes first in every other round, so that neither pair is always
+            // measured after the other.
+            let metered_first = round % 2 == 0;
+            if let Some(metered) = metered.as_ref().filter(|_| metered_first) {
+                metered_pass(
+                    metered,
+                    &phases,
+                    args.calls,
+                    &mut metered_figures,
+                    &mut metered_cpu,
+                )?;
+            }
             for (cmd, into, watch, prefix) in [
                 (&direct_cmd, &mut direct, None, ""),
                 (&mesh_cmd, &mut meshed, Some(&mesh), ""),
@@ -179,21 +191,14 @@ fn main() -> anyhow::Result<()> {
                     *p = (*p).max(kib);
                 }
             }
-            if let Some(metered) = &metered {
-                let m = measure(
-                    &metered.connect_cmd(),
+            if let Some(metered) = metered.as_ref().filter(|_| !metered_first) {
+                metered_pass(
+                    metered,
                     &phases,
                     args.calls,
-                    Some(metered),
-                    "",
+                    &mut metered_figures,
+                    &mut metered_cpu,
                 )?;
-                for (slot, v) in metered_figures.iter_mut().zip(m.figures) {
-                    if !v.is_nan() {
-                        slot.push(v);
-                    }
-                }
-                metered_cpu.extend(m.cpu_per_call);
-                metered.check_scrape()?;
             }
             if phases.contains(&"calls") {
                 floors.push(iroh_floor(args.calls, false)?);
@@ -361,6 +366,24 @@ fn main() -> anyhow::Result<()> {
 
 /// The config of the metered pair: metrics on a port each node picks.
 const METRICS_ON: &str = "[telemetry]\nmetrics = \"127.0.0.1:0\"\n";
+
+/// One pass through the metered pair, its figures added to `figures` and `cpu`, then a scrape.
+fn metered_pass(
+    metered: &Mesh,
+    phases: &[&str],
+    calls: usize,
+    figures: &mut [Vec<f64>],
+    cpu: &mut Vec<f64>,
+) -> anyhow::Result<()> {
+    let m = measure(&metered.connect_cmd(), phases, calls, Some(metered), "")?;
+    for (slot, v) in figures.iter_mut().zip(m.figures) {
+        if !v.is_nan() {
+            slot.push(v);
+        }
+    }
+    cpu.extend(m.cpu_per_call);
+    metered.check_scrape()
+}
 
 fn median(v: &[f64]) -> f64 {
     if v.is_empty() {

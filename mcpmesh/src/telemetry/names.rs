@@ -50,6 +50,34 @@ pub fn method(method: &str) -> &'static str {
         .unwrap_or(OTHER)
 }
 
+/// `params.name` of a `tools/call`, read only as far as it comes: clients write it before the
+/// arguments, which can be megabytes that nothing here needs to read.
+pub fn tool_of(params: &str) -> Option<String> {
+    struct UpToName<'a>(&'a mut Option<String>);
+    impl<'de> serde::de::Visitor<'de> for UpToName<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "name" {
+                    *self.0 = map.next_value()?;
+                    return Ok(());
+                }
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut name = None;
+    let mut de = serde_json::Deserializer::from_str(params);
+    // Stopping at the name leaves the object unfinished, which serde_json reports: the name
+    // was read by then.
+    let _ = serde::Deserializer::deserialize_map(&mut de, UpToName(&mut name));
+    name
+}
+
 /// How a request ended, as a label (the ledger's outcomes; anything else is `other`).
 pub fn outcome(outcome: &str) -> &'static str {
     const OUTCOMES: [&str; 9] = [
@@ -125,6 +153,22 @@ mod tests {
         assert_eq!(method("x".repeat(10_000).as_str()), OTHER);
         assert_eq!(outcome("rate_limited"), "rate_limited");
         assert_eq!(outcome("whatever"), OTHER);
+    }
+
+    #[test]
+    fn a_tool_name_is_read_before_or_after_its_arguments() {
+        assert_eq!(
+            tool_of(r#"{"name":"echo","arguments":{"text":"#).as_deref(),
+            Some("echo"),
+            "nothing after the name is read"
+        );
+        assert_eq!(
+            tool_of(r#"{"arguments":{"a":[1,{"name":"inner"}]},"name":"e\u0063ho"}"#).as_deref(),
+            Some("echo")
+        );
+        assert_eq!(tool_of(r#"{"arguments":{}}"#), None);
+        assert_eq!(tool_of(r#"{"name":7}"#), None);
+        assert_eq!(tool_of("[1]"), None);
     }
 
     #[test]
