@@ -102,18 +102,27 @@ impl Outstanding {
             return;
         }
         seen.each_frame(|line, _| {
-            let Some(peek) = jsonrpc::peek_response(line) else {
-                return;
+            // A response whose `error` or `result` is malformed still answers its request.
+            let (id, outcome) = match jsonrpc::peek_response(line) {
+                Some(peek) => (
+                    peek.id.filter(|_| peek.method.is_none()),
+                    match peek.outcome() {
+                        Outcome::Ok => "ok",
+                        Outcome::Error(_) => "error",
+                        Outcome::ToolError => "tool_error",
+                    },
+                ),
+                None => (
+                    jsonrpc::peek(line)
+                        .filter(|p| p.kind() == Kind::Response)
+                        .and_then(|p| p.id),
+                    "error",
+                ),
             };
-            if let Some(id) = peek.answers()
+            if let Some(id) = id
                 && let Some(done) = self.ids.remove(&jsonrpc::id_key(id))
             {
                 self.version += 1;
-                let outcome = match peek.outcome() {
-                    Outcome::Ok => "ok",
-                    Outcome::Error(_) => "error",
-                    Outcome::ToolError => "tool_error",
-                };
                 self.answered(done, outcome);
             }
         });
@@ -741,4 +750,29 @@ pub fn answer_failed_open(code: i64, message: &str) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::Metrics;
+
+    #[test]
+    fn a_malformed_answer_still_answers_its_request_and_is_timed_as_an_error() {
+        let metrics = Arc::new(Metrics::new());
+        let mut o = Outstanding::timed(Some(metrics.dialed("alice", "svc")));
+        o.client_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n",
+        ));
+        assert_eq!(o.ids.len(), 1);
+        o.server_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":\"x\"}}\n",
+        ));
+        assert!(o.ids.is_empty(), "answered");
+        let page = metrics.render();
+        assert!(
+            page.contains(r#"mcp_client_operation_duration_seconds_count{mcp_method_name="tools/call",gen_ai_tool_name="other",service="svc",peer="alice",outcome="error"} 1"#),
+            "{page}"
+        );
+    }
 }
