@@ -126,10 +126,20 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
         },
     }
     check("log", "ok", log_message(profile));
-    // Which org this node is in, if any: only a running node knows.
-    let org = node
+    let status = node
         .as_mut()
-        .and_then(|client| client.call(methods::STATUS, json!({})).ok())
+        .and_then(|client| client.call(methods::STATUS, json!({})).ok());
+    if let Some(error) = status.as_ref().and_then(|s| s["metrics"]["error"].as_str()) {
+        check(
+            "metrics",
+            "warn",
+            format!(
+                "{error}; free the port or change telemetry.metrics, then restart the node (`mcpmesh down`, `mcpmesh up`)"
+            ),
+        );
+    }
+    // Which org this node is in, if any: only a running node knows.
+    let org = status
         .map(|status| status["org"].clone())
         .filter(|org| org.is_object());
     if let Some((status, message)) = org.as_ref().and_then(org_check) {

@@ -250,6 +250,11 @@ pub fn render_status(v: &Value) -> String {
             }
         }
     }
+    if let Some(url) = v["metrics"]["url"].as_str() {
+        s.push_str(&format!("metrics at {url}\n"));
+    } else if let Some(error) = v["metrics"]["error"].as_str() {
+        s.push_str(&format!("! metrics off: {error}\n"));
+    }
     if let Some(line) = org_line(&v["org"]) {
         s.push_str(&format!("{line}\n\n"));
     }

@@ -32,6 +32,7 @@ pub mod reachability;
 pub mod roster;
 pub mod services;
 pub mod store;
+pub mod telemetry;
 pub mod template;
 pub mod time;
 pub mod tool_policy;

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
-use mcpmesh_net::jsonrpc::{self, Kind};
+use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{LongLines, PumpError, Seen, forward, write_run};
 use mcpmesh_net::session::{OpenedSession, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
@@ -27,6 +27,8 @@ use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
+
+use crate::telemetry::{Asked, Dialed, names};
 
 /// After the client closed its side, how long responses still in flight may take to arrive.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -37,30 +39,58 @@ const MAX_TRACKED: usize = 65_536;
 /// Bytes moved per read by `connect`.
 const PIPE_CHUNK: usize = 256 * 1024;
 
-/// Requests sent and not yet answered, by id.
+/// Requests sent and not yet answered, by id; with metrics, when and what each asked, so its
+/// answer is timed (`mcp_client_operation_duration_seconds`).
 #[derive(Debug, Default)]
 struct Outstanding {
-    ids: HashMap<String, Box<RawValue>>,
+    ids: HashMap<String, Unanswered>,
     /// Whether the client has sent any request at all.
     requests_seen: bool,
     /// Bumped whenever `ids` changes.
     version: u64,
+    dialed: Option<Dialed>,
+}
+
+#[derive(Debug)]
+struct Unanswered {
+    id: Box<RawValue>,
+    asked: Option<Asked>,
 }
 
 impl Outstanding {
+    fn timed(dialed: Option<Dialed>) -> Self {
+        Outstanding {
+            dialed,
+            ..Default::default()
+        }
+    }
+
     fn client_sent(&mut self, seen: Seen<'_>) {
         seen.each_frame(|line, _| {
             let Some(peek) = jsonrpc::peek(line) else {
                 return;
             };
             if let Some(cancelled) = peek.cancelled_request() {
-                if self.ids.remove(&jsonrpc::id_key(cancelled)).is_some() {
+                if let Some(gone) = self.ids.remove(&jsonrpc::id_key(cancelled)) {
                     self.version += 1;
+                    self.answered(gone, "cancelled");
                 }
             } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
                 self.requests_seen = true;
                 if self.ids.len() < MAX_TRACKED {
-                    self.ids.insert(jsonrpc::id_key(id), id.to_owned());
+                    let asked = self.dialed.as_ref().map(|_| {
+                        let method = names::method(peek.method.as_deref().unwrap_or_default());
+                        Asked {
+                            method,
+                            tool: (method == "tools/call")
+                                .then(|| peek.params.and_then(|p| names::tool_of(p.get())))
+                                .flatten(),
+                            at: std::time::Instant::now(),
+                        }
+                    });
+                    let id = id.to_owned();
+                    self.ids
+                        .insert(jsonrpc::id_key(&id), Unanswered { id, asked });
                     self.version += 1;
                 }
             }
@@ -72,26 +102,53 @@ impl Outstanding {
             return;
         }
         seen.each_frame(|line, _| {
-            let Some(peek) = jsonrpc::peek(line) else {
-                return;
+            // A response whose `error` or `result` is malformed still answers its request.
+            let (id, outcome) = match jsonrpc::peek_response(line) {
+                Some(peek) => (
+                    peek.id.filter(|_| peek.method.is_none()),
+                    match peek.outcome() {
+                        Outcome::Ok => "ok",
+                        Outcome::Error(_) => "error",
+                        Outcome::ToolError => "tool_error",
+                    },
+                ),
+                None => (
+                    jsonrpc::peek(line)
+                        .filter(|p| p.kind() == Kind::Response)
+                        .and_then(|p| p.id),
+                    "error",
+                ),
             };
-            if let (Kind::Response, Some(id)) = (peek.kind(), peek.id)
-                && self.ids.remove(&jsonrpc::id_key(id)).is_some()
+            if let Some(id) = id
+                && let Some(done) = self.ids.remove(&jsonrpc::id_key(id))
             {
                 self.version += 1;
+                self.answered(done, outcome);
             }
         });
+    }
+
+    fn answered(&self, done: Unanswered, outcome: &'static str) {
+        if let (Some(dialed), Some(asked)) = (&self.dialed, &done.asked) {
+            dialed.answered(asked, outcome);
+        }
     }
 
     /// One error line per unanswered request, and forgets them.
     fn answer_all(&mut self, code: ErrorCode, message: &str) -> Vec<u8> {
         self.version += 1;
-        answers(self.ids.drain().map(|(_, id)| id), code, message)
+        let unanswered: Vec<Unanswered> = self.ids.drain().map(|(_, u)| u).collect();
+        for u in &unanswered {
+            if let (Some(dialed), Some(asked)) = (&self.dialed, &u.asked) {
+                dialed.answered(asked, "unanswered");
+            }
+        }
+        answers(unanswered.into_iter().map(|u| u.id), code, message)
     }
 
     /// The report line naming every request still unanswered.
     fn note(&self) -> Vec<u8> {
-        let ids: Vec<&RawValue> = self.ids.values().map(AsRef::as_ref).collect();
+        let ids: Vec<&RawValue> = self.ids.values().map(|u| u.id.as_ref()).collect();
         note_line(&SessionNote::Outstanding(ids))
     }
 }
@@ -197,6 +254,7 @@ pub async fn tunnel(
     local: LocalSide,
     session: OpenedSession,
     shutdown: CancellationToken,
+    dialed: Option<Dialed>,
 ) -> Ending {
     // The lease keeps the pooled connection counted as in use until the session ends.
     let OpenedSession {
@@ -216,7 +274,7 @@ pub async fn tunnel(
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
     let local_w = Mutex::new(output);
     let mesh_w = Mutex::new(send);
-    let outstanding = Arc::new(StdMutex::new(Outstanding::default()));
+    let outstanding = Arc::new(StdMutex::new(Outstanding::timed(dialed)));
     let changed = Arc::new(Notify::new());
     let track = |f: &dyn Fn(&mut Outstanding)| {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
@@ -692,4 +750,29 @@ pub fn answer_failed_open(code: i64, message: &str) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::Metrics;
+
+    #[test]
+    fn a_malformed_answer_still_answers_its_request_and_is_timed_as_an_error() {
+        let metrics = Arc::new(Metrics::new());
+        let mut o = Outstanding::timed(Some(metrics.dialed("alice", "svc")));
+        o.client_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n",
+        ));
+        assert_eq!(o.ids.len(), 1);
+        o.server_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":\"x\"}}\n",
+        ));
+        assert!(o.ids.is_empty(), "answered");
+        let page = metrics.render();
+        assert!(
+            page.contains(r#"mcp_client_operation_duration_seconds_count{mcp_method_name="tools/call",gen_ai_tool_name="other",service="svc",peer="alice",outcome="error"} 1"#),
+            "{page}"
+        );
+    }
 }

@@ -7,7 +7,9 @@
 //!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N] [--only PHASE]
 //!
 //! `--only open|calls|pipelined|results|requests` runs one phase (for profiling the nodes, whose
-//! pids it prints, with `perf record -p`).
+//! pids it prints, with `perf record -p`). `--telemetry` also measures a second pair of nodes
+//! with metrics on (`[telemetry] metrics`, scraped after each of its passes) in the same rounds,
+//! and prints metrics on / off.
 
 #![forbid(unsafe_code)]
 
@@ -35,6 +37,8 @@ struct Args {
     calls: usize,
     /// Run only this phase.
     only: Option<String>,
+    /// Also measure a mesh whose nodes keep metrics.
+    telemetry: bool,
 }
 
 impl Args {
@@ -62,10 +66,18 @@ fn parse_args() -> anyhow::Result<Args> {
         Some(_) => bail!("--only takes one of {}", PHASES.join(", ")),
         None => None,
     };
+    let telemetry = match rest.iter().position(|a| a == "--telemetry") {
+        Some(i) => {
+            rest.remove(i);
+            true
+        }
+        None => false,
+    };
     let mut args = Args {
         rounds: 3,
         calls: 2000,
         only,
+        telemetry,
     };
     bench_util::numeric_flags(
         rest,
@@ -73,7 +85,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("rounds", &mut args.rounds, 1),
             ("calls", &mut args.calls, 100),
         ],
-        &format!("[--only {}]", PHASES.join("|")),
+        &format!("[--only {}] [--telemetry]", PHASES.join("|")),
     )?;
     Ok(args)
 }
@@ -81,7 +93,12 @@ fn parse_args() -> anyhow::Result<Args> {
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let (mcpmesh, stub) = bench_util::sibling_binaries()?;
-    let mesh = Mesh::start(&mcpmesh, &stub)?;
+    let mesh = Mesh::start(&mcpmesh, &stub, "")?;
+    // The same two nodes again, keeping metrics (each on a port of its own).
+    let metered = args
+        .telemetry
+        .then(|| Mesh::start(&mcpmesh, &stub, METRICS_ON))
+        .transpose()?;
     if let [(_, Some(a)), (_, Some(b))] = mesh.pids()[..] {
         eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
     }
@@ -123,6 +140,8 @@ fn main() -> anyhow::Result<()> {
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut hubbed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    let mut metered_figures: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
+    let (mut metered_cpu, mut plain_cpu) = (Vec::new(), Vec::new());
     let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
@@ -140,6 +159,18 @@ fn main() -> anyhow::Result<()> {
         }
         for round in 1..=args.rounds {
             eprintln!("{} round {round}/{}", phases.join(", "), args.rounds);
+            // The metered pair goes first in every other round, so that neither pair is always
+            // measured after the other.
+            let metered_first = round % 2 == 0;
+            if let Some(metered) = metered.as_ref().filter(|_| metered_first) {
+                metered_pass(
+                    metered,
+                    &phases,
+                    args.calls,
+                    &mut metered_figures,
+                    &mut metered_cpu,
+                )?;
+            }
             for (cmd, into, watch, prefix) in [
                 (&direct_cmd, &mut direct, None, ""),
                 (&mesh_cmd, &mut meshed, Some(&mesh), ""),
@@ -153,9 +184,21 @@ fn main() -> anyhow::Result<()> {
                 }
                 cpu_per_call.extend(m.cpu_per_call);
                 cpu_per_x16.extend(m.cpu_per_x16);
+                if prefix.is_empty() {
+                    plain_cpu.extend(m.cpu_per_call);
+                }
                 for (p, (_, kib)) in peaks.iter_mut().zip(m.peak) {
                     *p = (*p).max(kib);
                 }
+            }
+            if let Some(metered) = metered.as_ref().filter(|_| !metered_first) {
+                metered_pass(
+                    metered,
+                    &phases,
+                    args.calls,
+                    &mut metered_figures,
+                    &mut metered_cpu,
+                )?;
             }
             if phases.contains(&"calls") {
                 floors.push(iroh_floor(args.calls, false)?);
@@ -259,6 +302,37 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
+    if metered.is_some() {
+        println!(
+            "\nmetrics on both nodes (another pair of nodes, same rounds), against metrics off:"
+        );
+        println!(
+            "{:<24} {:>12} {:>12} {:>12} {:>9} {:>11}",
+            "figure (median)", "direct", "mesh", "mesh+metrics", "on/off", "on/direct"
+        );
+        for (i, name) in figures.iter().enumerate() {
+            let (d, m, t) = (
+                median(&direct[i]),
+                median(&meshed[i]),
+                median(&metered_figures[i]),
+            );
+            if !t.is_nan() {
+                println!(
+                    "{name:<24} {d:>12.1} {m:>12.1} {t:>12.1} {:>8.3}x {:>10.2}x",
+                    t / m,
+                    t / d
+                );
+            }
+        }
+        let (off, on) = (median(&plain_cpu), median(&metered_cpu));
+        if !on.is_nan() {
+            println!(
+                "CPU per sequential call, both nodes: {off:.1} µs off, {on:.1} µs on ({:+.1} µs, {:.3}x)",
+                on - off,
+                on / off
+            );
+        }
+    }
     let mb = |kib: &[u64]| {
         format!(
             "{:.1} MB (alice {:.1} MB, bob {:.1} MB)",
@@ -286,7 +360,29 @@ fn main() -> anyhow::Result<()> {
     }
     println!("  at the end (what the nodes kept):       {}", mb(&end));
     drop(mesh);
+    drop(metered);
     Ok(())
+}
+
+/// The config of the metered pair: metrics on a port each node picks.
+const METRICS_ON: &str = "[telemetry]\nmetrics = \"127.0.0.1:0\"\n";
+
+/// One pass through the metered pair, its figures added to `figures` and `cpu`, then a scrape.
+fn metered_pass(
+    metered: &Mesh,
+    phases: &[&str],
+    calls: usize,
+    figures: &mut [Vec<f64>],
+    cpu: &mut Vec<f64>,
+) -> anyhow::Result<()> {
+    let m = measure(&metered.connect_cmd(), phases, calls, Some(metered), "")?;
+    for (slot, v) in figures.iter_mut().zip(m.figures) {
+        if !v.is_nan() {
+            slot.push(v);
+        }
+    }
+    cpu.extend(m.cpu_per_call);
+    metered.check_scrape()
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -606,7 +702,8 @@ struct Mesh {
 }
 
 impl Mesh {
-    fn start(mcpmesh: &Path, stub: &Path) -> anyhow::Result<Self> {
+    /// The pair; `extra` is added to both nodes' config.
+    fn start(mcpmesh: &Path, stub: &Path, extra: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("mcpmesh-bench-")
             .tempdir()?;
@@ -622,7 +719,9 @@ impl Mesh {
             std::fs::create_dir_all(home)?;
             std::fs::write(
                 home.join("config.toml"),
-                "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n\n[limits]\nrate_limit_per_min = 1000000\n",
+                format!(
+                    "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n\n[limits]\nrate_limit_per_min = 1000000\n\n{extra}"
+                ),
             )?;
             ids.push(mesh.cli(home, &["--json", "id"])?);
         }
@@ -663,6 +762,48 @@ impl Mesh {
             ],
         )?;
         Ok(mesh)
+    }
+
+    /// `mcpmesh connect alice/bench` as bob.
+    fn connect_cmd(&self) -> Vec<String> {
+        vec![
+            self.mcpmesh.display().to_string(),
+            "--home".into(),
+            self.bob.display().to_string(),
+            "connect".into(),
+            "alice/bench".into(),
+        ]
+    }
+
+    /// Scrapes both nodes' metrics (as Prometheus would after a pass) and checks that they
+    /// counted the calls.
+    fn check_scrape(&self) -> anyhow::Result<()> {
+        use std::io::Read;
+        for (home, series) in [
+            (&self.alice, "mcp_server_operation_duration_seconds_count"),
+            (&self.bob, "mcp_client_operation_duration_seconds_count"),
+        ] {
+            let status = self.cli(home, &["--json", "status"])?;
+            let url = s(&status["metrics"]["url"]);
+            let addr = url
+                .strip_prefix("http://")
+                .and_then(|rest| rest.strip_suffix("/metrics"))
+                .with_context(|| format!("metrics are not on: {status}"))?;
+            let mut stream = std::net::TcpStream::connect(addr)?;
+            write!(
+                stream,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut page = String::new();
+            stream.read_to_string(&mut page)?;
+            if !page
+                .lines()
+                .any(|l| l.starts_with(series) && l.contains("gen_ai_tool_name=\"echo\""))
+            {
+                bail!("the scrape shows no echo call in {series}");
+            }
+        }
+        Ok(())
     }
 
     /// CPU ticks both daemons have used so far.

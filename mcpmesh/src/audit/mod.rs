@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::telemetry::{Metrics, Served};
 use crate::time::unix_ms as now_ms;
 
 pub use chain::{BadRecord, VerifyReport, month_files, verify};
@@ -185,13 +186,15 @@ enum Message {
     Close(oneshot::Sender<()>),
 }
 
-/// Where audit records go. Clone freely; a disabled sink drops everything at no cost.
+/// Where audit records go. Clone freely; a disabled sink drops everything at no cost. With
+/// metrics ([`AuditSink::with_metrics`]), each record is also counted there as it is queued.
 #[derive(Debug, Clone)]
 pub struct AuditSink {
     tx: Option<mpsc::Sender<Message>>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
     live: Option<broadcast::Sender<std::sync::Arc<str>>>,
     failures: Failures,
+    metrics: Option<std::sync::Arc<Metrics>>,
 }
 
 /// Each service's latest failure to start or reach its server, for `status`.
@@ -222,7 +225,21 @@ impl AuditSink {
             dropped: Default::default(),
             live: None,
             failures: Default::default(),
+            metrics: None,
         }
+    }
+
+    /// This sink, also counting every record in `metrics`.
+    pub fn with_metrics(self, metrics: std::sync::Arc<Metrics>) -> Self {
+        AuditSink {
+            metrics: Some(metrics),
+            ..self
+        }
+    }
+
+    /// The node's metrics, when it keeps them, for what no record says.
+    pub fn metrics(&self) -> Option<&std::sync::Arc<Metrics>> {
+        self.metrics.as_ref()
     }
 
     /// Every record as it is written (its JSON line), for `watch`. `None` when disabled.
@@ -269,6 +286,9 @@ impl AuditSink {
             };
             self.failures_map().insert(service.clone(), failure);
         }
+        if let Some(metrics) = &self.metrics {
+            count(metrics, &event);
+        }
         let Some(tx) = &self.tx else { return };
         let send = |event| {
             tx.try_send(Message::Event(Box::new((now_ms(), event))))
@@ -281,6 +301,55 @@ impl AuditSink {
         if !send(event) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Counts what `event` records (the refusals of sessions are counted where their reason is
+/// known, see [`crate::backends::session`]).
+fn count(metrics: &Metrics, event: &AuditEvent) {
+    match event {
+        AuditEvent::Request {
+            service,
+            peer,
+            method,
+            name,
+            bytes_in,
+            bytes_out,
+            latency_us,
+            outcome,
+            ..
+        } => metrics.served(&Served {
+            service,
+            peer,
+            method,
+            tool: name.as_deref(),
+            outcome,
+            latency: std::time::Duration::from_micros(*latency_us),
+            bytes_in: *bytes_in,
+            bytes_out: *bytes_out,
+        }),
+        AuditEvent::SessionOpen { service, .. } => metrics.session_opened(service),
+        AuditEvent::SessionClose {
+            service,
+            peer,
+            duration_ms,
+            ..
+        } => metrics.session_closed(
+            service,
+            peer,
+            std::time::Duration::from_millis(*duration_ms),
+        ),
+        AuditEvent::OutgoingClose {
+            peer,
+            service,
+            duration_ms,
+            ..
+        } => metrics.dialed_session_closed(
+            peer,
+            service,
+            std::time::Duration::from_millis(*duration_ms),
+        ),
+        _ => {}
     }
 }
 
@@ -316,6 +385,7 @@ impl AuditLog {
             dropped: Default::default(),
             live: Some(live),
             failures: Default::default(),
+            metrics: None,
         };
         Ok((AuditLog { tx, thread }, sink))
     }

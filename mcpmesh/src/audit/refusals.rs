@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::{AuditEvent, AuditSink, now_ms};
+use crate::telemetry::Refusal;
 
 /// Distinct keys counted one by one in a minute; the rest are summed together.
 const KEYS_PER_MINUTE: usize = 256;
@@ -34,6 +35,9 @@ impl RefusalTally {
 
     /// Counts one refused connection from `principal` (`eid:<hex>`).
     pub fn refused(&self, principal: impl FnOnce() -> String) {
+        if let Some(metrics) = self.sink.metrics() {
+            metrics.refused(Refusal::Trust, None);
+        }
         if !self.sink.is_enabled() {
             return;
         }

@@ -27,6 +27,7 @@ use crate::backends::ledger::{Caller, Ledger};
 use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
 use crate::principal::{Principal, principal_set};
+use crate::telemetry::Refusal;
 use crate::tool_policy::ToolPolicy;
 
 /// How long a server gets to finish writing after its input ends; the spawn backend also
@@ -199,17 +200,26 @@ impl Host<'_> {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let refusal = match self.concurrency.clone().try_acquire_owned() {
-            Err(_) => ErrorFrame::new(ErrorCode::Busy)
-                .message(format!("service {} is at its session limit", self.service))
-                .retry_after_ms(RETRY_AT_CAPACITY.as_millis() as u64),
+        let (reason, refusal) = match self.concurrency.clone().try_acquire_owned() {
+            Err(_) => (
+                Refusal::SessionCap,
+                ErrorFrame::new(ErrorCode::Busy)
+                    .message(format!("service {} is at its session limit", self.service))
+                    .retry_after_ms(RETRY_AT_CAPACITY.as_millis() as u64),
+            ),
             Ok(permit) => match self.limiter.check(self.service, &who.principal) {
                 Ok(()) => return Some(permit),
-                Err(wait) => ErrorFrame::new(ErrorCode::Busy)
-                    .message("rate limited")
-                    .retry_after_ms(wait.as_millis().max(1) as u64),
+                Err(wait) => (
+                    Refusal::Rate,
+                    ErrorFrame::new(ErrorCode::Busy)
+                        .message("rate limited")
+                        .retry_after_ms(wait.as_millis().max(1) as u64),
+                ),
             },
         };
+        if let Some(metrics) = self.audit.metrics() {
+            metrics.refused(reason, Some(self.service));
+        }
         tracing::info!(service = %self.service, peer = %who.peer, "refused a session: busy");
         self.audit.record(AuditEvent::SessionRefused {
             service: self.service.to_owned(),

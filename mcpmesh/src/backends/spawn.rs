@@ -112,6 +112,7 @@ impl SpawnBackend {
                     .await;
             }
         };
+        let _alive = self.audit.metrics().map(|m| m.child_alive());
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(log_stderr(stderr, self.service.clone()));
         }

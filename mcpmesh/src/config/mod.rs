@@ -116,6 +116,9 @@ pub struct TelemetrySection {
     /// Where the status page listens from the start, `"127.0.0.1:PORT"` (loopback only);
     /// unset, it opens on an ephemeral loopback port at the first `status --web`.
     pub status: Option<String>,
+    /// Where Prometheus scrapes the node's metrics (`GET /metrics`): a loopback address like
+    /// `"127.0.0.1:9464"`. Unset: no metrics endpoint.
+    pub metrics: Option<String>,
 }
 
 /// How often a node pulls the roster from reachable members, by default.
@@ -329,6 +332,8 @@ pub struct Settings {
     pub org_sync: Duration,
     /// Where the status page listens from the start (`[telemetry] status`).
     pub status_listen: Option<SocketAddr>,
+    /// Where the metrics endpoint listens, when there is one.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The `[network]` keys of a team's own discovery service: only with relays (a hermetic node
@@ -450,23 +455,33 @@ impl Config {
             })
             .collect::<Result<_, _>>()?;
         let discovery = validate_discovery(&self.network)?;
+        let metrics = self
+            .telemetry
+            .metrics
+            .as_deref()
+            .map(|a| {
+                // No token (Prometheus exporters' convention), so not reachable from elsewhere.
+                loopback_listen("telemetry.metrics", a, "the metrics endpoint has no token")
+            })
+            .transpose()?;
         if self.limits.max_sessions == 0 {
             return Err("limits.max_sessions: must be at least 1".into());
         }
         if self.limits.rate_limit_per_min == 0 {
             return Err("limits.rate_limit_per_min: must be at least 1".into());
         }
-        let status_listen = match &self.telemetry.status {
-            None => None,
-            Some(a) => match a.parse::<SocketAddr>() {
-                Ok(addr) if addr.ip().is_loopback() => Some(addr),
-                _ => {
-                    return Err(format!(
-                        "telemetry.status: {a:?} is not a loopback address like \"127.0.0.1:9465\" (the status page is only served on loopback)"
-                    ));
-                }
-            },
-        };
+        let status_listen = self
+            .telemetry
+            .status
+            .as_deref()
+            .map(|a| {
+                loopback_listen(
+                    "telemetry.status",
+                    a,
+                    "the status page is served on this machine only",
+                )
+            })
+            .transpose()?;
         let mut services = Vec::new();
         for (name, svc) in &self.services {
             services.push(validate_service(name, svc, &self.limits)?);
@@ -500,8 +515,24 @@ impl Config {
                 self.org.sync_secs.unwrap_or(DEFAULT_ORG_SYNC_SECS).max(1),
             ),
             status_listen,
+            metrics,
         })
     }
+}
+
+/// The `key` of `[telemetry]`: a loopback address to listen on, and nothing else (`why` says
+/// why, in the error).
+fn loopback_listen(key: &str, text: &str, why: &str) -> Result<SocketAddr, String> {
+    let addr = text.parse::<SocketAddr>().map_err(|_| {
+        format!("{key}: {text:?} is not a loopback address like \"127.0.0.1:9464\"")
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "{key}: {addr} is not a loopback address; {why}, so it listens on this machine only (\"127.0.0.1:{port}\" or \"[::1]:{port}\")",
+            port = addr.port()
+        ));
+    }
+    Ok(addr)
 }
 
 fn validate_service(
@@ -1118,6 +1149,27 @@ addrs = ["127.0.0.1:4433"]
         );
         assert!(error_of("[services.x]\nsocket = \"rel.sock\"\n").contains("absolute"));
         assert!(error_of("[services.x]\nallow = []\n").contains("services.x.run"));
+        assert!(error_of("[telemetry]\nmetrics = \"9464\"\n").contains("telemetry.metrics"));
+        let e = error_of("[telemetry]\nmetrics = \"0.0.0.0:9464\"\n");
+        assert!(
+            e.contains("telemetry.metrics") && e.contains("loopback"),
+            "{e}"
+        );
+        assert!(error_of("[telemetry]\nmetric = \"127.0.0.1:1\"\n").contains("metric"));
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_listen_on_loopback_when_asked() {
+        let parse = |text: &str| Config::parse(text, "config.toml").unwrap();
+        assert_eq!(parse("").metrics, None);
+        assert_eq!(
+            parse("[telemetry]\nmetrics = \"127.0.0.1:9464\"\n").metrics,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(
+            parse("[telemetry]\nmetrics = \"[::1]:0\"\n").metrics,
+            Some("[::1]:0".parse().unwrap())
+        );
     }
 
     #[test]

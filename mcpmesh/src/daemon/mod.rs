@@ -38,6 +38,7 @@ use crate::roster::invite::ALPN_JOIN;
 use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoreError};
+use crate::telemetry::{self, Metrics};
 
 use node::Node;
 use org::{JoinProtocol, RosterProtocol};
@@ -128,6 +129,13 @@ pub async fn run(
     let services = Arc::new(RwLock::new(ServiceTable::default()));
     let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
         .map_err(DaemonError::Files)?;
+    let metrics = settings
+        .metrics
+        .map(|listen| (listen, Arc::new(Metrics::new())));
+    let audit = match &metrics {
+        Some((_, m)) => audit.with_metrics(m.clone()),
+        None => audit,
+    };
     let host = Arc::new(
         ServiceHost::new(services.clone(), audit.clone(), shutdown.clone()).with_launcher(launcher),
     );
@@ -159,6 +167,7 @@ pub async fn run(
         log_file: profile.log_file(),
         status_page: status::StatusPageSlot::new(profile.status_token_file(), profile.audit_dir()),
         this: Default::default(),
+        metrics_at: Default::default(),
     });
     let _ = node.this.set(Arc::downgrade(&node));
     node.load_roster();
@@ -235,6 +244,11 @@ pub async fn run(
     if page_configured && let Err(e) = node.status_web().await {
         tracing::warn!("the status page is not open: {e}");
     }
+    if let Some((listen, metrics)) = metrics {
+        let _ = node
+            .metrics_at
+            .set(serve_metrics(&node, listen, metrics).await);
+    }
 
     let socket_path = profile.socket_path();
     let listener = bind_control_socket(&socket_path)?;
@@ -270,6 +284,28 @@ pub async fn run(
     // Released last: `down` returns once it can take this lock, when nothing is left running.
     drop(lock);
     Ok(())
+}
+
+/// Starts the metrics endpoint. A node whose metrics port is taken still serves its peers:
+/// the failure is logged, and `status` and `doctor` show it.
+async fn serve_metrics(
+    node: &Arc<Node>,
+    listen: SocketAddr,
+    metrics: Arc<Metrics>,
+) -> Result<SocketAddr, String> {
+    let weak = Arc::downgrade(node);
+    let peers = move || weak.upgrade().map(|n| n.peer_paths()).unwrap_or_default();
+    match telemetry::serve(listen, metrics, peers, node.shutdown.clone()).await {
+        Ok(endpoint) => {
+            tracing::info!("metrics at http://{}/metrics", endpoint.addr);
+            Ok(endpoint.addr)
+        }
+        Err(e) => {
+            let error = format!("cannot listen for metrics on {listen}: {e}");
+            tracing::error!("{error}; the node runs without its metrics endpoint");
+            Err(error)
+        }
+    }
 }
 
 /// The peer table's gate, telling the audit log of every key it refuses.

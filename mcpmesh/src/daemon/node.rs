@@ -68,6 +68,8 @@ pub(super) struct Node {
     pub(super) status_page: super::status::StatusPageSlot,
     /// The node itself, for work it hands to tasks of its own.
     pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
+    /// Where the metrics endpoint listens, or why it could not (set once, at start).
+    pub(super) metrics_at: std::sync::OnceLock<Result<SocketAddr, String>>,
 }
 
 /// Sessions this node opened to peers' services, for `status`.
@@ -594,7 +596,11 @@ impl ControlHandler for Node {
             peer: open.peer.clone(),
             service: open.service.clone(),
         });
-        let ending = proxy::tunnel(local, session, self.shutdown.child_token()).await;
+        let dialed = self
+            .audit
+            .metrics()
+            .map(|metrics| metrics.dialed(&open.peer, &open.service));
+        let ending = proxy::tunnel(local, session, self.shutdown.child_token(), dialed).await;
         self.outgoing.closed(key);
         self.audit.record(AuditEvent::OutgoingClose {
             peer: open.peer,

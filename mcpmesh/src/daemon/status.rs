@@ -5,14 +5,20 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
+use iroh::EndpointId;
+use mcpmesh_net::path::Route;
 use serde_json::{Value, json};
 
-use super::node::Node;
 use crate::control::{ControlError, codes};
 use crate::gateway::token;
 use crate::peers::Source;
+use crate::telemetry::PeerPath;
 use crate::web::{StatusPage, StatusSource};
+
+use super::node::Node;
+use super::reach::Seen;
 
 /// The status page, once it is open, and what opening it takes.
 #[derive(Debug)]
@@ -106,11 +112,7 @@ impl Node {
                     v["checked_at"] = json!(seen.checked_at_ms / 1000);
                 }
                 if let Some(seen) = seen.as_ref().filter(|s| s.reachable) {
-                    // A live connection's path is the one sessions use now (with QUIC's
-                    // estimate of its round trip); without one, the last ping's.
-                    let live = self.registry.path(&p.id);
-                    let rtt = live.as_ref().map(|l| l.rtt).or(seen.rtt);
-                    let route = live.map(|l| l.route).or_else(|| seen.route.clone());
+                    let (rtt, route) = self.path_now(p.id, seen);
                     if let Some(rtt) = rtt {
                         v["rtt_ms"] = json!((rtt.as_secs_f64() * 1e4).round() / 10.0);
                     }
@@ -125,6 +127,45 @@ impl Node {
             })
             .collect();
         json!({ "peers": peers })
+    }
+
+    /// The path a reachable peer's traffic takes now and its round trip: a live connection's
+    /// (sessions use it, with QUIC's estimate of its round trip); without one, the last
+    /// ping's.
+    fn path_now(&self, id: EndpointId, seen: &Seen) -> (Option<Duration>, Option<Route>) {
+        let live = self.registry.path(&id);
+        let rtt = live.as_ref().map(|l| l.rtt).or(seen.rtt);
+        let route = live.map(|l| l.route).or_else(|| seen.route.clone());
+        (rtt, route)
+    }
+
+    /// Every peer's path and round trip as last known, for the metrics (never waits).
+    pub(super) fn peer_paths(&self) -> Vec<PeerPath> {
+        self.gate
+            .snapshot()
+            .all()
+            .iter()
+            .map(|p| {
+                let seen = self.reach.get(&p.id).filter(|s| s.reachable);
+                let (rtt, route) = seen
+                    .map(|seen| self.path_now(p.id, &seen))
+                    .unwrap_or_default();
+                PeerPath {
+                    peer: p.name.clone(),
+                    path: route.map(|r| r.as_str()),
+                    rtt,
+                }
+            })
+            .collect()
+    }
+
+    /// The metrics endpoint as `status` shows it: `null` when metrics are off.
+    fn metrics_status(&self) -> Value {
+        match self.metrics_at.get() {
+            None => Value::Null,
+            Some(Ok(addr)) => json!({ "url": format!("http://{addr}/metrics") }),
+            Some(Err(error)) => json!({ "error": error }),
+        }
     }
 
     pub(super) async fn status(&self) -> Value {
@@ -182,6 +223,7 @@ impl Node {
             "invites_live": invites,
             "org": self.org_summary(),
             "log": self.log_file.display().to_string(),
+            "metrics": self.metrics_status(),
         })
     }
 
