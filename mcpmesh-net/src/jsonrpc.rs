@@ -130,6 +130,9 @@ pub struct MetaPeek {
     pub progress_token: Option<Box<RawValue>>,
     /// `io.modelcontextprotocol/protocolVersion`: a 2026-07-28 (stateless) request.
     pub protocol_version: Option<String>,
+    /// W3C trace context (`traceparent`, `tracestate`): the caller's span (SEP-414).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// Peeks at `params._meta`; an absent or malformed one says nothing.
@@ -145,13 +148,24 @@ pub fn meta(params: Option<&RawValue>) -> MetaPeek {
         progress_token: Option<Box<RawValue>>,
         #[serde(rename = "io.modelcontextprotocol/protocolVersion", default)]
         protocol_version: Option<String>,
+        // Read as any value, so that a malformed one says nothing rather than hiding the rest.
+        #[serde(default)]
+        traceparent: Option<serde_json::Value>,
+        #[serde(default)]
+        tracestate: Option<serde_json::Value>,
     }
+    let text = |v: Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => Some(s),
+        _ => None,
+    };
     params
         .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
         .and_then(|p| p.meta)
         .map(|m| MetaPeek {
             progress_token: m.progress_token,
             protocol_version: m.protocol_version,
+            traceparent: text(m.traceparent),
+            tracestate: text(m.tracestate),
         })
         .unwrap_or_default()
 }
@@ -237,6 +251,24 @@ mod tests {
         let p = peek(br#"{"id":1,"method":"m","params":{"_meta":7}}"#).unwrap();
         let m = meta(p.params);
         assert!(m.progress_token.is_none() && m.protocol_version.is_none());
+    }
+
+    #[test]
+    fn meta_tells_the_callers_trace_context_and_ignores_a_malformed_one() {
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let line = format!(
+            r#"{{"id":1,"method":"tools/call","params":{{"name":"t","arguments":{{}},"_meta":{{"traceparent":"{tp}","tracestate":"k=v"}}}}}}"#
+        );
+        let m = meta(peek(line.as_bytes()).unwrap().params);
+        assert_eq!(m.traceparent.as_deref(), Some(tp));
+        assert_eq!(m.tracestate.as_deref(), Some("k=v"));
+        let p = peek(
+            br#"{"id":1,"method":"m","params":{"_meta":{"traceparent":7,"progressToken":"t"}}}"#,
+        )
+        .unwrap();
+        let m = meta(p.params);
+        assert!(m.traceparent.is_none());
+        assert_eq!(m.progress_token.unwrap().get(), r#""t""#);
     }
 
     #[test]
