@@ -138,6 +138,27 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             ),
         );
     }
+    if let Some(traces) = status
+        .as_ref()
+        .map(|s| &s["traces"])
+        .filter(|t| t.is_object())
+    {
+        let url = traces["url"].as_str().unwrap_or_default();
+        let sent = traces["sent"].as_u64().unwrap_or(0);
+        match (
+            traces["failed"].as_u64().unwrap_or(0),
+            traces["last_error"].as_str(),
+        ) {
+            (failed, Some(error)) if failed > 0 => check(
+                "traces",
+                "warn",
+                format!(
+                    "{failed} spans could not be sent to {url} ({sent} were): {error}; check that the collector runs and telemetry.otlp names it"
+                ),
+            ),
+            _ => check("traces", "ok", format!("{sent} spans sent to {url}")),
+        }
+    }
     // Which org this node is in, if any: only a running node knows.
     let org = status
         .map(|status| status["org"].clone())

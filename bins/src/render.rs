@@ -255,6 +255,19 @@ pub fn render_status(v: &Value) -> String {
     } else if let Some(error) = v["metrics"]["error"].as_str() {
         s.push_str(&format!("! metrics off: {error}\n"));
     }
+    if let Some(url) = v["traces"]["url"].as_str() {
+        let t = &v["traces"];
+        s.push_str(&format!(
+            "traces to {url} ({} spans sent",
+            t["sent"].as_u64().unwrap_or(0)
+        ));
+        match (t["failed"].as_u64().unwrap_or(0), t["last_error"].as_str()) {
+            (0, _) | (_, None) => s.push_str(")\n"),
+            (failed, Some(error)) => {
+                s.push_str(&format!(", {failed} not sent)\n! last error: {error}\n"))
+            }
+        }
+    }
     if let Some(line) = org_line(&v["org"]) {
         s.push_str(&format!("{line}\n\n"));
     }

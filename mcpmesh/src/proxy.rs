@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::telemetry::{Asked, Dialed, names};
+use crate::telemetry::{Asked, Dialed};
 
 /// After the client closed its side, how long responses still in flight may take to arrive.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -73,20 +73,13 @@ impl Outstanding {
             if let Some(cancelled) = peek.cancelled_request() {
                 if let Some(gone) = self.ids.remove(&jsonrpc::id_key(cancelled)) {
                     self.version += 1;
-                    self.answered(gone, "cancelled");
+                    self.answered(gone, "cancelled", None);
                 }
             } else if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
                 self.requests_seen = true;
                 if self.ids.len() < MAX_TRACKED {
-                    let asked = self.dialed.as_ref().map(|_| {
-                        let method = names::method(peek.method.as_deref().unwrap_or_default());
-                        Asked {
-                            method,
-                            tool: (method == "tools/call")
-                                .then(|| peek.params.and_then(|p| names::tool_of(p.get())))
-                                .flatten(),
-                            at: std::time::Instant::now(),
-                        }
+                    let asked = self.dialed.as_ref().map(|dialed| {
+                        dialed.asking(peek.method.as_deref().unwrap_or_default(), peek.params)
                     });
                     let id = id.to_owned();
                     self.ids
@@ -107,30 +100,30 @@ impl Outstanding {
                 Some(peek) => (
                     peek.id.filter(|_| peek.method.is_none()),
                     match peek.outcome() {
-                        Outcome::Ok => "ok",
-                        Outcome::Error(_) => "error",
-                        Outcome::ToolError => "tool_error",
+                        Outcome::Ok => ("ok", None),
+                        Outcome::Error(code) => ("error", Some(code)),
+                        Outcome::ToolError => ("tool_error", None),
                     },
                 ),
                 None => (
                     jsonrpc::peek(line)
                         .filter(|p| p.kind() == Kind::Response)
                         .and_then(|p| p.id),
-                    "error",
+                    ("error", None),
                 ),
             };
             if let Some(id) = id
                 && let Some(done) = self.ids.remove(&jsonrpc::id_key(id))
             {
                 self.version += 1;
-                self.answered(done, outcome);
+                self.answered(done, outcome.0, outcome.1);
             }
         });
     }
 
-    fn answered(&self, done: Unanswered, outcome: &'static str) {
+    fn answered(&self, done: Unanswered, outcome: &'static str, code: Option<i64>) {
         if let (Some(dialed), Some(asked)) = (&self.dialed, &done.asked) {
-            dialed.answered(asked, outcome);
+            dialed.answered(&done.id, asked, outcome, code);
         }
     }
 
@@ -140,7 +133,7 @@ impl Outstanding {
         let unanswered: Vec<Unanswered> = self.ids.drain().map(|(_, u)| u).collect();
         for u in &unanswered {
             if let (Some(dialed), Some(asked)) = (&self.dialed, &u.asked) {
-                dialed.answered(asked, "unanswered");
+                dialed.answered(&u.id, asked, "unanswered", Some(code.code()));
             }
         }
         answers(unanswered.into_iter().map(|u| u.id), code, message)
@@ -760,7 +753,7 @@ mod tests {
     #[test]
     fn a_malformed_answer_still_answers_its_request_and_is_timed_as_an_error() {
         let metrics = Arc::new(Metrics::new());
-        let mut o = Outstanding::timed(Some(metrics.dialed("alice", "svc")));
+        let mut o = Outstanding::timed(Dialed::new(Some(&metrics), None, "alice", "", "svc"));
         o.client_sent(Seen::Lines(
             b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n",
         ));

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::telemetry::{Metrics, Served};
+use crate::telemetry::{Metrics, Served, Traces};
 use crate::time::unix_ms as now_ms;
 
 pub use chain::{BadRecord, VerifyReport, month_files, verify};
@@ -187,7 +187,8 @@ enum Message {
 }
 
 /// Where audit records go. Clone freely; a disabled sink drops everything at no cost. With
-/// metrics ([`AuditSink::with_metrics`]), each record is also counted there as it is queued.
+/// metrics ([`AuditSink::with_metrics`]), each record is also counted there as it is queued;
+/// with traces ([`AuditSink::with_traces`]), whoever records a request also makes its span.
 #[derive(Debug, Clone)]
 pub struct AuditSink {
     tx: Option<mpsc::Sender<Message>>,
@@ -195,6 +196,7 @@ pub struct AuditSink {
     live: Option<broadcast::Sender<std::sync::Arc<str>>>,
     failures: Failures,
     metrics: Option<std::sync::Arc<Metrics>>,
+    traces: Option<std::sync::Arc<Traces>>,
 }
 
 /// Each service's latest failure to start or reach its server, for `status`.
@@ -226,6 +228,7 @@ impl AuditSink {
             live: None,
             failures: Default::default(),
             metrics: None,
+            traces: None,
         }
     }
 
@@ -240,6 +243,19 @@ impl AuditSink {
     /// The node's metrics, when it keeps them, for what no record says.
     pub fn metrics(&self) -> Option<&std::sync::Arc<Metrics>> {
         self.metrics.as_ref()
+    }
+
+    /// This sink, with the node's tracer beside it.
+    pub fn with_traces(self, traces: std::sync::Arc<Traces>) -> Self {
+        AuditSink {
+            traces: Some(traces),
+            ..self
+        }
+    }
+
+    /// The node's tracer, when it sends traces.
+    pub fn traces(&self) -> Option<&std::sync::Arc<Traces>> {
+        self.traces.as_ref()
     }
 
     /// Every record as it is written (its JSON line), for `watch`. `None` when disabled.
@@ -386,6 +402,7 @@ impl AuditLog {
             live: Some(live),
             failures: Default::default(),
             metrics: None,
+            traces: None,
         };
         Ok((AuditLog { tx, thread }, sink))
     }

@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 use crate::audit::{AuditEvent, AuditSink};
 use crate::limits::RateLimiter;
 use crate::principal::Principal;
+use crate::telemetry::{Side, TraceParent, Traced};
 use crate::tool_policy::{ToolPolicy, filter_tools_list, may_use};
 
 /// A caller told "too many requests in flight" is asked to wait this long.
@@ -55,6 +56,8 @@ struct Pending {
     cancelled: Option<Instant>,
     /// A `tools/list` whose answer is filtered for the caller.
     filtered: bool,
+    /// The caller's trace context, read only when the node sends traces.
+    parent: Option<TraceParent>,
 }
 
 /// The account of one session's requests.
@@ -152,6 +155,10 @@ impl Ledger {
             bytes_in: line.len() as u64 + 1,
             cancelled: None,
             filtered: false,
+            parent: self
+                .audit
+                .traces()
+                .and_then(|_| TraceParent::of(peek.params)),
         };
         // Cancelled requests past their grace matter only to a session at its cap.
         if self.pending.len() >= self.max_in_flight {
@@ -357,6 +364,20 @@ impl Ledger {
     }
 
     fn record(&self, p: Pending, bytes_out: u64, outcome: &str, code: Option<i64>) {
+        if let Some(traces) = self.audit.traces() {
+            traces.finished(&Traced {
+                side: Side::Served,
+                method: &p.method,
+                name: p.name.as_deref(),
+                request_id: &p.id,
+                service: &self.caller.service,
+                peer_id: self.caller.principal.strip_prefix("eid:").unwrap_or(""),
+                outcome,
+                code,
+                started: p.started,
+                parent: p.parent.as_ref(),
+            });
+        }
         self.audit.record(AuditEvent::Request {
             service: self.caller.service.clone(),
             principal: self.caller.principal.clone(),

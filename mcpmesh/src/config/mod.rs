@@ -119,6 +119,9 @@ pub struct TelemetrySection {
     /// Where Prometheus scrapes the node's metrics (`GET /metrics`): a loopback address like
     /// `"127.0.0.1:9464"`. Unset: no metrics endpoint.
     pub metrics: Option<String>,
+    /// The OTLP/HTTP collector the node sends its traces to, like `"http://127.0.0.1:4318"`
+    /// (traces go to its `/v1/traces`; a URL with a path is used as it is). Unset: no traces.
+    pub otlp: Option<String>,
 }
 
 /// How often a node pulls the roster from reachable members, by default.
@@ -334,6 +337,8 @@ pub struct Settings {
     pub status_listen: Option<SocketAddr>,
     /// Where the metrics endpoint listens, when there is one.
     pub metrics: Option<SocketAddr>,
+    /// Where traces are sent (the collector's traces URL), when they are.
+    pub otlp: Option<url::Url>,
 }
 
 /// The `[network]` keys of a team's own discovery service: only with relays (a hermetic node
@@ -464,6 +469,12 @@ impl Config {
                 loopback_listen("telemetry.metrics", a, "the metrics endpoint has no token")
             })
             .transpose()?;
+        let otlp = self
+            .telemetry
+            .otlp
+            .as_deref()
+            .map(otlp_traces_url)
+            .transpose()?;
         if self.limits.max_sessions == 0 {
             return Err("limits.max_sessions: must be at least 1".into());
         }
@@ -516,8 +527,24 @@ impl Config {
             ),
             status_listen,
             metrics,
+            otlp,
         })
     }
+}
+
+/// `[telemetry] otlp` as the URL traces are posted to: an `http` or `https` collector, whose
+/// `/v1/traces` is meant when the URL names no path (the OTLP/HTTP convention).
+fn otlp_traces_url(text: &str) -> Result<url::Url, String> {
+    let example = "a collector's URL like \"http://127.0.0.1:4318\"";
+    let mut url = url::Url::parse(text)
+        .map_err(|e| format!("telemetry.otlp: {text:?} is not {example} ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!("telemetry.otlp: {text:?} is not {example}"));
+    }
+    if url.path() == "/" {
+        url.set_path("/v1/traces");
+    }
+    Ok(url)
 }
 
 /// The `key` of `[telemetry]`: a loopback address to listen on, and nothing else (`why` says
@@ -1156,6 +1183,31 @@ addrs = ["127.0.0.1:4433"]
             "{e}"
         );
         assert!(error_of("[telemetry]\nmetric = \"127.0.0.1:1\"\n").contains("metric"));
+        for bad in ["127.0.0.1:4318", "grpc://h:4317", "http://"] {
+            let e = error_of(&format!("[telemetry]\notlp = {bad:?}\n"));
+            assert!(e.contains("telemetry.otlp") && e.contains("4318"), "{e}");
+        }
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_go_to_the_collectors_traces_path() {
+        let otlp = |text: &str| {
+            Config::parse(&format!("[telemetry]\notlp = {text:?}\n"), "config.toml")
+                .unwrap()
+                .otlp
+                .map(String::from)
+        };
+        assert_eq!(Config::parse("", "config.toml").unwrap().otlp, None);
+        for (given, used) in [
+            ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+            (
+                "https://otel.example:443/",
+                "https://otel.example/v1/traces",
+            ),
+            ("http://h:4318/custom/traces", "http://h:4318/custom/traces"),
+        ] {
+            assert_eq!(otlp(given).as_deref(), Some(used), "{given}");
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ use crate::roster::invite::ALPN_JOIN;
 use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoreError};
-use crate::telemetry::{self, Metrics};
+use crate::telemetry::{self, Metrics, Traces};
 
 use node::Node;
 use org::{JoinProtocol, RosterProtocol};
@@ -134,6 +134,20 @@ pub async fn run(
         .map(|listen| (listen, Arc::new(Metrics::new())));
     let audit = match &metrics {
         Some((_, m)) => audit.with_metrics(m.clone()),
+        None => audit,
+    };
+    let traces = settings.otlp.as_ref().and_then(|url| {
+        // A collector that cannot be set up is no reason not to run the node.
+        match Traces::new(url, &endpoint.id().to_string()) {
+            Ok(traces) => Some(Arc::new(traces)),
+            Err(e) => {
+                tracing::error!("{e}; the node runs without traces");
+                None
+            }
+        }
+    });
+    let audit = match &traces {
+        Some(t) => audit.with_traces(t.clone()),
         None => audit,
     };
     let host = Arc::new(
@@ -277,6 +291,10 @@ pub async fn run(
     let _ = puller.await;
     refusals.flush();
     audit_log.close().await;
+    if let Some(traces) = traces {
+        // Sending the last spans blocks; `down` returns only after they were sent (or gave up).
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
     tracing::info!("node stopped");
     // The store goes before the lock: a node started the moment the lock is free opens it.
     drop(router);

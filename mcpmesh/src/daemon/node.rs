@@ -29,6 +29,7 @@ use crate::roster::invite::ALPN_JOIN;
 use crate::roster::sync::ALPN_ROSTER;
 use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoredPeer};
+use crate::telemetry::Dialed;
 
 use super::DRAIN_TIMEOUT;
 use super::reach::Reachability;
@@ -596,10 +597,13 @@ impl ControlHandler for Node {
             peer: open.peer.clone(),
             service: open.service.clone(),
         });
-        let dialed = self
-            .audit
-            .metrics()
-            .map(|metrics| metrics.dialed(&open.peer, &open.service));
+        let dialed = Dialed::new(
+            self.audit.metrics(),
+            self.audit.traces(),
+            &open.peer,
+            &session.connection.remote_id().to_string(),
+            &open.service,
+        );
         let ending = proxy::tunnel(local, session, self.shutdown.child_token(), dialed).await;
         self.outgoing.closed(key);
         self.audit.record(AuditEvent::OutgoingClose {

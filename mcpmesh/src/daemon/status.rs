@@ -168,6 +168,20 @@ impl Node {
         }
     }
 
+    /// Where traces go and how sending them went: `null` when traces are off.
+    fn traces_status(&self) -> Value {
+        let Some(traces) = self.audit.traces() else {
+            return Value::Null;
+        };
+        let e = traces.exports();
+        json!({
+            "url": traces.url().as_str(),
+            "sent": e.sent,
+            "failed": e.failed,
+            "last_error": e.last_error,
+        })
+    }
+
     pub(super) async fn status(&self) -> Value {
         self.status_as_checked(true).await
     }
@@ -224,6 +238,7 @@ impl Node {
             "org": self.org_summary(),
             "log": self.log_file.display().to_string(),
             "metrics": self.metrics_status(),
+            "traces": self.traces_status(),
         })
     }
 

@@ -1,5 +1,6 @@
-//! The node's metrics: what it serves and dials, counted and timed, for a Prometheus scrape
-//! on a loopback port ([`serve`]).
+//! The node's telemetry: metrics of what it serves and dials, counted and timed, for a
+//! Prometheus scrape on a loopback port ([`serve`]), and a span per request for an OTLP
+//! collector ([`traces`]).
 //!
 //! Names follow the OpenTelemetry semantic conventions for MCP where they exist
 //! (`mcp_server_operation_duration_seconds`, `mcp_client_session_duration_seconds`, …, with
@@ -16,6 +17,7 @@
 
 pub mod names;
 mod serve;
+pub mod traces;
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -29,8 +31,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use serde_json::value::RawValue;
 
 pub use serve::{MetricsListener, serve};
+pub use traces::{Side, TraceParent, Traced, Traces};
 
 use names::ToolNames;
 
@@ -293,15 +297,6 @@ impl Metrics {
         name
     }
 
-    /// A dialed session's labels.
-    pub fn dialed(self: &Arc<Self>, peer: &str, service: &str) -> Dialed {
-        Dialed {
-            metrics: self.clone(),
-            peer: self.name(peer),
-            service: self.name(service),
-        }
-    }
-
     /// A request a served session finished (answered, refused, or left unanswered).
     pub fn served(&self, r: &Served<'_>) {
         let peer = self.name(if r.peer.is_empty() { LOCAL } else { r.peer });
@@ -381,7 +376,11 @@ impl Metrics {
 
     /// A request this node's client sent to `peer`'s `service` was answered (or never was).
     fn asked(&self, dialed: &Dialed, asked: &Asked, outcome: &'static str) {
-        let tool = asked.tool.as_deref().map(|tool| {
+        let tool = asked
+            .name
+            .as_deref()
+            .filter(|_| asked.method == "tools/call");
+        let tool = tool.map(|tool| {
             let accepted = matches!(outcome, "ok" | "tool_error");
             self.tools.label(&dialed.service, tool, accepted)
         });
@@ -443,27 +442,97 @@ impl Drop for ChildAlive {
     }
 }
 
-/// The service a dialed session reaches, for its requests' labels ([`Metrics::dialed`]).
+/// A session this node opened to a peer's service, as its requests are timed and traced.
 #[derive(Debug, Clone)]
 pub struct Dialed {
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
+    traces: Option<Arc<Traces>>,
     peer: Arc<str>,
+    /// The peer's endpoint id (hex), for spans.
+    peer_id: Arc<str>,
     service: Arc<str>,
 }
 
 impl Dialed {
-    /// The request `asked` ended with `outcome` (its answer's, or `cancelled`, `unanswered`).
-    pub fn answered(&self, asked: &Asked, outcome: &'static str) {
-        self.metrics.asked(self, asked, outcome);
+    /// A session to `peer`'s `service`; `None` when the node neither keeps metrics nor sends
+    /// traces.
+    pub fn new(
+        metrics: Option<&Arc<Metrics>>,
+        traces: Option<&Arc<Traces>>,
+        peer: &str,
+        peer_id: &str,
+        service: &str,
+    ) -> Option<Self> {
+        if metrics.is_none() && traces.is_none() {
+            return None;
+        }
+        let name = |n: &str| metrics.map_or_else(|| Arc::from(n), |m| m.name(n));
+        Some(Dialed {
+            metrics: metrics.cloned(),
+            traces: traces.cloned(),
+            peer: name(peer),
+            peer_id: Arc::from(peer_id),
+            service: name(service),
+        })
+    }
+
+    /// What to remember of a request the client sent (`method` and `params` as they came).
+    pub fn asking(&self, method: &str, params: Option<&RawValue>) -> Asked {
+        let bounded = names::method(method);
+        let traced = self.traces.as_ref().map(|_| TracedAsk {
+            method: method.to_owned(),
+            parent: TraceParent::of(params),
+        });
+        Asked {
+            method: bounded,
+            name: matches!(method, "tools/call" | "prompts/get")
+                .then(|| params.and_then(|p| names::tool_of(p.get())))
+                .flatten(),
+            at: std::time::Instant::now(),
+            traced,
+        }
+    }
+
+    /// The request `asked` (its id `id`) ended with `outcome`: its answer's (`ok`, `error` with
+    /// its `code`, `tool_error`), or `cancelled`, or `unanswered` (with the code the client
+    /// was answered with).
+    pub fn answered(&self, id: &RawValue, asked: &Asked, outcome: &'static str, code: Option<i64>) {
+        if let Some(metrics) = &self.metrics {
+            metrics.asked(self, asked, outcome);
+        }
+        if let (Some(traces), Some(traced)) = (&self.traces, &asked.traced) {
+            traces.finished(&Traced {
+                side: Side::Dialed,
+                method: &traced.method,
+                name: asked.name.as_deref(),
+                request_id: id.get(),
+                service: &self.service,
+                peer_id: &self.peer_id,
+                outcome,
+                code,
+                started: asked.at,
+                parent: traced.parent.as_ref(),
+            });
+        }
     }
 }
 
 /// A request a dialed session sent and has not had answered yet.
 #[derive(Debug)]
 pub struct Asked {
+    /// The method as a label ([`names::method`]).
     pub method: &'static str,
-    pub tool: Option<String>,
+    /// The tool or prompt it names (`tools/call`, `prompts/get`).
+    pub name: Option<String>,
     pub at: std::time::Instant,
+    traced: Option<TracedAsk>,
+}
+
+/// What a span needs of a request beyond what the metrics keep.
+#[derive(Debug)]
+struct TracedAsk {
+    method: String,
+    parent: Option<TraceParent>,
 }
 
 #[cfg(test)]
