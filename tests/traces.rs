@@ -3,7 +3,8 @@
 //! from the official Python SDK's traced client (whose `params._meta` carries its
 //! `traceparent`) lands in the client's trace: the dialing node's span, the serving node's
 //! span and the SDK server's own span all have the client's span as parent. A request without
-//! one starts a new trace; a collector that is not there costs the calls nothing.
+//! one starts a new trace, and one its caller did not sample is not recorded; a collector that
+//! is not there costs the calls nothing.
 
 mod common;
 
@@ -280,6 +281,16 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
 
     let mut s = bob.connect("alice/svc");
     assert!(s.initialize().await.get("result").is_some());
+    // A caller that decided not to sample this request (flags 00): neither node records it.
+    let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    s.send(
+        &json!({ "jsonrpc": "2.0", "id": "call-0", "method": "tools/call",
+                    "params": { "name": "echo", "arguments": { "text": "x" },
+                                "_meta": { "traceparent": unsampled } } }),
+    )
+    .await;
+    let answer = s.recv().await.unwrap();
+    assert!(answer.get("result").is_some(), "{answer}");
     s.send(
         &json!({ "jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
                     "params": { "name": "echo", "arguments": { "text": "x" } } }),
@@ -311,6 +322,12 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
         "two traces of their own"
     );
     assert_eq!((serving.kind, dialing.kind), (SERVER, CLIENT));
+    // Each node sends its spans in order: call-1's arrived, so call-0's would have.
+    let unsampled_spans: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.attr("jsonrpc.request.id") == Some("call-0"))
+        .collect();
+    assert!(unsampled_spans.is_empty(), "{unsampled_spans:#?}");
 
     // `status` says where spans go and how many were sent.
     let status = alice.json(&["status"]);

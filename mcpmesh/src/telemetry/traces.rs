@@ -12,6 +12,7 @@
 //! by default) spans are dropped, never held. What the exporter managed, and its last error,
 //! are kept for `status` and `doctor` ([`Traces::exports`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,12 +20,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
-use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry::{Context, InstrumentationScope, KeyValue, StringValue};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
+
+use super::names;
 
 /// Longest method, tool or prompt name a span carries (a caller chooses them).
 const MAX_NAME: usize = 128;
@@ -243,27 +246,48 @@ impl Traces {
         let started = ended
             .checked_sub(r.started.elapsed())
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        let method = bounded(r.method);
+        // A method the specification defines is named without allocating.
+        let method: StringValue = match names::method(r.method) {
+            names::OTHER => bounded(r.method).to_owned().into(),
+            known => known.into(),
+        };
         let name = r.name.map(bounded);
         // Tool and prompt names are low-cardinality targets; a resource's URI is not.
-        let target = match method {
+        let target = match method.as_str() {
             "tools/call" | "prompts/get" => name,
             _ => None,
         };
-        let span_name = match target {
-            Some(target) => format!("{method} {target}"),
-            None => method.to_owned(),
+        let span_name: Cow<'static, str> = match target {
+            Some(target) => format!("{} {target}", method.as_str()).into(),
+            None => method.to_string().into(),
         };
-        let mut attributes = vec![
-            KeyValue::new("mcp.method.name", method.to_owned()),
+        let kind = match r.side {
+            Side::Served => SpanKind::Server,
+            Side::Dialed => SpanKind::Client,
+        };
+        let parent = r.parent.map(TraceParent::context).unwrap_or_default();
+        let mut span = self
+            .tracer
+            .span_builder(span_name)
+            .with_kind(kind)
+            .with_start_time(started)
+            .start_with_context(&self.tracer, &parent);
+        // A span the sampler dropped (`OTEL_TRACES_SAMPLER`, or an unsampled parent) costs no
+        // more than this.
+        if !span.is_recording() {
+            return;
+        }
+        let mut attributes = Vec::with_capacity(10);
+        attributes.extend([
+            KeyValue::new("mcp.method.name", method.clone()),
             KeyValue::new("jsonrpc.request.id", request_id(r.request_id)),
             KeyValue::new("network.transport", "quic"),
             KeyValue::new("mcpmesh.service", r.service.to_owned()),
-        ];
+        ]);
         if !r.peer_id.is_empty() {
             attributes.push(KeyValue::new("mcpmesh.peer.id", r.peer_id.to_owned()));
         }
-        match (method, name) {
+        match (method.as_str(), name) {
             ("tools/call", Some(tool)) => {
                 attributes.push(KeyValue::new("gen_ai.tool.name", tool.to_owned()));
                 attributes.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
@@ -276,30 +300,20 @@ impl Traces {
             }
             _ => {}
         }
-        let error = match (r.outcome, r.code) {
+        let error: Option<StringValue> = match (r.outcome, r.code) {
             ("ok", _) => None,
             (_, Some(code)) => {
-                attributes.push(KeyValue::new("rpc.response.status_code", code.to_string()));
-                Some(code.to_string())
+                let code = StringValue::from(code.to_string());
+                attributes.push(KeyValue::new("rpc.response.status_code", code.clone()));
+                Some(code)
             }
-            (outcome, None) => Some(outcome.to_owned()),
+            (outcome, None) => Some(outcome.to_owned().into()),
         };
-        let kind = match r.side {
-            Side::Served => SpanKind::Server,
-            Side::Dialed => SpanKind::Client,
-        };
-        let parent = r.parent.map(TraceParent::context).unwrap_or_default();
-        let mut span = self
-            .tracer
-            .span_builder(span_name)
-            .with_kind(kind)
-            .with_start_time(started)
-            .with_attributes(attributes)
-            .start_with_context(&self.tracer, &parent);
         if let Some(error) = error {
-            span.set_attribute(KeyValue::new("error.type", error.clone()));
-            span.set_status(Status::error(error));
+            attributes.push(KeyValue::new("error.type", error.clone()));
+            span.set_status(Status::error(error.to_string()));
         }
+        span.set_attributes(attributes);
         span.end_with_timestamp(ended);
     }
 
@@ -325,10 +339,12 @@ fn bounded(name: &str) -> &str {
 
 /// A request id as the conventions write it: a string id without its quotes, a number as it is.
 fn request_id(raw: &str) -> String {
-    match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(serde_json::Value::String(s)) => bounded(&s).to_owned(),
-        _ => bounded(raw).to_owned(),
+    if raw.starts_with('"')
+        && let Ok(id) = serde_json::from_str::<Cow<'_, str>>(raw)
+    {
+        return bounded(&id).to_owned();
     }
+    bounded(raw).to_owned()
 }
 
 #[cfg(test)]
