@@ -8,8 +8,9 @@
 //!
 //! `--only open|calls|pipelined|results|requests` runs one phase (for profiling the nodes, whose
 //! pids it prints, with `perf record -p`). `--telemetry` also measures a second pair of nodes
-//! with metrics on (`[telemetry] metrics`, scraped after each of its passes) in the same rounds,
-//! and prints metrics on / off.
+//! with metrics on (`[telemetry] metrics`, scraped after each of its passes) and traces on
+//! (`[telemetry] otlp`, sent to a collector this binary runs that accepts and counts them) in
+//! the same rounds, and prints telemetry on / off.
 
 #![forbid(unsafe_code)]
 
@@ -37,7 +38,7 @@ struct Args {
     calls: usize,
     /// Run only this phase.
     only: Option<String>,
-    /// Also measure a mesh whose nodes keep metrics.
+    /// Also measure a mesh whose nodes keep metrics and send traces.
     telemetry: bool,
 }
 
@@ -94,10 +95,12 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let (mcpmesh, stub) = bench_util::sibling_binaries()?;
     let mesh = Mesh::start(&mcpmesh, &stub, "")?;
-    // The same two nodes again, keeping metrics (each on a port of its own).
-    let metered = args
-        .telemetry
-        .then(|| Mesh::start(&mcpmesh, &stub, METRICS_ON))
+    // The same two nodes again, keeping metrics (each on a port of its own) and sending
+    // traces to a collector of this binary's.
+    let collector = args.telemetry.then(Collector::start).transpose()?;
+    let metered = collector
+        .as_ref()
+        .map(|c| Mesh::start(&mcpmesh, &stub, &telemetry_on(c)))
         .transpose()?;
     if let [(_, Some(a)), (_, Some(b))] = mesh.pids()[..] {
         eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
@@ -304,11 +307,11 @@ fn main() -> anyhow::Result<()> {
     }
     if metered.is_some() {
         println!(
-            "\nmetrics on both nodes (another pair of nodes, same rounds), against metrics off:"
+            "\nmetrics and traces on both nodes (another pair of nodes, same rounds), against both off:"
         );
         println!(
             "{:<24} {:>12} {:>12} {:>12} {:>9} {:>11}",
-            "figure (median)", "direct", "mesh", "mesh+metrics", "on/off", "on/direct"
+            "figure (median)", "direct", "mesh", "mesh+telem.", "on/off", "on/direct"
         );
         for (i, name) in figures.iter().enumerate() {
             let (d, m, t) = (
@@ -330,6 +333,24 @@ fn main() -> anyhow::Result<()> {
                 "CPU per sequential call, both nodes: {off:.1} µs off, {on:.1} µs on ({:+.1} µs, {:.3}x)",
                 on - off,
                 on / off
+            );
+        }
+        if let (Some(metered), Some(collector)) = (&metered, &collector) {
+            let (sent, failed) = metered.spans()?;
+            println!(
+                "spans: {sent} accepted by the collector ({} posts, {:.1} MB), {failed} not sent",
+                collector.posts(),
+                collector.bytes() as f64 / 1e6
+            );
+            let ticks: u64 = metered
+                .pids()
+                .into_iter()
+                .filter_map(|(_, pid)| pid.map(export_ticks_of))
+                .sum();
+            let ms = ticks as f64 / clock_ticks_per_sec() * 1e3;
+            println!(
+                "  sending them took {ms:.0} ms of CPU on the nodes' exporter threads: {:.1} µs per span",
+                ms * 1e3 / sent.max(1) as f64
             );
         }
     }
@@ -364,8 +385,86 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The config of the metered pair: metrics on a port each node picks.
-const METRICS_ON: &str = "[telemetry]\nmetrics = \"127.0.0.1:0\"\n";
+/// The config of the metered pair: metrics on a port each node picks, traces to `collector`.
+fn telemetry_on(collector: &Collector) -> String {
+    format!(
+        "[telemetry]\nmetrics = \"127.0.0.1:0\"\notlp = \"http://{}\"\n",
+        collector.addr
+    )
+}
+
+/// An OTLP/HTTP collector that accepts every post and counts it, on loopback: what a local
+/// collector costs the nodes, without measuring a real collector's own work.
+struct Collector {
+    addr: std::net::SocketAddr,
+    posts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Collector {
+    fn start() -> anyhow::Result<Self> {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicU64;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let (posts, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let counts = (posts.clone(), bytes.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let counts = counts.clone();
+                std::thread::spawn(move || {
+                    let _ = Self::answer(stream, &counts.0, &counts.1);
+                });
+            }
+        });
+        Ok(Collector { addr, posts, bytes })
+    }
+
+    /// Answers each request on one connection 200 (an empty export response), until it closes.
+    fn answer(
+        stream: std::net::TcpStream,
+        posts: &std::sync::atomic::AtomicU64,
+        bytes: &std::sync::atomic::AtomicU64,
+    ) -> std::io::Result<()> {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream;
+        loop {
+            let mut length = 0usize;
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if reader.read_line(&mut line)? == 0 {
+                    return Ok(());
+                }
+                let header = line.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = header.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+            std::io::copy(&mut (&mut reader).take(length as u64), &mut std::io::sink())?;
+            posts.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(length as u64, Ordering::Relaxed);
+            writer.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
+            )?;
+        }
+    }
+
+    fn posts(&self) -> u64 {
+        self.posts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// One pass through the metered pair, its figures added to `figures` and `cpu`, then a scrape.
 fn metered_pass(
@@ -500,7 +599,28 @@ fn clock_ticks_per_sec() -> f64 {
 
 /// utime + stime of `pid`, in clock ticks.
 fn cpu_ticks_of(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    ticks_in(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime of `pid`'s threads that send spans (the batch processor's, and the HTTP
+/// client's runtime), in clock ticks.
+fn export_ticks_of(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("OpenTelemetry") || c.starts_with("reqwest-"))
+        })
+        .map(|t| ticks_in(&t.path().join("stat").display().to_string()))
+        .sum()
+}
+
+/// utime + stime in a `/proc/…/stat` file, in clock ticks.
+fn ticks_in(path: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return 0;
     };
     let Some((_, rest)) = stat.rsplit_once(')') else {
@@ -804,6 +924,17 @@ impl Mesh {
             }
         }
         Ok(())
+    }
+
+    /// Spans both nodes' exporters had accepted and could not send, as `status` tells.
+    fn spans(&self) -> anyhow::Result<(u64, u64)> {
+        let (mut sent, mut failed) = (0, 0);
+        for home in [&self.alice, &self.bob] {
+            let status = self.cli(home, &["--json", "status"])?;
+            sent += status["traces"]["sent"].as_u64().unwrap_or(0);
+            failed += status["traces"]["failed"].as_u64().unwrap_or(0);
+        }
+        Ok((sent, failed))
     }
 
     /// CPU ticks both daemons have used so far.
