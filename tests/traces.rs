@@ -138,10 +138,36 @@ fn traced_script() -> String {
 /// Spans leave a node a tenth of a second after they end (the SDK's standard variable).
 const QUICK_EXPORT: [(&str, &str); 1] = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
 
+/// alice serving `svc` (its server started by `run`, a TOML array) to bob, both sending
+/// traces to `otlp`, each trusting the other.
+fn traced_nodes(otlp: &str, run: &str) -> (TestNode, TestNode) {
+    let telemetry = format!("[telemetry]\notlp = {otlp:?}\n");
+    let alice = TestNode::start_with(
+        "alice",
+        &format!("{telemetry}\n[services.svc]\nrun = {run}\nallow = [\"bob\"]\n"),
+        &QUICK_EXPORT,
+    );
+    let bob = TestNode::start_with("bob", &telemetry, &QUICK_EXPORT);
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+/// Calls the stub's `echo` as request `id`, with `meta` as its `_meta`; fails unless answered.
+async fn echo(s: &mut McpSession, id: Value, meta: Option<Value>) {
+    let mut params = json!({ "name": "echo", "arguments": { "text": "x" } });
+    if let Some(meta) = meta {
+        params["_meta"] = meta;
+    }
+    s.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }))
+        .await;
+    let answer = s.recv().await.expect("answered");
+    assert!(answer.get("result").is_some(), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_traced_clients_request_is_one_trace_across_both_nodes_and_the_sdk_server() {
     let collector = Collector::start().await;
-    let otlp = format!("[telemetry]\notlp = {:?}\n", collector.url);
     let py = python().display().to_string();
     let server = [
         py.as_str(),
@@ -150,14 +176,7 @@ async fn a_traced_clients_request_is_one_trace_across_both_nodes_and_the_sdk_ser
         "--otlp",
         &collector.url,
     ];
-    let alice = TestNode::start_with(
-        "alice",
-        &format!("{otlp}\n[services.svc]\nrun = {server:?}\nallow = [\"bob\"]\n"),
-        &QUICK_EXPORT,
-    );
-    let bob = TestNode::start_with("bob", &otlp, &QUICK_EXPORT);
-    alice.trust(&bob);
-    bob.trust(&alice);
+    let (alice, bob) = traced_nodes(&collector.url, &format!("{server:?}"));
 
     let client = tokio::process::Command::new(&py)
         .arg(traced_script())
@@ -269,35 +288,19 @@ async fn a_traced_clients_request_is_one_trace_across_both_nodes_and_the_sdk_ser
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
     let collector = Collector::start().await;
-    let otlp = format!("[telemetry]\notlp = {:?}\n", collector.url);
-    let alice = TestNode::start_with(
-        "alice",
-        &format!("{otlp}\n[services.svc]\nrun = [{STUB:?}]\nallow = [\"bob\"]\n"),
-        &QUICK_EXPORT,
-    );
-    let bob = TestNode::start_with("bob", &otlp, &QUICK_EXPORT);
-    alice.trust(&bob);
-    bob.trust(&alice);
+    let (alice, bob) = traced_nodes(&collector.url, &format!("[{STUB:?}]"));
 
     let mut s = bob.connect("alice/svc");
     assert!(s.initialize().await.get("result").is_some());
     // A caller that decided not to sample this request (flags 00): neither node records it.
     let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-    s.send(
-        &json!({ "jsonrpc": "2.0", "id": "call-0", "method": "tools/call",
-                    "params": { "name": "echo", "arguments": { "text": "x" },
-                                "_meta": { "traceparent": unsampled } } }),
+    echo(
+        &mut s,
+        json!("call-0"),
+        Some(json!({ "traceparent": unsampled })),
     )
     .await;
-    let answer = s.recv().await.unwrap();
-    assert!(answer.get("result").is_some(), "{answer}");
-    s.send(
-        &json!({ "jsonrpc": "2.0", "id": "call-1", "method": "tools/call",
-                    "params": { "name": "echo", "arguments": { "text": "x" } } }),
-    )
-    .await;
-    let answer = s.recv().await.unwrap();
-    assert!(answer.get("result").is_some(), "{answer}");
+    echo(&mut s, json!("call-1"), None).await;
 
     let call = |spans: &[Received], instance: &str| {
         spans
@@ -343,24 +346,13 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
 async fn a_collector_that_is_not_there_costs_the_calls_nothing_and_is_reported() {
     // A port nothing listens on.
     let gone = format!("http://127.0.0.1:{}", free_port());
-    let otlp = format!("[telemetry]\notlp = {gone:?}\n");
-    let alice = TestNode::start_with(
-        "alice",
-        &format!("{otlp}\n[services.svc]\nrun = [{STUB:?}]\nallow = [\"bob\"]\n"),
-        &QUICK_EXPORT,
-    );
-    let bob = TestNode::start_with("bob", &otlp, &QUICK_EXPORT);
-    alice.trust(&bob);
-    bob.trust(&alice);
+    let (alice, bob) = traced_nodes(&gone, &format!("[{STUB:?}]"));
 
     let mut s = bob.connect("alice/svc");
     assert!(s.initialize().await.get("result").is_some());
+    // Answered while their spans fail to leave.
     for id in 0..20 {
-        s.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
-                        "params": { "name": "echo", "arguments": { "text": "x" } } }))
-            .await;
-        let answer = s.recv().await.expect("answered while spans fail to leave");
-        assert!(answer.get("result").is_some(), "{answer}");
+        echo(&mut s, json!(id), None).await;
     }
     s.close_stdin();
     s.wait_eof().await;
