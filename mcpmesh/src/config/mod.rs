@@ -541,6 +541,10 @@ fn otlp_traces_url(text: &str) -> Result<url::Url, String> {
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
         return Err(format!("telemetry.otlp: {text:?} is not {example}"));
     }
+    // The URL is shown by `status` and logged; a credential belongs in a header.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("telemetry.otlp: the URL carries a user or password; put the collector's credentials in OTEL_EXPORTER_OTLP_HEADERS in the node's environment instead".into());
+    }
     if url.path() == "/" {
         url.set_path("/v1/traces");
     }
@@ -1187,6 +1191,11 @@ addrs = ["127.0.0.1:4433"]
             let e = error_of(&format!("[telemetry]\notlp = {bad:?}\n"));
             assert!(e.contains("telemetry.otlp") && e.contains("4318"), "{e}");
         }
+        let e = error_of("[telemetry]\notlp = \"https://me:s3cret@otel.example\"\n");
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_HEADERS") && !e.contains("s3cret"),
+            "{e}"
+        );
     }
 
     #[test]
