@@ -480,7 +480,7 @@ impl Dialed {
     pub fn asking(&self, method: &str, params: Option<&RawValue>) -> Asked {
         let bounded = names::method(method);
         let traced = self.traces.as_ref().map(|_| TracedAsk {
-            method: method.to_owned(),
+            unlisted_method: (bounded == names::OTHER).then(|| method.to_owned()),
             parent: TraceParent::of(params),
         });
         Asked {
@@ -503,7 +503,7 @@ impl Dialed {
         if let (Some(traces), Some(traced)) = (&self.traces, &asked.traced) {
             traces.finished(&Traced {
                 side: Side::Dialed,
-                method: &traced.method,
+                method: traced.unlisted_method.as_deref().unwrap_or(asked.method),
                 name: asked.name.as_deref(),
                 request_id: id.get(),
                 service: &self.service,
@@ -531,7 +531,8 @@ pub struct Asked {
 /// What a span needs of a request beyond what the metrics keep.
 #[derive(Debug)]
 struct TracedAsk {
-    method: String,
+    /// The method, when the specification does not define it (`Asked::method` says `other`).
+    unlisted_method: Option<String>,
     parent: Option<TraceParent>,
 }
 
