@@ -393,8 +393,8 @@ fn telemetry_on(collector: &Collector) -> String {
     )
 }
 
-/// An OTLP/HTTP collector that accepts every post and counts it, on loopback: what a local
-/// collector costs the nodes, without measuring a real collector's own work.
+/// An OTLP/HTTP collector that accepts every post and counts it, on loopback (its own thread
+/// and runtime): what a local collector costs the nodes, without a real collector's own work.
 struct Collector {
     addr: std::net::SocketAddr,
     posts: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -404,57 +404,31 @@ struct Collector {
 impl Collector {
     fn start() -> anyhow::Result<Self> {
         use std::sync::Arc;
-        use std::sync::atomic::AtomicU64;
+        use std::sync::atomic::{AtomicU64, Ordering};
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (posts, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let counts = (posts.clone(), bytes.clone());
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| async move {
+                counts.0.fetch_add(1, Ordering::Relaxed);
+                counts.1.fetch_add(body.len() as u64, Ordering::Relaxed);
+                [("content-type", "application/x-protobuf")]
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let counts = counts.clone();
-                std::thread::spawn(move || {
-                    let _ = Self::answer(stream, &counts.0, &counts.1);
-                });
-            }
+            runtime.block_on(async move {
+                if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                    let _ = axum::serve(listener, app).await;
+                }
+            })
         });
         Ok(Collector { addr, posts, bytes })
-    }
-
-    /// Answers each request on one connection 200 (an empty export response), until it closes.
-    fn answer(
-        stream: std::net::TcpStream,
-        posts: &std::sync::atomic::AtomicU64,
-        bytes: &std::sync::atomic::AtomicU64,
-    ) -> std::io::Result<()> {
-        use std::io::Read;
-        use std::sync::atomic::Ordering;
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut writer = stream;
-        loop {
-            let mut length = 0usize;
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if reader.read_line(&mut line)? == 0 {
-                    return Ok(());
-                }
-                let header = line.trim_end();
-                if header.is_empty() {
-                    break;
-                }
-                if let Some((name, value)) = header.split_once(':')
-                    && name.eq_ignore_ascii_case("content-length")
-                {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-            }
-            std::io::copy(&mut (&mut reader).take(length as u64), &mut std::io::sink())?;
-            posts.fetch_add(1, Ordering::Relaxed);
-            bytes.fetch_add(length as u64, Ordering::Relaxed);
-            writer.write_all(
-                b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n",
-            )?;
-        }
     }
 
     fn posts(&self) -> u64 {
