@@ -144,14 +144,19 @@ pub async fn serve(
             guard::guard,
         ))
         .with_state(gateway.clone());
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    crate::http_listener::serve(
+        listener,
+        app,
+        crate::http_listener::Limits::gateway(),
+        "gateway",
+        shutdown.clone(),
+    )
+    .await;
     janitor.abort();
     for session in gateway.take_all() {
         session.close().await;
     }
-    served.map_err(GatewayError::Serve)
+    Ok(())
 }
 
 struct Gateway {

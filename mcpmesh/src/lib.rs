@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod audit;
 pub mod backends;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod daemon;
 pub mod demo;
 pub mod files;
 pub mod gateway;
+pub mod http_listener;
 pub mod hub;
 pub mod keys;
 pub mod limits;

@@ -48,14 +48,13 @@ pub async fn serve(
         .route("/metrics", axum::routing::get(page))
         .layer(axum::middleware::from_fn_with_state(scrape.clone(), guard))
         .with_state(scrape);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!("the metrics endpoint stopped: {e}");
-        }
-    });
+    tokio::spawn(crate::http_listener::serve(
+        listener,
+        app,
+        crate::http_listener::Limits::local_page(),
+        "metrics endpoint",
+        stop,
+    ));
     Ok(MetricsListener { addr })
 }
 

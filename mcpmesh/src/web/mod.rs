@@ -107,14 +107,13 @@ impl StatusPage {
             .with_state(page)
             .layer(axum::middleware::from_fn_with_state(keys, guard::guard))
             .layer(axum::middleware::map_response(harden));
-        tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::warn!("the status page stopped: {e}");
-            }
-        });
+        tokio::spawn(crate::http_listener::serve(
+            listener,
+            app,
+            crate::http_listener::Limits::local_page(),
+            "status page",
+            stop,
+        ));
         tracing::info!(%addr, "status page listening");
         Ok(StatusPage { addr, token })
     }
