@@ -972,12 +972,13 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
         .and_then(|c| c.open_session(peer, service, attach));
     match opened {
         Ok((stream, leftover)) => {
-            // One line for the client's log: how long the mesh took to be ready (node start,
-            // dial and session included).
+            // One line for the client's log: how long the mesh took to reach the peer (node
+            // start and dial included). It claims no session: the serving node admits or
+            // refuses one only when it reads the first request.
             // One write: stderr is unbuffered, and a formatted eprintln! is one write per piece.
             if !json {
                 let note = format!(
-                    "mcpmesh connect {target}: session open in {:.1} ms\n",
+                    "mcpmesh connect {target}: peer reached in {:.1} ms\n",
                     started.elapsed().as_secs_f64() * 1e3
                 );
                 let _ = std::io::stderr().write_all(note.as_bytes());
@@ -996,17 +997,19 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
                     codes::UNREACHABLE,
                     format!("connect {target}: {why}"),
                 )),
+                mcpmesh::proxy::ConnectEnd::Refused { code, message } => {
+                    Err(Failure::new(code, format!("connect {target}: {message}")))
+                }
             }
         }
         Err(e) => {
-            // The client gets a JSON-RPC error for its request, and the reason goes to stderr.
-            if json {
-                Failure::from(e.clone()).report(true);
-            } else {
-                eprintln!("mcpmesh connect {target}: {}", e.message);
-            }
+            // The client gets a JSON-RPC error for its request, the reason goes to stderr and
+            // the exit status says it failed.
             mcpmesh::proxy::answer_failed_open(e.code, &e.message).context("connect")?;
-            Ok(())
+            Err(Failure::new(
+                e.code,
+                format!("connect {target}: {}", e.message),
+            ))
         }
     }
 }
