@@ -891,3 +891,23 @@ async fn the_node_log_is_plain_text_bounded_in_size_and_named_by_doctor() {
         "the oldest lines were dropped"
     );
 }
+
+#[test]
+fn values_meant_for_command_substitution_are_alone_on_stdout() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("notes", &[], None, &marker("substitution"));
+    let alone = |out: &std::process::Output| {
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(stdout.lines().count(), 1, "one line on stdout: {stdout:?}");
+        stdout.trim_end().to_owned()
+    };
+    // pair "$(mcpmesh invite notes)"
+    let invite = alone(&alice.cli(&["invite", "notes"]));
+    assert!(invite.starts_with("mcpmesh-invite:"), "{invite}");
+    assert!(bob.cli(&["pair", &invite]).status.success());
+    let id = alone(&alice.cli(&["id"]));
+    assert_eq!(id, alice.json(&["id"])["id"].as_str().unwrap());
+    let url = alone(&alice.cli(&["status", "--web"]));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+}
