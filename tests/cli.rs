@@ -738,13 +738,75 @@ async fn connect_under_json_writes_only_a_failures_json_line_on_stderr() {
             .unwrap()
             .unwrap();
         assert!(!text.contains("session open"), "{target}: {text}");
-        if target.starts_with("nobody") {
-            let line: Value =
-                serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("{text}"));
-            assert_eq!(line["error"]["code"], -32054, "{line}");
+        let line: Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|_| panic!("{target}: {text:?}"));
+        assert_eq!(line["error"]["code"], -32054, "{target}: {line}");
+        let status = tokio::time::timeout(ANSWER_TIMEOUT, s.child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(1), "{target}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_to_a_service_it_may_not_use_claims_no_session_and_exits_non_zero() {
+    use tokio::io::AsyncReadExt;
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("notes", &["carol"], None, &marker("notes-refused"));
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}});
+    // Pipes (the node takes the descriptors) and a file on stdin (connect copies the bytes).
+    for passed in [true, false] {
+        let mut cmd = tokio::process::Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(bob.home())
+            .args(["connect", "alice/notes"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut stderr = String::new();
+        let (stdout, status) = if passed {
+            cmd.stdin(std::process::Stdio::piped());
+            let mut s = McpSession::spawn(cmd);
+            let mut err = s.child.stderr.take().unwrap();
+            let answer = s.request("initialize", initialize["params"].clone()).await;
+            s.close_stdin();
+            s.wait_eof().await;
+            tokio::time::timeout(ANSWER_TIMEOUT, err.read_to_string(&mut stderr))
+                .await
+                .unwrap()
+                .unwrap();
+            let status = tokio::time::timeout(ANSWER_TIMEOUT, s.child.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            (answer.to_string(), status)
         } else {
-            assert_eq!(text, "", "{target}");
-        }
+            let input = bob.home().join("requests.ndjson");
+            std::fs::write(&input, format!("{initialize}\n")).unwrap();
+            cmd.stdin(std::fs::File::open(&input).unwrap());
+            let out = tokio::time::timeout(ANSWER_TIMEOUT, cmd.output())
+                .await
+                .unwrap()
+                .unwrap();
+            stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                out.status,
+            )
+        };
+        assert!(stdout.contains("-32054"), "passed={passed}: {stdout}");
+        assert!(
+            !stderr.contains("session open"),
+            "passed={passed}: {stderr}"
+        );
+        assert!(stderr.contains("refused"), "passed={passed}: {stderr}");
+        assert_eq!(status.code(), Some(1), "passed={passed}: {stderr}");
     }
 }
 
@@ -828,4 +890,24 @@ async fn the_node_log_is_plain_text_bounded_in_size_and_named_by_doctor() {
         !all.contains("chatty line 0 "),
         "the oldest lines were dropped"
     );
+}
+
+#[test]
+fn values_meant_for_command_substitution_are_alone_on_stdout() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("notes", &[], None, &marker("substitution"));
+    let alone = |out: &std::process::Output| {
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(stdout.lines().count(), 1, "one line on stdout: {stdout:?}");
+        stdout.trim_end().to_owned()
+    };
+    // pair "$(mcpmesh invite notes)"
+    let invite = alone(&alice.cli(&["invite", "notes"]));
+    assert!(invite.starts_with("mcpmesh-invite:"), "{invite}");
+    assert!(bob.cli(&["pair", &invite]).status.success());
+    let id = alone(&alice.cli(&["id"]));
+    assert_eq!(id, alice.json(&["id"])["id"].as_str().unwrap());
+    let url = alone(&alice.cli(&["status", "--web"]));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 }

@@ -349,18 +349,18 @@ fn down(ctx: &Ctx) -> Result<(), Failure> {
 
 fn id(ctx: &Ctx) -> Result<(), Failure> {
     let v = ctx.call(methods::NODE_ID, json!({}))?;
+    // The id alone on stdout, for `$(mcpmesh id)`; the addresses beside it on stderr.
     ctx.out.print(v.clone(), || {
+        v["id"].as_str().unwrap_or_default().to_owned()
+    });
+    ctx.out.note(|| {
         let addrs: Vec<&str> = v["addrs"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        format!(
-            "{}\naddresses: {}",
-            v["id"].as_str().unwrap_or_default(),
-            addrs.join(" ")
-        )
+        format!("addresses: {}", addrs.join(" "))
     });
     Ok(())
 }
@@ -501,10 +501,13 @@ fn invite(ctx: &Ctx, services: &[String], uses: u32, ttl: &str) -> Result<(), Fa
         json!({ "services": services, "uses": uses, "ttl_secs": ttl.as_secs() }),
     )?;
     let took = started.elapsed();
+    // The line alone on stdout, so that `pair "$(mcpmesh invite …)"` works; hints on stderr.
     ctx.out.print(v.clone(), || {
+        v["invite"].as_str().unwrap_or_default().to_owned()
+    });
+    ctx.out.note(|| {
         format!(
-            "{}\n\nSend this line to the person you are sharing with ({} use{}, valid until {} UTC). They run:\n  mcpmesh pair '<the line>'\n(minted in {:.0} ms)",
-            v["invite"].as_str().unwrap_or_default(),
+            "Send this line to the person you are sharing with ({} use{}, valid until {} UTC). They run:\n  mcpmesh pair '<the line>'\n(minted in {:.0} ms)",
             uses,
             if uses == 1 { "" } else { "s" },
             mcpmesh::time::format_time(v["expires_at"].as_u64().unwrap_or(0) * 1000),
@@ -547,12 +550,12 @@ fn status(ctx: &Ctx) -> Result<(), Failure> {
 
 fn status_web(ctx: &Ctx) -> Result<(), Failure> {
     let v = ctx.call(methods::STATUS_WEB, json!({}))?;
+    // The URL alone on stdout, for `xdg-open "$(mcpmesh status --web)"`.
     ctx.out.print(v.clone(), || {
-        format!(
-            "open the status page at {}",
-            v["url"].as_str().unwrap_or_default()
-        )
+        v["url"].as_str().unwrap_or_default().to_owned()
     });
+    ctx.out
+        .note(|| "open the status page at the URL above (it holds its token)".to_owned());
     Ok(())
 }
 
@@ -972,12 +975,13 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
         .and_then(|c| c.open_session(peer, service, attach));
     match opened {
         Ok((stream, leftover)) => {
-            // One line for the client's log: how long the mesh took to be ready (node start,
-            // dial and session included).
+            // One line for the client's log: how long the mesh took to reach the peer (node
+            // start and dial included). It claims no session: the serving node admits or
+            // refuses one only when it reads the first request.
             // One write: stderr is unbuffered, and a formatted eprintln! is one write per piece.
             if !json {
                 let note = format!(
-                    "mcpmesh connect {target}: session open in {:.1} ms\n",
+                    "mcpmesh connect {target}: peer reached in {:.1} ms\n",
                     started.elapsed().as_secs_f64() * 1e3
                 );
                 let _ = std::io::stderr().write_all(note.as_bytes());
@@ -996,17 +1000,19 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
                     codes::UNREACHABLE,
                     format!("connect {target}: {why}"),
                 )),
+                mcpmesh::proxy::ConnectEnd::Refused { code, message } => {
+                    Err(Failure::new(code, format!("connect {target}: {message}")))
+                }
             }
         }
         Err(e) => {
-            // The client gets a JSON-RPC error for its request, and the reason goes to stderr.
-            if json {
-                Failure::from(e.clone()).report(true);
-            } else {
-                eprintln!("mcpmesh connect {target}: {}", e.message);
-            }
+            // The client gets a JSON-RPC error for its request, the reason goes to stderr and
+            // the exit status says it failed.
             mcpmesh::proxy::answer_failed_open(e.code, &e.message).context("connect")?;
-            Ok(())
+            Err(Failure::new(
+                e.code,
+                format!("connect {target}: {}", e.message),
+            ))
         }
     }
 }

@@ -46,6 +46,11 @@ struct Outstanding {
     ids: HashMap<String, Unanswered>,
     /// Whether the client has sent any request at all.
     requests_seen: bool,
+    /// Whether the server side has sent anything yet.
+    server_spoke: bool,
+    /// The serving node's refusal of the session, while its first frame, a refusal, is all
+    /// it sent.
+    refusal: Option<Ending>,
     /// Bumped whenever `ids` changes.
     version: u64,
     dialed: Option<Dialed>,
@@ -91,6 +96,13 @@ impl Outstanding {
     }
 
     fn server_sent(&mut self, seen: Seen<'_>) {
+        if !self.server_spoke || self.refusal.is_some() {
+            // A refusal is all the serving side says: anything after it makes it an answer.
+            seen.each_frame(|line, _| {
+                self.refusal = (!self.server_spoke).then(|| refusal(line)).flatten();
+                self.server_spoke = true;
+            });
+        }
         if self.ids.is_empty() {
             return;
         }
@@ -144,6 +156,34 @@ impl Outstanding {
         let ids: Vec<&RawValue> = self.ids.values().map(|u| u.id.as_ref()).collect();
         note_line(&SessionNote::Outstanding(ids))
     }
+}
+
+/// The serving node's refusal of a session (`-32054` unknown or not allowed, `-32053` busy),
+/// when `first` (the first frame the serving side sent) is one: the serving node answers the
+/// first frame with it and closes the stream.
+fn refusal(first: &[u8]) -> Option<Ending> {
+    #[derive(serde::Deserialize)]
+    struct Refusal {
+        error: Body,
+    }
+    #[derive(serde::Deserialize)]
+    struct Body {
+        code: i64,
+        #[serde(default)]
+        message: String,
+        data: Option<Data>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data {
+        source: Option<String>,
+    }
+    let r: Refusal = serde_json::from_slice(first).ok()?;
+    let refused = [ErrorCode::UnknownService.code(), ErrorCode::Busy.code()];
+    let by_mesh = r.error.data.and_then(|d| d.source).as_deref() == Some("mcpmesh");
+    (by_mesh && refused.contains(&r.error.code)).then(|| Ending {
+        code: Some(r.error.code),
+        message: format!("the peer refused the session: {}", r.error.message),
+    })
 }
 
 /// One error line per id.
@@ -358,9 +398,13 @@ pub async fn tunnel(
         line_ended = tokio::time::timeout(DRAIN, &mut server_side).await.is_ok();
     }
     drop(server_side);
-    let (answers, requests_seen) = {
+    let (answers, requests_seen, refusal) = {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        (o.answer_all(code, message), o.requests_seen)
+        (
+            o.answer_all(code, message),
+            o.requests_seen,
+            o.refusal.take(),
+        )
     };
     if !answers.is_empty() && line_ended {
         let _ = tokio::time::timeout(DRAIN, write_run(&local_w, &answers)).await;
@@ -368,6 +412,7 @@ pub async fn tunnel(
     let _ = mesh_w.lock().await.finish();
     // Ending with nothing unanswered is ordinary unless the peer or the node went away.
     let ending = match end {
+        End::ServerClosed if let Some(refusal) = refusal => refusal,
         End::Lost(_) | End::Shutdown => Ending {
             code: Some(code.code()),
             message: message.to_owned(),
@@ -473,6 +518,25 @@ pub enum ConnectEnd {
     Clean,
     /// The session failed (the peer went away, the node stopped, …): why, in plain words.
     Failed(String),
+    /// The serving node refused the session (`code`: `-32054` or `-32053`).
+    Refused { code: i64, message: String },
+}
+
+impl ConnectEnd {
+    fn of(ending: Ending) -> Self {
+        match ending.code {
+            None => ConnectEnd::Clean,
+            Some(code)
+                if code == ErrorCode::UnknownService.code() || code == ErrorCode::Busy.code() =>
+            {
+                ConnectEnd::Refused {
+                    code,
+                    message: ending.message,
+                }
+            }
+            Some(_) => ConnectEnd::Failed(ending.message),
+        }
+    }
 }
 
 const NODE_GONE: &str = "the local mcpmesh node stopped during the session";
@@ -507,12 +571,7 @@ pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<ConnectEnd> {
             Ok(_) => {}
         }
         match serde_json::from_slice::<SessionNote<'_>>(&line) {
-            Ok(SessionNote::Ended(ending)) => {
-                return Ok(match ending.code {
-                    None => ConnectEnd::Clean,
-                    Some(_) => ConnectEnd::Failed(ending.message),
-                });
-            }
+            Ok(SessionNote::Ended(ending)) => return Ok(ConnectEnd::of(ending)),
             Ok(SessionNote::Outstanding(ids)) => {
                 unanswered = serde_json::to_vec(&ids).unwrap_or_default();
             }
@@ -627,6 +686,14 @@ pub fn pipe_stdio(
     copy(&mut down, &mut stdout, |chunk| {
         from_server.feed(chunk, |line| server_line(&outstanding, line));
     })?;
+    if let Some(refusal) = outstanding
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .refusal
+        .take()
+    {
+        return Ok(ConnectEnd::of(refusal));
+    }
     // The ordinary end: the client finished and every request was answered. Otherwise the
     // node may have died (its end of the stream closes with it).
     let settled = client_done.load(std::sync::atomic::Ordering::Acquire)
