@@ -292,6 +292,11 @@ impl Ledger {
         });
     }
 
+    /// Whether a request the caller has not cancelled still waits for the server's answer.
+    pub fn owes_answers(&self) -> bool {
+        self.pending.values().any(|p| p.cancelled.is_none())
+    }
+
     /// The id of the one request still waiting for the server's answer, when exactly one is.
     pub fn lone_pending(&self) -> Option<Box<RawValue>> {
         let mut waiting = self.pending.values();
