@@ -673,3 +673,131 @@ async fn a_typescript_sdk_answer_cut_at_the_cap_still_answers_its_request() {
     assert_eq!(blobs[0]["code"], -32051, "{}", blobs[0]);
     assert_eq!(blobs[1]["outcome"], "ok", "{}", blobs[1]);
 }
+
+/// Runs `cmd` with `input` on its stdin, closed right after, and returns the frames it wrote
+/// before it exited (bounded in time).
+async fn piped(cmd: &[String], input: &str) -> Vec<Value> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the client's answers come in time")
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The ids of `frames` answered with a result, in order.
+fn answered(frames: &[Value]) -> Vec<Value> {
+    frames
+        .iter()
+        .filter(|f| f.get("result").is_some())
+        .map(|f| f["id"].clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_closes_its_input_after_its_requests_gets_every_answer_as_it_does_direct() {
+    let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let py = python().display().to_string();
+    let legacy = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    ]
+    .join("\n")
+        + "\n";
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"pipe","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let modern = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server/discover\",\"params\":{{{meta}}}}}\n\
+         {{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\",\"params\":{{{meta}}}}}\n"
+    );
+    let everything = [
+        "node".to_owned(),
+        index.display().to_string(),
+        "stdio".into(),
+    ];
+    let sdk = [py, interop_script("modern_server.py")];
+    let (alice, bob) = two_nodes();
+    alice.serve(
+        "everything",
+        &["bob"],
+        &everything.iter().fold(vec!["--"], |mut v, a| {
+            v.push(a);
+            v
+        }),
+    );
+    alice.serve(
+        "sdk",
+        &["bob"],
+        &sdk.iter().fold(vec!["--"], |mut v, a| {
+            v.push(a);
+            v
+        }),
+    );
+    let connect = |service: &str| {
+        vec![
+            MCPMESH.to_owned(),
+            "--home".into(),
+            bob.home().display().to_string(),
+            "connect".into(),
+            format!("alice/{service}"),
+        ]
+    };
+    let direct = answered(&piped(&everything, &legacy).await);
+    assert_eq!(
+        direct,
+        [json!(1), json!(2)],
+        "server-everything answers directly"
+    );
+    let mesh = piped(&connect("everything"), &legacy).await;
+    assert_eq!(answered(&mesh), direct, "{mesh:?}");
+    // The Python SDK's server itself sometimes drops a request still in progress when its
+    // input ends (directly too): what it answers arrives, and a request it dropped is
+    // answered by the mesh, never left hanging.
+    for script in [&legacy, &modern] {
+        let mesh = piped(&connect("sdk"), script).await;
+        let ids: Vec<&Value> = mesh.iter().map(|f| &f["id"]).collect();
+        assert_eq!(ids, [&json!(1), &json!(2)], "{mesh:?}");
+        assert!(mesh[0].get("result").is_some(), "{mesh:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_call_whose_client_closes_its_input_still_gets_its_answer() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, "half-close-long");
+    let script = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        // Longer than any fixed grace of either node.
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleep","arguments":{"ms":4000}}}"#,
+    ]
+    .join("\n")
+        + "\n";
+    let connect = [
+        MCPMESH.to_owned(),
+        "--home".into(),
+        bob.home().display().to_string(),
+        "connect".into(),
+        "alice/stub".into(),
+    ];
+    let frames = piped(&connect, &script).await;
+    assert_eq!(answered(&frames), [json!(1), json!(2)], "{frames:?}");
+    assert_eq!(
+        frames[1]["result"]["content"][0]["text"], "slept 4000 ms",
+        "{frames:?}"
+    );
+}

@@ -11,12 +11,28 @@ use serde_json::value::RawValue;
 /// The members of a JSON-RPC message that routing decisions look at.
 #[derive(Debug, Deserialize)]
 pub struct Peek<'a> {
-    #[serde(borrow, default)]
+    /// Present whenever the frame has an `id` member, `null` included: such a frame is a
+    /// request (or a response), never a notification.
+    #[serde(borrow, default, deserialize_with = "member")]
     pub id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub method: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub params: Option<&'a RawValue>,
+}
+
+/// Keeps a member that is present, `null` included (serde reads `null` as absent).
+fn member<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether `id` is one MCP allows: a string or an integer.
+pub fn valid_id(id: &RawValue) -> bool {
+    match serde_json::from_str::<serde_json::Value>(id.get()) {
+        Ok(serde_json::Value::String(_)) => true,
+        Ok(serde_json::Value::Number(n)) => n.is_i64() || n.is_u64(),
+        _ => false,
+    }
 }
 
 /// What kind of message a frame is.

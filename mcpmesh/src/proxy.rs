@@ -303,19 +303,32 @@ pub async fn tunnel(
         gone,
         report,
     } = local;
+    let mut gone = gone;
     let mut local_r = FrameReader::new(input, MAX_FRAME);
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
     let local_w = Mutex::new(output);
     let mesh_w = Mutex::new(send);
     let outstanding = Arc::new(StdMutex::new(Outstanding::timed(dialed)));
     let changed = Arc::new(Notify::new());
+    // Told whenever the last unanswered request is answered.
+    let settled = Notify::new();
     let track = |f: &dyn Fn(&mut Outstanding)| {
         let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
         let before = o.version;
         f(&mut o);
         if o.version != before {
             changed.notify_one();
+            if o.ids.is_empty() {
+                settled.notify_one();
+            }
         }
+    };
+    let owed = || {
+        !outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .is_empty()
     };
     let reporter = report.map(|w| {
         let stop = CancellationToken::new();
@@ -364,7 +377,7 @@ pub async fn tunnel(
             }
         },
         _ = shutdown.cancelled() => End::Shutdown,
-        _ = gone => End::ClientGone,
+        _ = &mut gone => End::ClientGone,
     };
 
     let (end, code, message) = match end {
@@ -375,12 +388,23 @@ pub async fn tunnel(
             return Ending::clean();
         }
         End::ClientClosed => {
-            // The client is done sending but may still read: let answers in flight arrive.
+            // The client is done sending but may still read: every answer it is owed comes
+            // (the serving side bounds how long its server may take), then the stream ends.
             let _ = mesh_w.lock().await.finish();
-            let drained = tokio::time::timeout(DRAIN, &mut server_side).await;
-            server_done = drained.is_ok();
+            let drained = loop {
+                let waiting = owed();
+                tokio::select! {
+                    r = &mut server_side => break Some(r),
+                    _ = tokio::time::sleep(DRAIN), if !waiting => break None,
+                    _ = settled.notified(), if waiting => {}
+                    _ = shutdown.cancelled() => break None,
+                    _ = &mut gone => break None,
+                }
+            };
+            server_done = drained.is_some();
             let end = match drained {
-                Ok(Ok(())) => End::ServerClosed,
+                Some(Ok(())) => End::ServerClosed,
+                _ if shutdown.is_cancelled() => End::Shutdown,
                 _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             };
             let (code, message) = failure(&end);

@@ -242,6 +242,7 @@ impl SessionHandler for ServiceHost {
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
             tools: entry.tools.clone(),
+            request_timeout: entry.spec.request_timeout,
         };
         let ctx = ServiceCtx {
             service: service.clone(),

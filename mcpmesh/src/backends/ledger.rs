@@ -164,7 +164,11 @@ impl Ledger {
         if self.pending.len() >= self.max_in_flight {
             self.expire_cancelled();
         }
-        let refusal = if let Err(wait) = self.check_rate() {
+        let refusal = if !jsonrpc::valid_id(id) {
+            let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
+                .message("invalid request: an id must be a string or an integer");
+            Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
+        } else if let Err(wait) = self.check_rate() {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
                 .retry_after_ms(wait.as_millis().max(1) as u64);
@@ -290,6 +294,11 @@ impl Ledger {
             };
             self.finish(&key, outcome, code, len as u64);
         });
+    }
+
+    /// Whether a request the caller has not cancelled still waits for the server's answer.
+    pub fn owes_answers(&self) -> bool {
+        self.pending.values().any(|p| p.cancelled.is_none())
     }
 
     /// The id of the one request still waiting for the server's answer, when exactly one is.
@@ -581,5 +590,52 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&withheld).unwrap();
         assert_eq!(v["id"], "L");
         assert_eq!(v["error"]["code"], -32054);
+    }
+}
+
+#[cfg(test)]
+mod ids {
+    use super::tests_support::*;
+    use super::*;
+
+    #[test]
+    fn a_request_whose_id_is_not_a_string_or_integer_is_refused_and_no_rule_is_skipped() {
+        for id in ["null", "1.5", "true", "{}", "[1]"] {
+            let mut l = ruled_denying_whoami();
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"whoami"}}}}"#
+            );
+            let Verdict::Answer(answer) = l.client_line(line.as_bytes()) else {
+                panic!("id {id} was forwarded")
+            };
+            let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(v["error"]["code"], -32600, "{id}");
+            assert_eq!(v["error"]["data"]["source"], "mcpmesh", "{id}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests_support {
+    use super::*;
+
+    pub fn ruled_denying_whoami() -> Ledger {
+        let caller = Caller {
+            service: "svc".into(),
+            principal: "eid:ab".into(),
+            peer: "bob".into(),
+            held: vec!["peer:bob".parse().unwrap()],
+            tools: ToolPolicy::new(vec![crate::tool_policy::ToolRule {
+                who: vec!["peer:bob".parse().unwrap()],
+                allow: vec!["*".into()],
+                deny: vec!["whoami".into()],
+            }]),
+        };
+        Ledger::new(
+            caller,
+            RateLimiter::unlimited_shared(),
+            AuditSink::disabled(),
+            8,
+        )
     }
 }

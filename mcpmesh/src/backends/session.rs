@@ -18,7 +18,7 @@ use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -30,8 +30,8 @@ use crate::principal::{Principal, principal_set};
 use crate::telemetry::Refusal;
 use crate::tool_policy::ToolPolicy;
 
-/// How long a server gets to finish writing after its input ends; the spawn backend also
-/// gives a child this long after SIGTERM. The whole teardown stays well under a second.
+/// How long a server that owes no answer gets to finish writing after its input ends; the
+/// spawn backend also gives a child this long after SIGTERM.
 pub(crate) const GRACE: Duration = Duration::from_millis(300);
 /// A caller told "at capacity" is asked to wait this long.
 const RETRY_AT_CAPACITY: Duration = Duration::from_secs(1);
@@ -48,6 +48,9 @@ pub struct SessionOptions {
     pub max_in_flight: usize,
     /// The service's per-tool rules (by default none: every tool).
     pub tools: ToolPolicy,
+    /// How long the server may take over a request: once the caller has closed its side,
+    /// the session waits this long at most for the answers still owed.
+    pub request_timeout: Duration,
 }
 
 impl Default for SessionOptions {
@@ -57,6 +60,7 @@ impl Default for SessionOptions {
             sever: CancellationToken::new(),
             max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
             tools: ToolPolicy::default(),
+            request_timeout: Duration::from_secs(crate::config::DEFAULT_REQUEST_TIMEOUT_SECS),
         }
     }
 }
@@ -314,9 +318,11 @@ impl Host<'_> {
         // across a long line: it is stopped (and has ended its line) before anything else is
         // written there.
         let stop = CancellationToken::new();
+        let settled = Notify::new();
         let mut server_account = ServerSent {
             ledger: &ledger,
             bytes_out: &mut bytes_out,
+            settled: &settled,
         };
         let mut server_side = Box::pin(forward_observed(
             &mut server_r,
@@ -347,11 +353,34 @@ impl Host<'_> {
         // The server's input ends: EOF on a child's stdin, a half-close on a socket.
         let _ = server_w.into_inner().shutdown().await;
         if !server_done && matches!(end, End::ClientClosed) {
-            // The client is done sending, perhaps not reading: answers the server still
-            // writes as it sees its input end reach the client, for a short while.
-            server_done = tokio::time::timeout(GRACE, &mut server_side).await.is_ok();
+            // The client is done sending and may still be reading: the server answers what
+            // it was asked, within its request timeout, then gets a short grace to exit.
+            let deadline = tokio::time::Instant::now() + options.request_timeout;
+            loop {
+                let owed = account().owes_answers();
+                let until = match owed {
+                    true => deadline,
+                    false => (tokio::time::Instant::now() + GRACE).min(deadline),
+                };
+                tokio::select! {
+                    _ = &mut server_side => {
+                        server_done = true;
+                        break;
+                    }
+                    _ = tokio::time::sleep_until(until) => break,
+                    _ = settled.notified(), if owed => {}
+                    _ = options.shutdown.cancelled() => {
+                        end = End::Shutdown;
+                        break;
+                    }
+                    _ = options.sever.cancelled() => {
+                        end = End::Severed;
+                        break;
+                    }
+                }
+            }
             if !server_done {
-                patience = Duration::ZERO; // it had its grace while draining
+                patience = Duration::ZERO; // it had its time while draining
             }
         }
         if !server_done {
@@ -400,6 +429,8 @@ impl Host<'_> {
 struct ServerSent<'a> {
     ledger: &'a StdMutex<Ledger>,
     bytes_out: &'a mut u64,
+    /// Told whenever an answer leaves the server owing none.
+    settled: &'a Notify,
 }
 
 impl ServerSent<'_> {
@@ -411,7 +442,11 @@ impl ServerSent<'_> {
 impl Observer for ServerSent<'_> {
     fn seen(&mut self, seen: Seen<'_>) {
         *self.bytes_out += seen.len() as u64;
-        self.ledger().server_sent(seen);
+        let mut ledger = self.ledger();
+        ledger.server_sent(seen);
+        if !ledger.owes_answers() {
+            self.settled.notify_one();
+        }
     }
 
     fn lone_pending(&mut self) -> Option<Box<RawValue>> {
