@@ -586,3 +586,66 @@ async fn a_metrics_port_already_taken_leaves_the_node_serving_and_is_reported() 
     );
     drop(taken);
 }
+
+/// Whether the server has closed `stream` by `deadline` (end of stream or a reset).
+fn closed_by(mut stream: std::net::TcpStream, deadline: std::time::Instant) -> bool {
+    let mut sink = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match stream.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_connections_to_the_metrics_port_are_capped_and_dropped_while_a_scrape_is_served() {
+    // The test knob shortens the 10 s header and 30 s body read timeouts.
+    let timeout = std::time::Duration::from_millis(1500);
+    let port = free_port();
+    let node = TestNode::start_with(
+        "alice",
+        &metrics_config(port),
+        &[("MCPMESH_TEST_HTTP_TIMEOUT_MS", "1500")],
+    );
+    let mut slow = Vec::new();
+    for n in 0..300 {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        // Half a head, or a whole head and one byte of a declared body.
+        let partial: &[u8] = if n % 2 == 0 {
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        } else {
+            b"POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\nx"
+        };
+        // A connection beyond the cap may already be closed: its write may fail.
+        let _ = s.write_all(partial);
+        slow.push(s);
+        if n == 59 {
+            // Sixty held below the cap of 64: a scrape still gets through.
+            let (code, body) = get(port, "/metrics", &format!("127.0.0.1:{port}"), "");
+            assert_eq!(code, 200, "{body}");
+        }
+    }
+    assert!(node.json(&["status"])["metrics"]["url"].is_string());
+    let started = std::time::Instant::now();
+    let deadline = started + timeout + std::time::Duration::from_secs(10);
+    let held = slow.into_iter().map(|s| closed_by(s, deadline));
+    let still_open = held.filter(|closed| !closed).count();
+    assert_eq!(
+        still_open, 0,
+        "{still_open} of 300 slow connections still open"
+    );
+    eprintln!(
+        "300 slow connections (60 below the cap), all closed {:?} after the last was opened",
+        started.elapsed()
+    );
+    let (code, _) = get(port, "/metrics", &format!("127.0.0.1:{port}"), "");
+    assert_eq!(code, 200);
+}
