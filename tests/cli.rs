@@ -911,3 +911,81 @@ fn values_meant_for_command_substitution_are_alone_on_stdout() {
     let url = alone(&alice.cli(&["status", "--web"]));
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 }
+
+/// A profile in `dir` with a service that would leave `marker` behind if its command ran.
+fn planted_profile(dir: &Path, marker: &Path) {
+    std::fs::write(
+        dir.join("config.toml"),
+        format!(
+            "{HERMETIC}\n[services.evil]\nrun = \"sh -c 'touch {}'\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+}
+
+fn refused_for_ownership(dir: &Path, args: &[&str], what: &str) {
+    let out = std::process::Command::new(MCPMESH)
+        .arg("--home")
+        .arg(dir)
+        .arg("--json")
+        .args(args)
+        .env_remove("MCPMESH_HOME")
+        .output()
+        .unwrap();
+    let err = error_line(&out);
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains(what), "{args:?}: {message}");
+    assert!(
+        !dir.join("mcpmesh.sock").exists(),
+        "{args:?} started no node"
+    );
+}
+
+#[test]
+fn a_profile_another_user_made_is_refused_by_every_command() {
+    let base = tempfile::tempdir().unwrap();
+    let home = base.path().join("shared");
+    std::fs::create_dir(&home).unwrap();
+    let marker = base.path().join("ran");
+    planted_profile(&home, &marker);
+    let nobody = Some(rustix::process::Uid::from_raw(65534));
+    rustix::fs::chown(&home.join("config.toml"), nobody, None).unwrap();
+    rustix::fs::chown(&home, nobody, None).unwrap();
+    for args in [&["status"][..], &["id"], &["init"], &["up"], &["peers"]] {
+        refused_for_ownership(&home, args, "owned by");
+    }
+    assert!(!marker.exists(), "the planted service's command never ran");
+}
+
+#[test]
+fn a_profile_others_may_write_is_refused_until_it_is_private() {
+    let base = tempfile::tempdir().unwrap();
+    let home = base.path().join("node");
+    std::fs::create_dir(&home).unwrap();
+    let marker = base.path().join("ran");
+    planted_profile(&home, &marker);
+    let chmod = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    chmod(&home.join("config.toml"), 0o666);
+    refused_for_ownership(&home, &["status"], "chmod go-w");
+    chmod(&home.join("config.toml"), 0o600);
+    chmod(&home, 0o777);
+    refused_for_ownership(&home, &["id"], "chmod go-w");
+    chmod(&home, 0o770);
+    refused_for_ownership(&home, &["id"], "writable by its group");
+    chmod(&home, 0o700);
+    let out = std::process::Command::new(MCPMESH)
+        .arg("--home")
+        .arg(&home)
+        .args(["--json", "down"])
+        .env_remove("MCPMESH_HOME")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "a private profile is accepted: {out:?}"
+    );
+    assert!(!marker.exists());
+}

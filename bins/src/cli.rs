@@ -69,8 +69,10 @@ fn init_logging(cli: &Cli) {
     {
         let path = profile.log_file();
         let max = mcpmesh::logfile::max_bytes_from_env();
+        // An untrusted profile gets no log of ours: the node refuses it on stderr.
         let opened = profile
             .create_dirs()
+            .and_then(|()| profile.check_trusted().map_err(std::io::Error::other))
             .and_then(|()| mcpmesh::logfile::LogFile::open(&path, max, true));
         match opened {
             Ok(file) => {
@@ -106,10 +108,24 @@ fn creates_profile(command: &Command) -> bool {
     )
 }
 
+/// Whether a verb reads the profile it is pointed at (and so must trust it first). `doctor`
+/// reads it to report what is wrong, and says so itself.
+fn reads_profile(command: &Command) -> bool {
+    !matches!(
+        command,
+        Command::Demo | Command::DemoServer | Command::Completions { .. } | Command::Doctor { .. }
+    )
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     let profile = Profile::resolve(cli.home.clone()).context("locating the node's files")?;
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
+    if reads_profile(&cli.command) {
+        profile
+            .check_trusted()
+            .map_err(|e| Failure::new(codes::CONFIG, e.to_string()))?;
+    }
     if let Some(home) = &profile.home
         && !creates_profile(&cli.command)
         && !profile.exists()

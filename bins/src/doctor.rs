@@ -44,6 +44,14 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             .map(|m| m.permissions().mode() & 0o777)
     };
 
+    match profile.check_trusted() {
+        Ok(()) => check(
+            "profile ownership",
+            "ok",
+            "yours, and nobody else may write it".into(),
+        ),
+        Err(e) => check("profile ownership", "error", e.to_string()),
+    }
     let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
     let settings = match config_file.load() {
         Ok(s) => {

@@ -20,5 +20,10 @@ fn main() -> ExitCode {
     if args.first().is_some_and(|verb| verb == exec_shim::VERB) {
         return exec_shim::run(&args[1..]);
     }
+    // Whatever the user's umask, nothing this process (or the node it starts) creates is
+    // writable by group or others: the node refuses a profile that is.
+    use rustix::fs::Mode;
+    let umask = rustix::process::umask(Mode::from_raw_mode(0o077));
+    rustix::process::umask(umask | Mode::WGRP | Mode::WOTH);
     cli::main()
 }

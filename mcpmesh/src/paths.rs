@@ -110,6 +110,16 @@ impl Profile {
         self.state_dir.join("udp-port")
     }
 
+    /// Checks that the profile's directories and everything in them belong to the user and
+    /// that nobody else may write them: a profile another user made or can change would run
+    /// that user's config (its services' commands) as this one.
+    pub fn check_trusted(&self) -> Result<(), crate::files::Untrusted> {
+        for dir in [&self.config_dir, &self.state_dir, &self.runtime_dir] {
+            crate::files::check_trusted_tree(dir, 2)?;
+        }
+        Ok(())
+    }
+
     /// Creates the profile's directories, private to the user.
     pub fn create_dirs(&self) -> std::io::Result<()> {
         for dir in [&self.config_dir, &self.state_dir, &self.runtime_dir] {

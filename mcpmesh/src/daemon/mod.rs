@@ -57,6 +57,8 @@ pub enum DaemonError {
     #[error("cannot prepare the node's files: {0}")]
     Files(std::io::Error),
     #[error(transparent)]
+    Untrusted(#[from] crate::files::Untrusted),
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Key(#[from] keys::KeyError),
@@ -99,6 +101,7 @@ pub async fn run(
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), DaemonError> {
     profile.create_dirs().map_err(DaemonError::Files)?;
+    profile.check_trusted()?;
     let mut lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
