@@ -24,8 +24,9 @@ use crate::tool_policy::ToolRule;
 
 /// Sessions a service runs at once unless it says otherwise.
 pub const DEFAULT_MAX_SESSIONS: u32 = 4;
-/// Requests per minute per (service, caller) unless configured otherwise.
-pub const DEFAULT_RATE_PER_MIN: u32 = 120;
+/// Requests and session opens per minute per (service, caller) unless configured otherwise
+/// (notifications have their own cap, `limits::NOTIFICATIONS_PER_MIN`).
+pub const DEFAULT_RATE_PER_MIN: u32 = 600;
 const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
 /// Outstanding requests per session unless configured otherwise: room for clients that run
 /// tool calls concurrently (the official Python SDK's task groups pipeline dozens), while a
