@@ -911,3 +911,24 @@ fn values_meant_for_command_substitution_are_alone_on_stdout() {
     let url = alone(&alice.cli(&["status", "--web"]));
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 }
+
+#[test]
+fn status_and_doctor_say_when_the_config_on_disk_no_longer_loads() {
+    let alice = TestNode::start("alice");
+    let config = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n[telemetry]\n[telemetry]\n")).unwrap();
+    let v = alice.json(&["status"]);
+    let error = v["config_error"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(error.contains("config.toml"), "{error}");
+    let human = alice.cli(&["status"]);
+    assert!(human.status.success());
+    let said = String::from_utf8_lossy(&human.stderr);
+    assert!(said.contains("does not load"), "{said}");
+    let doctor = alice.cli(&["doctor"]);
+    assert!(!doctor.status.success());
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains("config.toml"),
+        "{doctor:?}"
+    );
+}

@@ -543,8 +543,20 @@ fn pair(ctx: &Ctx, invite: &str, name: Option<&str>) -> Result<(), Failure> {
 }
 
 fn status(ctx: &Ctx) -> Result<(), Failure> {
-    let v = ctx.call(methods::STATUS, json!({}))?;
+    let mut v = ctx.call(methods::STATUS, json!({}))?;
+    // The node answers from the config it last loaded: say when the file has since broken.
+    let config = mcpmesh::config::ConfigFile::new(ctx.profile.config_file());
+    if let Err(e) = config.load() {
+        v["config_error"] = json!(e.to_string());
+    }
     ctx.out.print(v.clone(), || render_status(&v));
+    if let Some(error) = v["config_error"].as_str() {
+        ctx.out.note(|| {
+            format!(
+                "warning: the config file does not load ({error}); the node runs on the config it last loaded until the file is fixed (`mcpmesh doctor` checks it)"
+            )
+        });
+    }
     Ok(())
 }
 
