@@ -680,13 +680,20 @@ fn a_home_that_holds_no_profile_is_refused_not_made_into_a_new_identity() {
             .unwrap()
     };
     let made = parse_ok(&init(&["--loopback", "--nickname", "tester"]));
+    assert_eq!(made["running"], false, "{made}");
+    let up = std::process::Command::new(MCPMESH)
+        .args(["--home", home.to_str().unwrap(), "--json", "id"])
+        .output()
+        .unwrap();
+    let id = parse_ok(&up);
+    assert_eq!(id["id"], made["id"]);
     assert!(
-        made["addrs"]
+        id["addrs"]
             .as_array()
             .unwrap()
             .iter()
             .all(|a| a.as_str().unwrap().starts_with("127.0.0.1:")),
-        "{made}"
+        "{id}"
     );
     assert_eq!(error_line(&init(&[]))["error"]["code"], 1005);
     // The config it wrote is private (service env may hold tokens), and doctor agrees.
@@ -931,4 +938,34 @@ fn status_and_doctor_say_when_the_config_on_disk_no_longer_loads() {
         String::from_utf8_lossy(&doctor.stdout).contains("config.toml"),
         "{doctor:?}"
     );
+}
+
+#[test]
+fn init_starts_no_node_so_the_config_can_be_edited_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("fresh");
+    let run = |args: &[&str]| {
+        std::process::Command::new(MCPMESH)
+            .arg("--home")
+            .arg(&home)
+            .args(args)
+            .env_remove("MCPMESH_HOME")
+            .output()
+            .unwrap()
+    };
+    let made = parse_ok(&run(&["--json", "init", "--nickname", "tester"]));
+    assert_eq!(made["running"], false, "{made}");
+    let human = String::from_utf8_lossy(&run(&["init"]).stderr).into_owned();
+    assert!(human.contains("already exists"), "{human}");
+    // Nothing runs until asked: `down` finds no node.
+    let down = parse_ok(&run(&["--json", "down"]));
+    assert_eq!(down["was_running"], false, "init started a node: {down}");
+    // The config can be edited before the node first goes on the network (here: hermetic),
+    // and the identity init printed is the one the node then runs with.
+    let config = home.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n{HERMETIC}")).unwrap();
+    let id = parse_ok(&run(&["--json", "id"]));
+    assert_eq!(id["id"], made["id"]);
+    assert!(run(&["down"]).status.success());
 }

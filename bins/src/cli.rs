@@ -288,20 +288,27 @@ fn init(ctx: &Ctx, loopback: bool, nickname: Option<&str>) -> Result<(), Failure
             ),
         ));
     }
-    let mut client = ControlClient::connect_or_start(profile, ctx.exe)?;
-    let v = client.call(methods::NODE_ID, json!({}))?;
-    let mut value = v.clone();
-    value["config"] = json!(config.display().to_string());
+    // The identity is minted here, but no node is started: the user may edit the config
+    // (relays, bind) before the node first goes on the network.
+    let key = mcpmesh::keys::load_or_create(&profile.key_file())
+        .map_err(|e| Failure::new(codes::LOCAL, e.to_string()))?;
+    let id = key.public().to_string();
+    let value = json!({ "id": id, "config": config.display().to_string(), "running": false });
     ctx.out.print(value, || {
         format!(
-            "created a profile in {}\nthis node is {}{}\nNext: mcpmesh serve NAME -- COMMAND…",
+            "created a profile in {}\nthis node is {id}{}",
             config.parent().unwrap_or(&config).display(),
-            v["id"].as_str().unwrap_or_default(),
             if loopback {
                 " (loopback only, no relays)"
             } else {
                 ""
             }
+        )
+    });
+    ctx.out.note(|| {
+        format!(
+            "No node runs yet: edit {} if you like (relays, bind), then run `mcpmesh up`, or any verb (it starts the node), e.g. mcpmesh serve NAME -- COMMAND…",
+            config.display()
         )
     });
     Ok(())
