@@ -989,3 +989,54 @@ fn a_profile_others_may_write_is_refused_until_it_is_private() {
     );
     assert!(!marker.exists());
 }
+
+#[test]
+fn status_and_doctor_say_when_the_config_on_disk_no_longer_loads() {
+    let alice = TestNode::start("alice");
+    let config = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n[telemetry]\n[telemetry]\n")).unwrap();
+    let v = alice.json(&["status"]);
+    let error = v["config_error"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(error.contains("config.toml"), "{error}");
+    let human = alice.cli(&["status"]);
+    assert!(human.status.success());
+    let said = String::from_utf8_lossy(&human.stderr);
+    assert!(said.contains("does not load"), "{said}");
+    let doctor = alice.cli(&["doctor"]);
+    assert!(!doctor.status.success());
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains("config.toml"),
+        "{doctor:?}"
+    );
+}
+
+#[test]
+fn init_starts_no_node_so_the_config_can_be_edited_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("fresh");
+    let run = |args: &[&str]| {
+        std::process::Command::new(MCPMESH)
+            .arg("--home")
+            .arg(&home)
+            .args(args)
+            .env_remove("MCPMESH_HOME")
+            .output()
+            .unwrap()
+    };
+    let made = parse_ok(&run(&["--json", "init", "--nickname", "tester"]));
+    assert_eq!(made["running"], false, "{made}");
+    let human = String::from_utf8_lossy(&run(&["init"]).stderr).into_owned();
+    assert!(human.contains("already exists"), "{human}");
+    // Nothing runs until asked: `down` finds no node.
+    let down = parse_ok(&run(&["--json", "down"]));
+    assert_eq!(down["was_running"], false, "init started a node: {down}");
+    // The config can be edited before the node first goes on the network (here: hermetic),
+    // and the identity init printed is the one the node then runs with.
+    let config = home.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}\n{HERMETIC}")).unwrap();
+    let id = parse_ok(&run(&["--json", "id"]));
+    assert_eq!(id["id"], made["id"]);
+    assert!(run(&["down"]).status.success());
+}

@@ -572,7 +572,8 @@ async fn the_official_python_sdk_uses_every_feature_of_server_everything_through
     let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     let index = index.display().to_string();
     let client = interop_script("everything_client.py");
-    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    // The default limits: a whole full-featured client fits in them.
+    let (alice, bob) = two_nodes();
     alice.serve("everything", &["bob"], &["--", "node", &index, "stdio"]);
     let home = bob.home().display().to_string();
 

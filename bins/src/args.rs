@@ -28,7 +28,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create this node's profile (its key and config) and start it.
+    /// Create this node's profile (its key and config) without starting it: edit the config, then `mcpmesh up`.
     #[command(
         after_help = "Examples:\n  mcpmesh init\n  mcpmesh --home ~/mesh-test init --loopback   a profile for trying things out: loopback only, no relays"
     )]

@@ -304,20 +304,27 @@ fn init(ctx: &Ctx, loopback: bool, nickname: Option<&str>) -> Result<(), Failure
             ),
         ));
     }
-    let mut client = ControlClient::connect_or_start(profile, ctx.exe)?;
-    let v = client.call(methods::NODE_ID, json!({}))?;
-    let mut value = v.clone();
-    value["config"] = json!(config.display().to_string());
+    // The identity is minted here, but no node is started: the user may edit the config
+    // (relays, bind) before the node first goes on the network.
+    let key = mcpmesh::keys::load_or_create(&profile.key_file())
+        .map_err(|e| Failure::new(codes::LOCAL, e.to_string()))?;
+    let id = key.public().to_string();
+    let value = json!({ "id": id, "config": config.display().to_string(), "running": false });
     ctx.out.print(value, || {
         format!(
-            "created a profile in {}\nthis node is {}{}\nNext: mcpmesh serve NAME -- COMMAND…",
+            "created a profile in {}\nthis node is {id}{}",
             config.parent().unwrap_or(&config).display(),
-            v["id"].as_str().unwrap_or_default(),
             if loopback {
                 " (loopback only, no relays)"
             } else {
                 ""
             }
+        )
+    });
+    ctx.out.note(|| {
+        format!(
+            "No node runs yet: edit {} if you like (relays, bind), then run `mcpmesh up`, or any verb (it starts the node), e.g. mcpmesh serve NAME -- COMMAND…",
+            config.display()
         )
     });
     Ok(())
@@ -559,8 +566,20 @@ fn pair(ctx: &Ctx, invite: &str, name: Option<&str>) -> Result<(), Failure> {
 }
 
 fn status(ctx: &Ctx) -> Result<(), Failure> {
-    let v = ctx.call(methods::STATUS, json!({}))?;
+    let mut v = ctx.call(methods::STATUS, json!({}))?;
+    // The node answers from the config it last loaded: say when the file has since broken.
+    let config = mcpmesh::config::ConfigFile::new(ctx.profile.config_file());
+    if let Err(e) = config.load() {
+        v["config_error"] = json!(e.to_string());
+    }
     ctx.out.print(v.clone(), || render_status(&v));
+    if let Some(error) = v["config_error"].as_str() {
+        ctx.out.note(|| {
+            format!(
+                "warning: the config file does not load ({error}); the node runs on the config it last loaded until the file is fixed (`mcpmesh doctor` checks it)"
+            )
+        });
+    }
     Ok(())
 }
 

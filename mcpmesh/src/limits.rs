@@ -1,4 +1,7 @@
-//! Rate limits: a token bucket per (service, caller principal), via `governor`.
+//! Rate limits: token buckets per (service, caller principal), via `governor`. A caller's
+//! requests and session opens share one budget (`rate_limit_per_min`); its notifications have
+//! a cap of their own, so that a client's progress or log chatter never costs it requests; its
+//! answers to the server's own requests are not counted (the server asked for them).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -7,10 +10,24 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
 
-/// Per-(service, caller) request budgets. One instance serves the whole node.
+/// Notifications a caller may send a service a minute, whatever its request budget.
+pub const NOTIFICATIONS_PER_MIN: u32 = 6_000;
+
+/// The burst a budget of `per_minute` allows: a tenth of it, at least 60, never more than it.
+fn burst(per_minute: NonZeroU32) -> NonZeroU32 {
+    let n = per_minute.get();
+    NonZeroU32::new((n / 10).max(60).min(n)).unwrap_or(per_minute)
+}
+
+fn bucket(per_minute: NonZeroU32) -> DefaultKeyedRateLimiter<(String, String)> {
+    DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute).allow_burst(burst(per_minute)))
+}
+
+/// Per-(service, caller) budgets. One instance serves the whole node.
 #[derive(Debug)]
 pub struct RateLimiter {
     buckets: Option<DefaultKeyedRateLimiter<(String, String)>>,
+    notifications: Option<DefaultKeyedRateLimiter<(String, String)>>,
     clock: DefaultClock,
 }
 
@@ -19,23 +36,40 @@ impl RateLimiter {
     pub fn unlimited_shared() -> Arc<Self> {
         Arc::new(RateLimiter {
             buckets: None,
+            notifications: None,
             clock: DefaultClock::default(),
         })
     }
 
-    /// `per_minute` requests a minute per key, bursting up to the same number.
+    /// `per_minute` requests and session opens a minute per key, bursting up to a tenth of
+    /// that (at least 60); notifications up to [`NOTIFICATIONS_PER_MIN`].
     pub fn per_minute_shared(per_minute: u32) -> Arc<Self> {
-        let buckets = NonZeroU32::new(per_minute)
-            .map(|n| DefaultKeyedRateLimiter::keyed(Quota::per_minute(n)));
+        let notifications = NonZeroU32::new(NOTIFICATIONS_PER_MIN).map(bucket);
         Arc::new(RateLimiter {
-            buckets,
+            buckets: NonZeroU32::new(per_minute).map(bucket),
+            notifications,
             clock: DefaultClock::default(),
         })
     }
 
-    /// Takes one token for `principal` on `service`; `Err` says how long until the next one.
+    /// Takes one request token for `principal` on `service`; `Err` says how long until the
+    /// next one.
     pub fn check(&self, service: &str, principal: &str) -> Result<(), Duration> {
-        let Some(buckets) = &self.buckets else {
+        self.take(self.buckets.as_ref(), service, principal)
+    }
+
+    /// Takes one notification token for `principal` on `service`.
+    pub fn check_notification(&self, service: &str, principal: &str) -> Result<(), Duration> {
+        self.take(self.notifications.as_ref(), service, principal)
+    }
+
+    fn take(
+        &self,
+        buckets: Option<&DefaultKeyedRateLimiter<(String, String)>>,
+        service: &str,
+        principal: &str,
+    ) -> Result<(), Duration> {
+        let Some(buckets) = buckets else {
             return Ok(());
         };
         buckets
@@ -50,7 +84,7 @@ impl RateLimiter {
 
     /// Forgets callers whose buckets are full again, so idle callers cost no memory.
     pub fn evict_idle(&self) {
-        if let Some(b) = &self.buckets {
+        for b in [&self.buckets, &self.notifications].into_iter().flatten() {
             b.retain_recent();
             b.shrink_to_fit();
         }

@@ -561,10 +561,10 @@ pub fn two_nodes() -> (TestNode, TestNode) {
     two_nodes_with("")
 }
 
-/// Limits for suites that drive a whole third-party client through the mesh: one run of
-/// `everything_client.py` sends about 147 messages in 10–15 s, which the default budget
-/// (120 a minute, each message counted) admits or not depending on the machine's speed. The
-/// rate limit has its own tests (guardrails, http); here it would only make the suite flaky.
+/// Limits for suites that drive many third-party clients (or a hub's many sessions) through
+/// one caller's budget at once. One whole client fits in the default budget (interop's
+/// `the_official_python_sdk_uses_every_feature…` runs with it); the rate limit has its own
+/// tests (guardrails, http).
 pub const ROOM_FOR_A_WHOLE_CLIENT: &str = "[limits]\nrate_limit_per_min = 100000\n";
 
 /// Two nodes with `extra` in both configs: alice trusts bob, bob trusts alice.

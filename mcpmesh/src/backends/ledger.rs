@@ -28,6 +28,8 @@ const RETRY_IN_FLIGHT_MS: u64 = 100;
 /// How long a cancelled request still counts in flight when its server never answers it
 /// (servers should not answer a cancelled request, but most are still working on it).
 const CANCEL_GRACE: Duration = Duration::from_secs(30);
+/// How long without a dropped notification ends a run of drops (one audit record a run).
+const THROTTLE_RUN_GAP: Duration = Duration::from_secs(1);
 /// Notifications that are protocol plumbing rather than work are never throttled.
 const UNTHROTTLED: [&str; 2] = ["notifications/initialized", "notifications/cancelled"];
 
@@ -68,7 +70,8 @@ pub struct Ledger {
     audit: AuditSink,
     max_in_flight: usize,
     pending: HashMap<String, Pending>,
-    throttling_notifications: bool,
+    /// When a notification was last dropped, while a run of drops lasts.
+    throttling_notifications: Option<Instant>,
     cancel_grace: Duration,
     /// How many of `pending` are filtered `tools/list`s.
     lists_pending: usize,
@@ -87,7 +90,7 @@ impl Ledger {
             audit,
             max_in_flight: max_in_flight.max(1),
             pending: HashMap::new(),
-            throttling_notifications: false,
+            throttling_notifications: None,
             cancel_grace: CANCEL_GRACE,
             lists_pending: 0,
         }
@@ -118,22 +121,36 @@ impl Ledger {
                 }
                 self.within_rate(UNTHROTTLED.contains(&method))
             }
-            // The caller answering the server's own requests (sampling, roots, …): a caller
-            // cannot flood the server with answers either.
-            _ => self.within_rate(false),
+            // The caller answering the server's own requests (sampling, roots, …): the server
+            // asked for them, so they cost the caller nothing.
+            _ => Verdict::Forward,
         }
     }
 
-    /// A frame that is not answered (a notification, an answer to the server) passes while
-    /// the caller's rate allows, unless `exempt`; past it, it is dropped, and the first drop
-    /// of a run is audited.
+    /// A notification passes while the caller's notification cap allows, unless `exempt`;
+    /// past it, it is dropped, and the first drop of a run is audited. A run ends after
+    /// [`THROTTLE_RUN_GAP`] without a drop (the cap's refill lets one through now and then
+    /// within a flood; that does not end it).
     fn within_rate(&mut self, exempt: bool) -> Verdict {
-        if exempt || self.check_rate().is_ok() {
-            self.throttling_notifications = false;
+        let allowed = || {
+            self.limiter
+                .check_notification(&self.caller.service, &self.caller.principal)
+                .is_ok()
+        };
+        if exempt || allowed() {
+            if self
+                .throttling_notifications
+                .is_some_and(|at| at.elapsed() >= THROTTLE_RUN_GAP)
+            {
+                self.throttling_notifications = None;
+            }
             return Verdict::Forward;
         }
-        if !self.throttling_notifications {
-            self.throttling_notifications = true;
+        if self
+            .throttling_notifications
+            .replace(Instant::now())
+            .is_none()
+        {
             self.audit.record(AuditEvent::NotificationsThrottled {
                 service: self.caller.service.clone(),
                 principal: self.caller.principal.clone(),
@@ -450,8 +467,7 @@ mod tests {
         assert!(matches!(l.client_line(&call(3)), Verdict::Forward));
     }
 
-    #[test]
-    fn the_callers_answers_to_the_server_count_against_its_rate() {
+    fn limited(per_minute: u32) -> Ledger {
         let caller = Caller {
             service: "svc".into(),
             principal: "eid:ab".into(),
@@ -459,17 +475,48 @@ mod tests {
             held: Vec::new(),
             tools: ToolPolicy::default(),
         };
-        let mut l = Ledger::new(
+        Ledger::new(
             caller,
-            RateLimiter::per_minute_shared(2),
+            RateLimiter::per_minute_shared(per_minute),
             AuditSink::disabled(),
             8,
-        );
+        )
+    }
+
+    #[test]
+    fn the_callers_answers_to_the_server_are_not_counted() {
+        let mut l = limited(2);
         let answer = br#"{"jsonrpc":"2.0","id":"s1","result":{}}"#;
-        assert!(matches!(l.client_line(answer), Verdict::Forward));
-        assert!(matches!(l.client_line(answer), Verdict::Forward));
-        // Past the rate the answer is dropped (it cannot be answered), not passed on.
-        assert!(matches!(l.client_line(answer), Verdict::Answer(a) if a.is_empty()));
+        for _ in 0..100 {
+            assert!(matches!(l.client_line(answer), Verdict::Forward));
+        }
+        // The answers took nothing from the caller's budget of requests.
+        assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
+        assert!(matches!(l.client_line(&call(2)), Verdict::Forward));
+        assert!(refused(&l.client_line(&call(3))));
+    }
+
+    #[test]
+    fn notifications_have_their_own_cap_and_leave_requests_their_budget() {
+        let mut l = limited(2);
+        let progress = br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
+        let mut passed = 0;
+        while matches!(l.client_line(progress), Verdict::Forward) {
+            passed += 1;
+            assert!(
+                passed <= crate::limits::NOTIFICATIONS_PER_MIN,
+                "notifications are capped"
+            );
+        }
+        // Past their own cap a notification is dropped, not answered.
+        assert!(matches!(l.client_line(progress), Verdict::Answer(a) if a.is_empty()));
+        assert!(
+            passed > 2,
+            "notifications do not share the requests' budget ({passed})"
+        );
+        assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
+        assert!(matches!(l.client_line(&call(2)), Verdict::Forward));
+        assert!(refused(&l.client_line(&call(3))));
     }
 
     #[test]

@@ -24,8 +24,9 @@ use crate::tool_policy::ToolRule;
 
 /// Sessions a service runs at once unless it says otherwise.
 pub const DEFAULT_MAX_SESSIONS: u32 = 4;
-/// Requests per minute per (service, caller) unless configured otherwise.
-pub const DEFAULT_RATE_PER_MIN: u32 = 120;
+/// Requests and session opens per minute per (service, caller) unless configured otherwise
+/// (notifications have their own cap, `limits::NOTIFICATIONS_PER_MIN`).
+pub const DEFAULT_RATE_PER_MIN: u32 = 600;
 const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 10;
 /// Outstanding requests per session unless configured otherwise: room for clients that run
 /// tool calls concurrently (the official Python SDK's task groups pipeline dozens), while a
@@ -1035,6 +1036,41 @@ fn table<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The README's example config (the `toml` block that opens with `[identity]`).
+    fn readme_example() -> String {
+        let readme = include_str!("../../../README.md");
+        let block = readme
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|b| b.split_once("\n```").map(|(b, _)| b))
+            .find(|b| b.starts_with("[identity]"))
+            .expect("the README has an example config");
+        block.to_owned()
+    }
+
+    #[test]
+    fn the_readmes_config_example_parses_as_it_is_and_with_every_setting_uncommented() {
+        let example = readme_example();
+        let uncommented: String = example
+            .lines()
+            .map(|line| {
+                let setting = line.strip_prefix("# ").filter(|rest| {
+                    rest.split_once(" = ").is_some_and(|(key, _)| {
+                        !key.is_empty()
+                            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    })
+                });
+                format!("{}\n", setting.unwrap_or(line))
+            })
+            .collect();
+        assert_ne!(example, uncommented, "the example has commented settings");
+        for (what, text) in [("as it is", &example), ("uncommented", &uncommented)] {
+            if let Err(e) = Config::parse(text, "README.md") {
+                panic!("the README's example, {what}, does not load: {e}\n{text}");
+            }
+        }
+    }
 
     fn some_id() -> EndpointId {
         iroh::SecretKey::generate().public()
