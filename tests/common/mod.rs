@@ -19,6 +19,21 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub const HERMETIC: &str = "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n";
 
+/// Whether this run is CI's (`CI` set to anything but empty, `0` or `false`), where every test
+/// must run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"))
+}
+
+/// The one rule for a test that cannot run here: under CI it fails with `why`; elsewhere it
+/// says so loudly, past the harness's capture, and the caller returns (the test passes
+/// without running).
+pub fn cannot_run(test: &str, why: &str) {
+    assert!(!in_ci(), "{test} cannot run, and CI requires it to: {why}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!! SKIPPED {test}: {why}\n");
+}
+
 /// One node in a temporary profile. Stopped (with its children) when dropped.
 pub struct TestNode {
     pub dir: tempfile::TempDir,
