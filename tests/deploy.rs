@@ -11,15 +11,15 @@
 //! shipped.
 //!
 //! Without `systemd-analyze` the checks that need it are skipped, and say so on stderr past the
-//! test harness's capture, so a skip shows in every run.
+//! test harness's capture, so a skip shows in every run; under `CI=true` they fail instead.
 
-use std::io::Write;
+mod common;
+
+use common::{MCPMESH, cannot_run};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const MCPMESH: &str = env!("CARGO_BIN_EXE_mcpmesh");
 
 /// Longest one `systemd-analyze` or `mcpmesh doctor` run may take before the test fails.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,7 +41,8 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
-/// `systemd-analyze`, or `None` after saying why the checks that need it are skipped.
+/// `systemd-analyze`, or `None` after saying why the checks that need it are skipped (under
+/// CI its absence fails the test).
 fn systemd_analyze(test: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -49,10 +50,9 @@ fn systemd_analyze(test: &str) -> Option<PathBuf> {
             .find(|path| path.is_file())
     });
     if found.is_none() {
-        // Straight to the stream, not through eprintln!, which the harness captures.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {test}: systemd-analyze is not installed (Debian package `systemd`)"
+        cannot_run(
+            test,
+            "systemd-analyze is not installed (Debian package `systemd`)",
         );
     }
     found

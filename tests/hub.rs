@@ -192,9 +192,11 @@ fn pid_of(outcome: &Value) -> u32 {
 
 /// The node's live sessions (every service, every peer).
 fn live_sessions(node: &TestNode) -> usize {
-    node.json(&["status"])["sessions"]
+    let status = node.json(&["status"]);
+    status["sessions"]
         .as_array()
-        .map_or(0, Vec::len)
+        .unwrap_or_else(|| panic!("status has no sessions list: {status}"))
+        .len()
 }
 
 /// The node's live sessions of `service`.

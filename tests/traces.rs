@@ -4,7 +4,7 @@
 //! `traceparent`) lands in the client's trace: the dialing node's span, the serving node's
 //! span and the SDK server's own span all have the client's span as parent. A request without
 //! one starts a new trace, and one its caller did not sample is not recorded; a collector that
-//! is not there costs the calls nothing.
+//! is not there fails no call.
 
 mod common;
 
@@ -343,7 +343,7 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_collector_that_is_not_there_costs_the_calls_nothing_and_is_reported() {
+async fn a_collector_that_is_not_there_fails_no_call_and_is_reported() {
     // A port nothing listens on.
     let gone = format!("http://127.0.0.1:{}", free_port());
     let (alice, bob) = traced_nodes(&gone, &format!("[{STUB:?}]"));

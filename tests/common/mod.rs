@@ -19,6 +19,21 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub const HERMETIC: &str = "[network]\nrelay_mode = \"disabled\"\nbind = \"127.0.0.1:0\"\n";
 
+/// Whether this run is CI's (`CI` set to anything but empty, `0` or `false`), where every test
+/// must run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.as_str(), "" | "0" | "false"))
+}
+
+/// The one rule for a test that cannot run here: under CI it fails with `why`; elsewhere it
+/// says so loudly, past the harness's capture, and the caller returns (the test passes
+/// without running).
+pub fn cannot_run(test: &str, why: &str) {
+    assert!(!in_ci(), "{test} cannot run, and CI requires it to: {why}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n!!!! SKIPPED {test}: {why}\n");
+}
+
 /// One node in a temporary profile. Stopped (with its children) when dropped.
 pub struct TestNode {
     pub dir: tempfile::TempDir,
@@ -355,9 +370,8 @@ impl McpSession {
 /// Every process: its pid, its state letter (`Z` = zombie), its process group, and its
 /// command line split into arguments.
 fn processes() -> Vec<(u32, char, u32, Vec<Vec<u8>>)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+    let dir = std::fs::read_dir("/proc")
+        .unwrap_or_else(|e| panic!("cannot list processes in /proc (is it mounted?): {e}"));
     dir.flatten()
         .filter_map(|entry| {
             let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
@@ -407,21 +421,28 @@ pub async fn assert_child_ends(pid: u32, marker: &str) {
 
 /// A tag unique to this test run, for [`procs_with`].
 pub fn marker(test: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
     format!(
-        "mm-marker-{test}-{}-{}",
+        "mm-marker-{test}-{}-{since_epoch}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
 }
 
 /// Waits for a process this test did not spawn to exit, by its pidfd (an event, not a poll).
 pub async fn wait_exit(pid: u32, limit: Duration) -> bool {
-    let Some(pid) = rustix::process::Pid::from_raw(pid as i32) else {
-        return true;
+    let Some(raw) = rustix::process::Pid::from_raw(pid as i32) else {
+        panic!("wait_exit: {pid} is not a process id");
     };
-    let fd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+    let fd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
         Ok(fd) => fd,
-        Err(_) => return true, // already gone
+        // Only "no such process" means it is gone; any other error says nothing about it.
+        Err(rustix::io::Errno::SRCH) => return true,
+        Err(e) => panic!("cannot watch process {pid} (pidfd_open): {e}"),
     };
     // A pidfd turns readable when its process exits.
     tokio::task::spawn_blocking(move || {
