@@ -428,7 +428,13 @@ fn a_gateway_beyond_loopback_needs_allow_remote_and_a_token() {
             "--allow-remote",
             "--no-token",
         ],
-        vec!["gateway", "--listen", "0.0.0.0:0", "--token", "t"],
+        vec![
+            "gateway",
+            "--listen",
+            "0.0.0.0:0",
+            "--token",
+            "a-user-chosen-token-long-enough",
+        ],
     ] {
         let out = node
             .command(&args)
@@ -446,7 +452,7 @@ async fn with_a_token_every_request_must_carry_it() {
     let (alice, bob) = two_nodes();
     let m = marker("gateway-token");
     alice.serve_stub("svc", &["bob"], None, &m);
-    let gateway = Gateway::start(&bob, &["--token", "s3cret-t0ken"]).await;
+    let gateway = Gateway::start(&bob, &["--token", "s3cret-t0ken-of-22-chars"]).await;
     let http = http_client();
     let ping = json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": { "protocolVersion": "2025-11-25", "capabilities": {},
@@ -464,19 +470,25 @@ async fn with_a_token_every_request_must_carry_it() {
     assert_eq!(send(None).await.unwrap().status(), 401);
     assert_eq!(send(Some("Bearer wrong")).await.unwrap().status(), 401);
     assert_eq!(
-        send(Some("Basic s3cret-t0ken")).await.unwrap().status(),
+        send(Some("Basic s3cret-t0ken-of-22-chars"))
+            .await
+            .unwrap()
+            .status(),
         401
     );
     assert_eq!(
-        send(Some("Bearers3cret-t0ken")).await.unwrap().status(),
+        send(Some("Bearers3cret-t0ken-of-22-chars"))
+            .await
+            .unwrap()
+            .status(),
         401
     );
     // The scheme is case-insensitive (RFC 9110 §11.1), and clients differ in how they write it.
     for header in [
-        "Bearer s3cret-t0ken",
-        "bearer s3cret-t0ken",
-        "BEARER s3cret-t0ken",
-        "Bearer  s3cret-t0ken",
+        "Bearer s3cret-t0ken-of-22-chars",
+        "bearer s3cret-t0ken-of-22-chars",
+        "BEARER s3cret-t0ken-of-22-chars",
+        "Bearer  s3cret-t0ken-of-22-chars",
     ] {
         assert_eq!(send(Some(header)).await.unwrap().status(), 200, "{header}");
     }

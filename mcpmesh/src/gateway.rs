@@ -94,6 +94,10 @@ pub enum GatewayError {
         "the gateway token is empty: give one, leave it out to use this node's own, or pass --no-token"
     )]
     EmptyToken,
+    #[error(
+        "the gateway token is too short: give at least 22 base64url characters (128 bits), or leave it out to use this node's own"
+    )]
+    ShortToken,
     #[error(transparent)]
     Token(#[from] token::TokenError),
     #[error("cannot create this node's directories: {0}")]

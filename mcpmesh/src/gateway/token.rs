@@ -12,6 +12,9 @@ use std::path::Path;
 use super::GatewayError;
 use crate::paths::Profile;
 
+/// The shortest token a user may give: 22 base64url characters carry 128 bits.
+pub const MIN_GIVEN_LEN: usize = 22;
+
 /// Longer than any token this module mints or a person would write.
 const MAX_LEN: u64 = 4096;
 
@@ -102,7 +105,8 @@ pub enum TokenChoice {
     Waived,
 }
 
-/// Checks the bind policy: a token unless waived on loopback; beyond loopback, `--allow-remote`
+/// Checks the bind policy: a token (a given one at least [`MIN_GIVEN_LEN`] characters) unless
+/// waived on loopback; beyond loopback, `--allow-remote`
 /// and a token.
 pub fn check_bind(
     listen: SocketAddr,
@@ -111,6 +115,9 @@ pub fn check_bind(
 ) -> Result<(), GatewayError> {
     if matches!(token, TokenChoice::Given(t) if t.is_empty()) {
         return Err(GatewayError::EmptyToken);
+    }
+    if matches!(token, TokenChoice::Given(t) if t.len() < MIN_GIVEN_LEN) {
+        return Err(GatewayError::ShortToken);
     }
     if listen.ip().is_loopback() || (allow_remote && *token != TokenChoice::Waived) {
         return Ok(());
@@ -186,7 +193,7 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let lo6: SocketAddr = "[::1]:0".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
-        let given = || Given("t".into());
+        let given = || Given("a-user-chosen-token-long-enough".into());
         for (listen, allow_remote, token, ok) in [
             (lo, false, Profile, true),
             (lo, false, given(), true),
@@ -209,6 +216,23 @@ mod tests {
     }
 
     #[test]
+    fn a_given_token_shorter_than_128_bits_is_refused_clearly() {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for short in ["t", "s3cret-t0ken", "abcdefghijklmnopqrstu"] {
+            let e = check_bind(lo, false, &TokenChoice::Given(short.into()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("too short") && e.contains("22"), "{e}");
+            assert!(
+                short.len() < 2 || !e.contains(short),
+                "the refusal shows the token: {e}"
+            );
+        }
+        let just_enough = "abcdefghijklmnopqrstuv";
+        assert!(check_bind(lo, false, &TokenChoice::Given(just_enough.into())).is_ok());
+    }
+
+    #[test]
     fn the_profiles_token_is_minted_once_and_a_waived_one_is_none() {
         let home = tempfile::tempdir().unwrap();
         let profile = Profile::at(home.path().join("node"));
@@ -219,7 +243,11 @@ mod tests {
             first
         );
         assert_eq!(resolve_token(TokenChoice::Waived, &profile).unwrap(), None);
-        let given = resolve_token(TokenChoice::Given("mine".into()), &profile).unwrap();
-        assert_eq!(given.as_deref(), Some("mine"));
+        let given = resolve_token(
+            TokenChoice::Given("mine-and-long-enough-too".into()),
+            &profile,
+        )
+        .unwrap();
+        assert_eq!(given.as_deref(), Some("mine-and-long-enough-too"));
     }
 }
