@@ -953,7 +953,7 @@ fn a_profile_another_user_made_is_refused_by_every_command() {
     let marker = base.path().join("ran");
     planted_profile(&home, &marker);
     let nobody = Some(rustix::process::Uid::from_raw(65534));
-    rustix::fs::chown(&home.join("config.toml"), nobody, None).unwrap();
+    rustix::fs::chown(home.join("config.toml"), nobody, None).unwrap();
     rustix::fs::chown(&home, nobody, None).unwrap();
     for args in [&["status"][..], &["id"], &["init"], &["up"], &["peers"]] {
         refused_for_ownership(&home, args, "owned by");
