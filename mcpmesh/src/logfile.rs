@@ -48,6 +48,9 @@ pub struct LogFile {
     max_bytes: u64,
     /// Point stderr at each new file.
     redirect_stderr: bool,
+    /// The current file was renamed away but no new one could be opened (no descriptor left,
+    /// say): the next rotation only opens `path`, shifting nothing again.
+    detached: bool,
 }
 
 impl LogFile {
@@ -61,6 +64,7 @@ impl LogFile {
             written,
             max_bytes,
             redirect_stderr,
+            detached: false,
         };
         log.follow_with_stderr();
         Ok(log)
@@ -75,14 +79,23 @@ impl LogFile {
     }
 
     fn rotate(&mut self) -> io::Result<()> {
-        for n in (1..KEEP).rev() {
-            let from = rotated(&self.path, n);
-            if from.exists() {
-                std::fs::rename(&from, rotated(&self.path, n + 1))?;
+        if !self.detached {
+            for n in (1..KEEP).rev() {
+                let from = rotated(&self.path, n);
+                if from.exists() {
+                    std::fs::rename(&from, rotated(&self.path, n + 1))?;
+                }
             }
+            match std::fs::rename(&self.path, rotated(&self.path, 1)) {
+                Ok(()) => {}
+                // Someone removed the file: start a new one all the same.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            self.detached = true;
         }
-        std::fs::rename(&self.path, rotated(&self.path, 1))?;
         self.file = open_append(&self.path)?;
+        self.detached = false;
         self.written = 0;
         self.follow_with_stderr();
         Ok(())
@@ -97,6 +110,10 @@ impl LogFile {
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
+    #[cfg(test)]
+    if tests::FAILING_OPENS.with(|n| n.replace(n.get().saturating_sub(1))) > 0 {
+        return Err(io::Error::from_raw_os_error(24));
+    }
     OpenOptions::new()
         .create(true)
         .append(true)
@@ -124,6 +141,48 @@ impl Write for LogFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// How many of this thread's next log opens fail as with no descriptor left.
+        pub(super) static FAILING_OPENS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    #[test]
+    fn rotation_recovers_after_opens_fail_and_the_current_file_is_the_log_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcpmesh.log");
+        let mut log = LogFile::open(&path, 100, false).unwrap();
+        let line = |c: u8| {
+            let mut l = vec![c; 39];
+            l.push(b'\n');
+            l
+        };
+        log.write_all(&line(b'a')).unwrap();
+        log.write_all(&line(b'b')).unwrap();
+        FAILING_OPENS.with(|n| n.set(5));
+        for c in b'c'..b'j' {
+            log.write_all(&line(c)).unwrap();
+        }
+        FAILING_OPENS.with(|n| n.set(0));
+        log.write_all(&line(b'z')).unwrap();
+        let current = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            current.ends_with(&format!("{}\n", "z".repeat(39))),
+            "{current:?}"
+        );
+        assert!(
+            !rotated(&path, 3).exists(),
+            "the failed opens shifted nothing further"
+        );
+        // What was written while no file could be opened followed the lines before it, in .2.
+        let older = std::fs::read_to_string(rotated(&path, 2)).unwrap();
+        assert!(older.starts_with('a'), "{older:?}");
+        assert!(
+            older.ends_with(&format!("{}\n", "g".repeat(39))),
+            "{older:?}"
+        );
+    }
 
     fn sizes(path: &Path) -> Vec<Option<u64>> {
         files(path)

@@ -63,14 +63,21 @@ pub async fn serve<H: ControlHandler>(
     stop: CancellationToken,
 ) {
     let my_uid = rustix::process::getuid().as_raw();
+    let mut backoff = crate::accept::AcceptBackoff::new("control socket");
     loop {
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    backoff.succeeded();
+                    stream
+                }
                 Err(e) => {
-                    tracing::warn!("control socket accept failed: {e}");
-                    continue;
+                    let wait = backoff.failed(&e);
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => continue,
+                    }
                 }
             },
         };

@@ -92,6 +92,22 @@ pub struct Ready {
     pub socket: std::path::PathBuf,
 }
 
+/// Raises the soft limit on open descriptors to the hard one: the default soft limit (1,024 on
+/// most systems) is far below what the listeners' caps and the sessions together may hold.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!("could not raise the open-files limit: {e}");
+        }
+    }
+}
+
 /// Runs the node for `profile` until it is told to stop (`node.shutdown`, SIGTERM, SIGINT).
 /// `on_ready` is called once the control socket accepts connections. With `launcher`, the
 /// servers of `run` services are started through it (see [`Launcher`]).
@@ -100,6 +116,7 @@ pub async fn run(
     launcher: Option<Launcher>,
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), DaemonError> {
+    raise_descriptor_limit();
     profile.create_dirs().map_err(DaemonError::Files)?;
     profile.check_trusted()?;
     let mut lock = std::fs::OpenOptions::new()
