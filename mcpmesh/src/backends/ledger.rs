@@ -185,6 +185,10 @@ impl Ledger {
             let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
                 .message("invalid request: an id must be a string or an integer");
             Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
+        } else if self.pending.contains_key(&jsonrpc::id_key(id)) {
+            let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
+                .message("invalid request: a request with this id is still pending");
+            Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
         } else if let Err(wait) = self.check_rate() {
             let frame = ErrorFrame::new(ErrorCode::Busy)
                 .message("rate limited")
@@ -658,6 +662,28 @@ mod ids {
             let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
             assert_eq!(v["error"]["code"], -32600, "{id}");
             assert_eq!(v["error"]["data"]["source"], "mcpmesh", "{id}");
+        }
+    }
+    #[test]
+    fn a_second_pending_request_with_the_same_id_is_refused_and_the_list_stays_filtered() {
+        for (first, second) in [("5", "5"), (r#""a""#, r#""\u0061""#)] {
+            let mut l = ruled_denying_whoami();
+            let list = format!(r#"{{"jsonrpc":"2.0","id":{first},"method":"tools/list"}}"#);
+            assert!(matches!(l.client_line(list.as_bytes()), Verdict::Forward));
+            let ping = format!(r#"{{"jsonrpc":"2.0","id":{second},"method":"ping"}}"#);
+            let Verdict::Answer(answer) = l.client_line(ping.as_bytes()) else {
+                panic!("a second request {second} was forwarded")
+            };
+            let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+            assert_eq!(v["error"]["code"], -32600);
+            assert_eq!(v["error"]["data"]["source"], "mcpmesh");
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{first},"result":{{"tools":[{{"name":"echo"}},{{"name":"whoami"}}]}}}}"#
+            );
+            let edited = l
+                .server_line(answer.as_bytes())
+                .expect("the list is filtered");
+            assert!(!String::from_utf8_lossy(&edited).contains("whoami"));
         }
     }
 }
