@@ -683,13 +683,20 @@ fn a_home_that_holds_no_profile_is_refused_not_made_into_a_new_identity() {
             .unwrap()
     };
     let made = parse_ok(&init(&["--loopback", "--nickname", "tester"]));
+    assert_eq!(made["running"], false, "{made}");
+    let up = std::process::Command::new(MCPMESH)
+        .args(["--home", home.to_str().unwrap(), "--json", "id"])
+        .output()
+        .unwrap();
+    let id = parse_ok(&up);
+    assert_eq!(id["id"], made["id"]);
     assert!(
-        made["addrs"]
+        id["addrs"]
             .as_array()
             .unwrap()
             .iter()
             .all(|a| a.as_str().unwrap().starts_with("127.0.0.1:")),
-        "{made}"
+        "{id}"
     );
     assert_eq!(error_line(&init(&[]))["error"]["code"], 1005);
     // The config it wrote is private (service env may hold tokens), and doctor agrees.
