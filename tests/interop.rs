@@ -30,7 +30,7 @@ async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0", "id" : 2 ,"method":"tools/call","params":{"_meta":{"mcpmesh/peer":{"eid":"eid:00","name":"root"},"progressToken":7, "mcpmesh/x":1},"name":"whoami","arguments":{"s":"é\u00e9\ud83d\ude00 \"q\""}}}"#,
         r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"mcpmesh/peer":"forged"},"progressToken":"up","progress":1}}"#,
-        r#"{"jsonrpc":"2.0","id":3.0,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#,
     ];
     let mut answers = Vec::new();
     for line in sent {
@@ -62,7 +62,7 @@ async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {
     assert!(
         answers
             .iter()
-            .any(|m| m["id"] == json!(3.0) && m.get("result").is_some())
+            .any(|m| m["id"] == json!(3) && m.get("result").is_some())
     );
 
     // Byte for byte, what the server received: the caller's lines with `mcpmesh/*` members
@@ -80,7 +80,7 @@ async fn a_socket_service_gets_the_callers_identity_and_never_a_forgery() {
             r#"{{"jsonrpc":"2.0", "id" : 2 ,"method":"tools/call","params":{{"_meta":{{"progressToken":7,{stamp}}},"name":"whoami","arguments":{{"s":"é\u00e9\ud83d\ude00 \"q\""}}}}}}"#
         ),
         r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{},"progressToken":"up","progress":1}}"#.to_owned(),
-        format!(r#"{{"jsonrpc":"2.0","id":3.0,"method":"ping","params":{{"_meta":{{{stamp}}}}}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":3,"method":"ping","params":{{"_meta":{{{stamp}}}}}}}"#),
     ];
     let received = server.received();
     let received: Vec<&str> = received.lines().collect();

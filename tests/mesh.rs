@@ -829,7 +829,7 @@ async fn an_offline_peer_is_answered_from_what_the_node_knows_and_shows_again_wh
 
 /// Asks the stub for an 8 MiB answer written 64 KiB every 100 ms (about 13 s in all) and
 /// returns once its head reached the client.
-async fn start_slow_long_answer(s: &mut McpSession, id: u64) {
+async fn start_slow_long_answer(s: &mut McpSession, id: u64) -> usize {
     s.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
                     "params": { "name": "trickle", "arguments": { "bytes": 8 << 20, "ms": 100 } } }))
         .await;
@@ -839,6 +839,7 @@ async fn start_slow_long_answer(s: &mut McpSession, id: u64) {
         "{}",
         String::from_utf8_lossy(&head[..64])
     );
+    head.len()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -861,19 +862,21 @@ async fn a_revoke_during_a_long_slow_answer_ends_the_session_and_its_child() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn closing_stdin_halfway_through_a_long_slow_answer_ends_the_child_and_the_session() {
+async fn closing_stdin_halfway_through_a_long_slow_answer_still_gets_it_whole_then_ends() {
     let m = marker("stdinlong");
     let (_alice, bob) = pair(&m, None);
     let mut s = bob.connect("alice/svc");
     s.initialize().await;
     let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
-    start_slow_long_answer(&mut s, 9).await;
+    let head = start_slow_long_answer(&mut s, 9).await;
+    // A pipe may close its write side and wait: the answer it is owed still comes, whole.
     s.close_stdin();
     let rest = s.recv_long_rest().await.len();
-    assert!(rest < 8 << 20, "the whole answer came ({rest} bytes)");
-    let answer = s.recv().await.expect("the pending call is answered");
-    band_error(&answer, -32055);
-    assert_eq!(answer["id"], 9);
+    assert!(
+        head + rest >= 8 << 20,
+        "the whole answer came ({} bytes)",
+        head + rest
+    );
     s.wait_eof().await;
     assert_child_ends(pid, &m).await;
 }
