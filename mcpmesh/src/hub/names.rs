@@ -3,10 +3,14 @@
 //! where it lives.
 //!
 //! The default is `peer__service__tool`. `service` and `bare` drop the leading parts only for
-//! items whose shorter name no other item shares; the others keep the longer form. Two items
-//! that still share a name are an error at start, never one shadowing the other. A name cut
-//! to the limit ends in a short hash of the whole path, so it stays distinct and the same from
-//! run to run.
+//! items whose shorter name no other item shares, nor any longer name of another item; the
+//! others keep the longer form. Two items that still share a name are an error at start, never
+//! one shadowing the other. A name cut to the limit ends in a short hash of the whole path, so
+//! it stays distinct and the same from run to run.
+//!
+//! Resources keep their servers' URIs behind a prefix naming the service,
+//! `mcpmesh-hub://peer/service/URI`, and templates likewise: a URI routes by that prefix alone,
+//! so no service can answer for a URI another listed, whatever it lists or templates itself.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -121,20 +125,45 @@ fn parts_of(naming: Naming) -> usize {
 }
 
 /// A name for each of `origins` under `naming`: the shortest the mode allows that no other
-/// item shares, lengthened only for the items that would share one.
+/// item shares, lengthened only for the items that would share one. The longer names of an
+/// item are its own too: a shorter name that equals one of them (a tool called
+/// `alice__svc__echo` on carol) leaves both items in full, so no item takes another's name.
 pub fn assign(origins: &[Origin], naming: Naming) -> Result<Vec<String>, Collision> {
     let mut parts = vec![parts_of(naming); origins.len()];
+    let mut longer: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, o) in origins.iter().enumerate() {
+        for form in [name_with(o, 2), name_with(o, 3)] {
+            let owners = longer.entry(form).or_default();
+            if owners.last() != Some(&i) {
+                owners.push(i);
+            }
+        }
+    }
     loop {
         let names: Vec<String> = origins
             .iter()
             .zip(&parts)
             .map(|(o, p)| name_with(o, *p))
             .collect();
+        let mut lengthened = false;
+        for (i, name) in names.iter().enumerate() {
+            let owners = longer.get(name).into_iter().flatten();
+            for &j in owners.filter(|&&j| j != i) {
+                for k in [i, j] {
+                    if parts[k] < 3 {
+                        parts[k] = 3;
+                        lengthened = true;
+                    }
+                }
+            }
+        }
+        if lengthened {
+            continue;
+        }
         let mut holders: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, n) in names.iter().enumerate() {
             holders.entry(n.as_str()).or_default().push(i);
         }
-        let mut lengthened = false;
         for (name, who) in holders.iter().filter(|(_, who)| who.len() > 1) {
             if who.iter().all(|&i| parts[i] == 3) {
                 let mut shared: Vec<Origin> = who.iter().map(|&i| origins[i].clone()).collect();
@@ -155,6 +184,22 @@ pub fn assign(origins: &[Origin], naming: Naming) -> Result<Vec<String>, Collisi
             return Ok(names);
         }
     }
+}
+
+/// What every URI the hub presents starts with.
+const URI_PREFIX: &str = "mcpmesh-hub://";
+
+/// The URI (or URI template) a client is shown for `uri` of `peer/service`.
+pub fn wrap_uri(peer: &str, service: &str, uri: &str) -> String {
+    format!("{URI_PREFIX}{peer}/{service}/{uri}")
+}
+
+/// The peer, service and the service's own URI behind a URI the hub presented.
+pub fn unwrap_uri(uri: &str) -> Option<(&str, &str, &str)> {
+    let rest = uri.strip_prefix(URI_PREFIX)?;
+    let (peer, rest) = rest.split_once('/')?;
+    let (service, own) = rest.split_once('/')?;
+    (!peer.is_empty() && !service.is_empty() && !own.is_empty()).then_some((peer, service, own))
 }
 
 /// Names back to where the items live.
@@ -289,11 +334,41 @@ mod tests {
 
     #[test]
     fn a_lengthened_name_that_meets_a_short_one_lengthens_that_one_too() {
-        // Bare: two `x`, lengthened to `s__x`; `s__x` is also the bare name of a third item,
-        // so all three lengthen again, and that one ends at its service's name.
+        // Bare: two `x`; `s__x`, their longer name, is also the bare name of a third item, so
+        // all three end in full.
         let items = [o("p", "s", "x"), o("q", "s", "x"), o("r", "t", "s__x")];
         let names = assign(&items, Naming::Bare).unwrap();
+        assert_eq!(names, ["p__s__x", "q__s__x", "r__t__s__x"]);
+        // Service: `s__x` twice lengthens those two, and the third, `t__s__x`, stays.
+        let names = assign(&items, Naming::Service).unwrap();
         assert_eq!(names, ["p__s__x", "q__s__x", "t__s__x"]);
+    }
+
+    #[test]
+    fn a_short_name_that_is_another_items_longer_name_leaves_both_in_full() {
+        let items = [
+            o("alice", "svc", "echo"),
+            o("carol", "evil", "alice__svc__echo"),
+            o("carol", "alice", "svc__read"),
+            o("alice", "svc", "read"),
+            o("bob", "files", "list"),
+        ];
+        let want_bare = [
+            "alice__svc__echo",
+            "carol__evil__alice__svc__echo",
+            "carol__alice__svc__read",
+            "alice__svc__read",
+            "list",
+        ];
+        assert_eq!(assign(&items, Naming::Bare).unwrap(), want_bare);
+        let want_service = [
+            "svc__echo",
+            "evil__alice__svc__echo",
+            "carol__alice__svc__read",
+            "alice__svc__read",
+            "files__list",
+        ];
+        assert_eq!(assign(&items, Naming::Service).unwrap(), want_service);
     }
 
     #[test]
@@ -334,6 +409,31 @@ mod tests {
         assert_eq!(routes.route("search"), Some(&items[0]));
         assert_eq!(routes.route("alice__notes__search"), None);
         assert_eq!(routes.len(), 2);
+    }
+
+    #[test]
+    fn a_presented_uri_leads_back_to_its_service_and_its_own_uri_unchanged() {
+        for own in [
+            "file:///etc/hosts",
+            "note://alice/{id}",
+            "{+anything}",
+            "mcpmesh-hub://bob/x/y",
+            "a b?c#d",
+        ] {
+            let shown = wrap_uri("alice", "notes", own);
+            assert!(shown.starts_with("mcpmesh-hub://alice/notes/"), "{shown}");
+            assert_eq!(unwrap_uri(&shown), Some(("alice", "notes", own)));
+        }
+        for foreign in [
+            "file:///etc/hosts",
+            "mcpmesh-hub://alice",
+            "mcpmesh-hub://alice/notes",
+            "mcpmesh-hub://alice/notes/",
+            "mcpmesh-hub:///notes/x",
+            "mcpmesh-hub://alice//x",
+        ] {
+            assert_eq!(unwrap_uri(foreign), None, "{foreign}");
+        }
     }
 
     #[test]
