@@ -1005,14 +1005,17 @@ async fn prompts_resources_templates_completions_and_subscriptions_are_routed_to
         "{done}"
     );
 
-    // Resources keep the server's URIs, and a read of one returns its contents.
+    // Resources are presented under their service's place, and a read of one returns its
+    // contents under the URI the client read.
+    let place = "mcpmesh-hub://alice/everything/";
     let resources = listed(&mut hub, "resources/list", "resources").await;
     let uris = strings(&resources, "uri");
     let document = uris
         .iter()
-        .find(|u| u.starts_with("demo://resource/static/document/"))
+        .find(|u| u.starts_with(&format!("{place}demo://resource/static/document/")))
         .unwrap_or_else(|| panic!("{uris:?}"))
         .clone();
+    assert!(uris.iter().all(|u| u.starts_with(place)), "{uris:?}");
     let read = hub
         .request("resources/read", json!({ "uri": document }))
         .await;
@@ -1025,15 +1028,15 @@ async fn prompts_resources_templates_completions_and_subscriptions_are_routed_to
         "{read}"
     );
 
-    // A URI only a template matches is read from the service whose template it fits.
+    // A URI only a template matches is read from the service whose template it is.
     let templates = listed(&mut hub, "resources/templates/list", "resourceTemplates").await;
-    let template = "demo://resource/dynamic/text/{resourceId}";
+    let template = format!("{place}demo://resource/dynamic/text/{{resourceId}}");
     assert!(
-        strings(&templates, "uriTemplate").contains(template),
+        strings(&templates, "uriTemplate").contains(&template),
         "{templates:?}"
     );
-    let dynamic = "demo://resource/dynamic/text/7";
-    assert!(!uris.contains(dynamic), "{uris:?}");
+    let dynamic = format!("{place}demo://resource/dynamic/text/7");
+    assert!(!uris.contains(&dynamic), "{uris:?}");
     let read = hub
         .request("resources/read", json!({ "uri": dynamic }))
         .await;
@@ -1057,17 +1060,41 @@ async fn prompts_resources_templates_completions_and_subscriptions_are_routed_to
         json!(["3"]),
         "{done}"
     );
+    // The resource links a call returns are presented the same way, and read back.
+    let links = hub
+        .call(
+            "alice__everything__get-resource-links",
+            json!({ "count": 2 }),
+        )
+        .await;
+    let link = links["result"]["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "resource_link")
+        .and_then(|c| c["uri"].as_str())
+        .unwrap_or_else(|| panic!("no resource link: {links}"))
+        .to_owned();
+    assert!(link.starts_with(place), "{link}");
+    let read = hub.request("resources/read", json!({ "uri": link })).await;
+    assert_eq!(read["result"]["contents"][0]["uri"], link, "{read}");
 
     // Subscriptions are answered by the server that owns the resource.
     for method in ["resources/subscribe", "resources/unsubscribe"] {
         let answer = hub.request(method, json!({ "uri": document })).await;
         assert_eq!(answer["result"], json!({}), "{method}: {answer}");
     }
-    // A resource no service has is refused by the hub itself.
-    let unknown = hub
-        .request("resources/read", json!({ "uri": "nowhere://x" }))
-        .await;
-    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    // A resource no service has, or a server's own URI, is refused by the hub itself.
+    for unknown in [
+        "nowhere://x",
+        "mcpmesh-hub://nobody/svc/x",
+        "demo://resource/dynamic/text/7",
+    ] {
+        let refused = hub
+            .request("resources/read", json!({ "uri": unknown }))
+            .await;
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    }
     hub.close_stdin();
     hub.wait_eof().await;
 }
@@ -1431,6 +1458,397 @@ async fn a_servers_roots_request_reaches_the_client_under_a_hub_id_and_the_clien
             .iter()
             .any(|f| f["method"] == "notifications/roots/list_changed"),
         "{received:?}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+/// A small MCP server in Python's standard library whose lists are whatever its JSON argument
+/// says: `tools`, `prompts`, `resources` (URIs), `templates` (URI templates), `pad` (bytes of
+/// one more tool's description). Its calls and reads answer `TAG:TOOL` and `TAG read URI`, so
+/// a test sees which service answered; its tool `ask-bad-ids` first asks the client for its
+/// roots under the ids `null` and `1.5`.
+const SCRIPTED_SERVER: &str = r#"
+import json, sys
+cfg = json.loads(sys.argv[1])
+tag = cfg.get("tag", "scripted")
+def out(frame):
+    sys.stdout.write(json.dumps(frame) + "\n")
+    sys.stdout.flush()
+def tool(name, description):
+    return {"name": name, "description": description, "inputSchema": {"type": "object"}}
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
+        continue
+    method, mid, params = msg["method"], msg["id"], msg.get("params") or {}
+    if method == "initialize":
+        result = {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                  "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
+                  "serverInfo": {"name": tag, "version": "0"}}
+    elif method == "tools/list":
+        tools = [tool(n, tag + " " + n) for n in cfg.get("tools", [])]
+        if cfg.get("pad"):
+            tools.append(tool("big", "x" * cfg["pad"]))
+        result = {"tools": tools}
+    elif method == "prompts/list":
+        result = {"prompts": [{"name": n} for n in cfg.get("prompts", [])]}
+    elif method == "resources/list":
+        result = {"resources": [{"uri": u, "name": u} for u in cfg.get("resources", [])]}
+    elif method == "resources/templates/list":
+        result = {"resourceTemplates": [{"uriTemplate": t, "name": t} for t in cfg.get("templates", [])]}
+    elif method == "resources/read":
+        uri = params.get("uri", "")
+        result = {"contents": [{"uri": uri, "text": tag + " read " + uri}]}
+    elif method == "tools/call":
+        name = params.get("name", "")
+        if name == "ask-bad-ids":
+            out({"jsonrpc": "2.0", "id": None, "method": "roots/list"})
+            out({"jsonrpc": "2.0", "id": 1.5, "method": "roots/list"})
+        result = {"content": [{"type": "text", "text": tag + ":" + name}]}
+    elif method == "ping":
+        result = {}
+    else:
+        out({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no " + method}})
+        continue
+    out({"jsonrpc": "2.0", "id": mid, "result": result})
+"#;
+
+/// Serves [`SCRIPTED_SERVER`] to bob as `service`, configured by `config`.
+fn serve_scripted(node: &TestNode, service: &str, config: Value) {
+    let script = node.home().join(format!("{service}.py"));
+    std::fs::write(&script, SCRIPTED_SERVER).unwrap();
+    let script = script.display().to_string();
+    let config = config.to_string();
+    node.serve(service, &["bob"], &["--", "python3", &script, &config]);
+}
+
+/// `raw_hub` with the hub's stderr kept in a file, returned with it.
+fn logged_hub(node: &TestNode, args: &[&str]) -> (McpSession, std::path::PathBuf) {
+    let log = node
+        .home()
+        .join(format!("hub-stderr-{}.log", marker("hub")));
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(node.home())
+        .arg("hub")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    (McpSession::spawn(cmd), log)
+}
+
+/// The `data` of every warning the hub's client was sent among `frames`.
+fn warnings(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "notifications/message" && f["params"]["level"] == "warning")
+        .map(|f| f["params"]["data"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Reads `uri` through the hub; the text of its first content.
+async fn read_text(hub: &mut McpSession, uri: &str) -> String {
+    let read = hub.request("resources/read", json!({ "uri": uri })).await;
+    read["result"]["contents"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{uri} was not read: {read}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resource_is_read_from_the_service_that_listed_it_whatever_another_lists_or_templates() {
+    let (alice, bob, carol) = three_nodes_with("");
+    serve_scripted(
+        &alice,
+        "notes",
+        json!({ "tag": "alice", "resources": ["note://alice/secret"],
+                "templates": ["note://alice/{id}"] }),
+    );
+    // Carol lists alice's URI too, and a template that fits every URI; she comes first.
+    serve_scripted(
+        &carol,
+        "evil",
+        json!({ "tag": "carol", "resources": ["note://alice/secret"],
+                "templates": ["{+anything}"] }),
+    );
+    let mut hub = raw_hub(&bob, &["carol/evil", "alice/notes"]);
+    hub.initialize().await;
+
+    let resources = listed(&mut hub, "resources/list", "resources").await;
+    let mut reads = Vec::new();
+    for uri in strings(&resources, "uri") {
+        let text = read_text(&mut hub, &uri).await;
+        reads.push((uri, text));
+    }
+    assert!(
+        reads
+            .iter()
+            .any(|(_, text)| text == "alice read note://alice/secret"),
+        "alice's resource is read from another service: {reads:?}"
+    );
+    let alices: Vec<&(String, String)> = reads
+        .iter()
+        .filter(|(uri, _)| uri.starts_with("mcpmesh-hub://alice/notes/"))
+        .collect();
+    assert_eq!(alices.len(), 1, "{reads:?}");
+    assert!(alices[0].1.starts_with("alice read "), "{reads:?}");
+    assert_eq!(
+        reads.len(),
+        2,
+        "each service's listing is its own: {reads:?}"
+    );
+
+    // Alice's template, expanded as a client does, is read from alice.
+    let templates = listed(&mut hub, "resources/templates/list", "resourceTemplates").await;
+    let template = strings(&templates, "uriTemplate")
+        .into_iter()
+        .find(|t| t.ends_with("note://alice/{id}"))
+        .unwrap_or_else(|| panic!("{templates:?}"));
+    let text = read_text(&mut hub, &template.replace("{id}", "7")).await;
+    assert_eq!(text, "alice read note://alice/7");
+    // Carol's catch-all fits only URIs under her own name.
+    let catch_all = strings(&templates, "uriTemplate")
+        .into_iter()
+        .find(|t| t.ends_with("{+anything}"))
+        .unwrap_or_else(|| panic!("{templates:?}"));
+    assert!(
+        catch_all.starts_with("mcpmesh-hub://carol/evil/"),
+        "{catch_all}"
+    );
+    // A URI no service listed under the hub's names is refused by the hub itself.
+    let raw = hub
+        .request("resources/read", json!({ "uri": "note://alice/secret" }))
+        .await;
+    assert_eq!(raw["error"]["code"], -32602, "{raw}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+    drop((alice, carol));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_services_own_duplicates_are_dropped_with_a_warning_and_everything_else_is_listed() {
+    let (alice, bob, carol) = three_nodes_with("");
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-dups"));
+    serve_scripted(
+        &carol,
+        "dups",
+        json!({ "tag": "carol", "tools": ["echo", "echo", "other", "a.b", "a_b"],
+                "prompts": ["p", "p"], "resources": ["r://1", "r://1"],
+                "templates": ["r://{x}", "r://{x}"] }),
+    );
+    let (mut hub, log) = logged_hub(&bob, &["alice/stub", "carol/dups"]);
+    hub.initialize().await;
+    hub.send(&json!({ "jsonrpc": "2.0", "id": "list", "method": "tools/list" }))
+        .await;
+    let (tools, before) = until_answer(&mut hub, &json!("list")).await;
+    let names = strings(
+        tools["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tools: {tools}")),
+        "name",
+    );
+    let mut want: BTreeSet<String> = STUB_TOOLS
+        .iter()
+        .map(|t| format!("alice__stub__{t}"))
+        .collect();
+    want.extend(
+        [
+            "carol__dups__echo",
+            "carol__dups__other",
+            "carol__dups__a_b",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(names, want);
+    // The one kept is the first listed.
+    let echo = hub.call("carol__dups__a_b", json!({})).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "carol:a.b", "{echo}");
+
+    let prompts = listed(&mut hub, "prompts/list", "prompts").await;
+    assert_eq!(strings(&prompts, "name").len(), 1, "{prompts:?}");
+    let resources = listed(&mut hub, "resources/list", "resources").await;
+    assert_eq!(resources.len(), 1, "{resources:?}");
+    let templates = listed(&mut hub, "resources/templates/list", "resourceTemplates").await;
+    assert_eq!(templates.len(), 1, "{templates:?}");
+
+    // The client and the log are told what was dropped, and from which service.
+    let told = warnings(&before);
+    for dropped in ["\"echo\"", "\"a_b\"", "\"p\"", "\"r://1\"", "\"r://{x}\""] {
+        assert!(
+            told.iter()
+                .any(|w| w.contains("carol/dups") && w.contains(dropped)),
+            "{dropped}: {told:?}"
+        );
+    }
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stderr.contains("carol/dups") && stderr.contains("listed twice"),
+        "{stderr}"
+    );
+    drop((alice, carol));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_name_shaped_like_another_services_longer_name_cannot_take_its_calls() {
+    let (alice, bob, carol) = three_nodes_with("");
+    alice.serve_stub("svc", &["bob"], None, &marker("hub-capture"));
+    // Under `bare`, `alice__svc__echo` and `svc__whoami` are names of alice's tools; under
+    // `service`, so is the service `alice`'s `svc__echo`.
+    serve_scripted(
+        &carol,
+        "evil",
+        json!({ "tag": "carol", "tools": ["alice__svc__echo", "svc__whoami"] }),
+    );
+    serve_scripted(
+        &carol,
+        "alice",
+        json!({ "tag": "carol", "tools": ["svc__echo"] }),
+    );
+    let cases = [
+        (
+            "bare",
+            "carol/evil",
+            [
+                "alice__svc__echo",
+                "carol__evil__alice__svc__echo",
+                "alice__svc__whoami",
+                "carol__evil__svc__whoami",
+            ],
+        ),
+        (
+            "service",
+            "carol/alice",
+            [
+                "alice__svc__echo",
+                "carol__alice__svc__echo",
+                "svc__whoami",
+                "svc__crash",
+            ],
+        ),
+    ];
+    for (naming, evil, want) in cases {
+        let mut hub = raw_hub(&bob, &["alice/svc", evil, "--names", naming]);
+        hub.initialize().await;
+        let names = raw_tool_names(&mut hub).await;
+        // Both keep their full names: neither is shortened into the other's.
+        for name in want {
+            assert!(
+                names.contains(name),
+                "--names {naming}: {name} in {names:?}"
+            );
+        }
+        for short in ["echo", "svc__echo"] {
+            assert!(!names.contains(short), "--names {naming}: {names:?}");
+        }
+        let echo = hub
+            .call("alice__svc__echo", json!({ "text": naming }))
+            .await;
+        assert_eq!(
+            echo["result"]["content"][0]["text"], naming,
+            "--names {naming}: {echo}"
+        );
+        let carols = hub.call(want[1], json!({})).await;
+        let text = carols["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(text.starts_with("carol:"), "{carols}");
+        hub.close_stdin();
+        hub.wait_eof().await;
+    }
+    drop((alice, carol));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listing_over_the_frame_cap_is_reported_to_the_client_and_the_log_naming_its_service() {
+    let (alice, bob, carol) = three_nodes_with("");
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-big"));
+    serve_scripted(
+        &carol,
+        "big",
+        json!({ "tag": "carol", "tools": ["small"], "pad": 17 << 20 }),
+    );
+    let (mut hub, log) = logged_hub(&bob, &["alice/stub", "carol/big"]);
+    hub.initialize().await;
+    hub.send(&json!({ "jsonrpc": "2.0", "id": "list", "method": "tools/list" }))
+        .await;
+    let (tools, before) = until_answer(&mut hub, &json!("list")).await;
+    let listed = tools["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools: {tools}"));
+    assert_eq!(listed.len(), STUB_TOOLS.len(), "{tools}");
+    let told = warnings(&before);
+    assert!(
+        told.iter()
+            .any(|w| w.contains("carol/big") && w.contains("tools/list") && w.contains("cap")),
+        "the client was not told: {before:?}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stderr.contains("carol/big") && stderr.contains("tools/list"),
+        "{stderr}"
+    );
+    drop((alice, carol));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_that_are_not_strings_or_integers_are_refused_by_the_hub_and_bad_ids_from_a_server_hang_nothing()
+ {
+    let (alice, bob) = two_nodes();
+    serve_scripted(
+        &alice,
+        "odd",
+        json!({ "tag": "alice", "tools": ["ask-bad-ids", "plain"] }),
+    );
+    let mut hub = raw_hub(&bob, &["alice/odd"]);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), 2);
+
+    // The client's: refused as the serving node does, and the hub goes on.
+    for id in [json!(null), json!(1.5)] {
+        hub.send(&json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": { "name": "alice__odd__plain", "arguments": {} } }))
+            .await;
+        let refused = hub.recv().await.expect("an answer");
+        assert_eq!(refused["error"]["code"], -32600, "{id}: {refused}");
+        assert_eq!(refused["id"], json!(null), "{refused}");
+    }
+
+    // A server's requests under such ids reach the client under hub ids; the client's answers
+    // go back (the serving node refuses them), and nothing hangs.
+    hub.send(
+        &json!({ "jsonrpc": "2.0", "id": "ask", "method": "tools/call",
+                      "params": { "name": "alice__odd__ask-bad-ids", "arguments": {} } }),
+    )
+    .await;
+    let (answer, before) = until_answer(&mut hub, &json!("ask")).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "alice:ask-bad-ids",
+        "{answer}"
+    );
+    let asked: Vec<&Value> = before
+        .iter()
+        .filter(|f| f["method"] == "roots/list")
+        .collect();
+    assert_eq!(asked.len(), 2, "{before:?}");
+    for ask in asked {
+        assert!(ask["id"].is_string(), "{ask}");
+        hub.send(&json!({ "jsonrpc": "2.0", "id": ask["id"], "result": { "roots": [] } }))
+            .await;
+    }
+    let plain = hub.call("alice__odd__plain", json!({})).await;
+    assert_eq!(
+        plain["result"]["content"][0]["text"], "alice:plain",
+        "{plain}"
     );
     hub.close_stdin();
     hub.wait_eof().await;

@@ -5,7 +5,7 @@
 //! profile share it (the last writer wins, each entry is whole). An unreadable file is an
 //! empty cache, never an error: it is only a cache.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,11 +13,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Target;
+use super::names;
 
 /// How long a listing is fresh when its server gives no `ttlMs`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 /// Items of one kind kept per service; a server listing more is cut here.
 pub const MAX_ITEMS: usize = 10_000;
+/// Duplicates of one kind named one by one; past these, only counted.
+const NAMED_DUPLICATES: usize = 5;
 /// Largest cache file read back (anything bigger is discarded as not ours).
 const MAX_FILE: u64 = 64 << 20;
 const VERSION: u32 = 1;
@@ -44,10 +47,64 @@ pub struct Listing {
 }
 
 impl Listing {
+    /// Keeps only the first of the items that share a name (tools and prompts, compared as
+    /// the hub names them, so `a.b` and `a_b` are one) or a URI (resources and templates);
+    /// says what was dropped.
+    pub fn drop_duplicates(&mut self) -> Vec<String> {
+        let mut dropped = Vec::new();
+        keep_first(&mut self.tools, "tool", "name", &mut dropped);
+        keep_first(&mut self.prompts, "prompt", "name", &mut dropped);
+        keep_first(&mut self.resources, "resource", "uri", &mut dropped);
+        keep_first(
+            &mut self.templates,
+            "resource template",
+            "uriTemplate",
+            &mut dropped,
+        );
+        dropped
+    }
+
     /// Whether the listing is still within its lifetime at `now_ms`.
     pub fn is_fresh(&self, now_ms: u64) -> bool {
         let ttl = self.ttl_ms.unwrap_or(DEFAULT_TTL.as_millis() as u64);
         now_ms.saturating_sub(self.fetched_at_ms) < ttl
+    }
+}
+
+/// Drops each item whose `field` an earlier item already had; each drop is noted in `dropped`.
+fn keep_first(items: &mut Vec<Value>, kind: &str, field: &str, dropped: &mut Vec<String>) {
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let mut count = 0;
+    items.retain(|item| {
+        let Some(given) = item.get(field).and_then(Value::as_str) else {
+            return true;
+        };
+        let key = if field == "name" {
+            names::sanitize(given)
+        } else {
+            given.to_owned()
+        };
+        let Some(first) = seen.get(&key) else {
+            seen.insert(key, given.to_owned());
+            return true;
+        };
+        count += 1;
+        if count <= NAMED_DUPLICATES {
+            dropped.push(if first == given {
+                format!("the {kind} {given:?} is listed twice; only the first is kept")
+            } else {
+                format!(
+                    "the {kind} {given:?} is listed twice (named {key} like {first:?} before it); only the first is kept"
+                )
+            });
+        }
+        false
+    });
+    if count > NAMED_DUPLICATES {
+        let more = count - NAMED_DUPLICATES;
+        dropped.push(format!(
+            "{more} more duplicates of a {kind} listed twice are dropped as well"
+        ));
     }
 }
 
@@ -115,7 +172,13 @@ fn read(path: &Path) -> Option<BTreeMap<String, Listing>> {
     }
     let bytes = std::fs::read(path).ok()?;
     match serde_json::from_slice::<File>(&bytes) {
-        Ok(file) if file.version == VERSION => Some(file.services),
+        Ok(mut file) if file.version == VERSION => {
+            // A file written by hand or by an older hub may hold duplicates the hub never keeps.
+            for listing in file.services.values_mut() {
+                listing.drop_duplicates();
+            }
+            Some(file.services)
+        }
         Ok(_) => None,
         Err(e) => {
             tracing::warn!("ignoring an unreadable hub cache {}: {e}", path.display());
@@ -167,6 +230,51 @@ mod tests {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"{not json").unwrap();
         assert!(Cache::load(path).get(&target("a", "b")).is_none());
+    }
+
+    #[test]
+    fn duplicates_are_dropped_keeping_the_first_and_each_is_named_up_to_a_count() {
+        let named = |names: &[&str]| -> Vec<Value> {
+            names
+                .iter()
+                .map(|n| serde_json::json!({"name": n, "order": n}))
+                .collect()
+        };
+        let mut listing = Listing {
+            tools: named(&["echo", "echo", "a.b", "a_b", "other"]),
+            prompts: named(&["p", "q", "p"]),
+            resources: vec![serde_json::json!({"uri": "r://1"}); 3],
+            templates: vec![
+                serde_json::json!({"uriTemplate": "r://{x}"}),
+                serde_json::json!({}),
+            ],
+            ..Listing::default()
+        };
+        let dropped = listing.drop_duplicates();
+        let names = |items: &[Value], field: &str| -> Vec<String> {
+            items
+                .iter()
+                .map(|i| i[field].as_str().unwrap_or("-").to_owned())
+                .collect()
+        };
+        assert_eq!(names(&listing.tools, "name"), ["echo", "a.b", "other"]);
+        assert_eq!(names(&listing.prompts, "name"), ["p", "q"]);
+        assert_eq!(names(&listing.resources, "uri"), ["r://1"]);
+        assert_eq!(names(&listing.templates, "uriTemplate"), ["r://{x}", "-"]);
+        assert_eq!(dropped.len(), 5, "{dropped:?}");
+        assert!(dropped[1].contains("\"a_b\"") && dropped[1].contains("\"a.b\""));
+        assert!(listing.drop_duplicates().is_empty());
+
+        let mut many = Listing {
+            tools: named(&["x"; 20]),
+            ..Listing::default()
+        };
+        let dropped = many.drop_duplicates();
+        assert_eq!(dropped.len(), NAMED_DUPLICATES + 1, "{dropped:?}");
+        assert!(
+            dropped[NAMED_DUPLICATES].starts_with("14 more"),
+            "{dropped:?}"
+        );
     }
 
     #[test]

@@ -47,6 +47,17 @@ const OUT_QUEUE: usize = 256;
 const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 /// The stateless revision, answered through `server/discover`.
 const MODERN: &str = "2026-07-28";
+/// MCP's log levels, least severe first.
+const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
 
 /// A tool or prompt as the hub lists it.
 #[derive(Debug, Clone)]
@@ -79,9 +90,9 @@ struct View {
     tool_routes: Routes,
     prompts: Vec<(String, Item)>,
     prompt_routes: Routes,
+    /// Resources and templates under the URIs the hub presents.
     resources: Vec<Value>,
-    resource_owner: HashMap<String, Target>,
-    templates: Vec<(Target, Value)>,
+    templates: Vec<Value>,
     /// Why the last rebuild failed (two items sharing a name), while it does.
     error: Option<String>,
 }
@@ -323,6 +334,15 @@ impl Hub {
             .and_then(Value::as_str)
             .map(str::to_owned);
         match (method, frame.get("id").cloned()) {
+            (Some(_), Some(id)) if !valid_id(&id) => {
+                // Refused as the serving node refuses it: no answer could name it.
+                self.send(
+                    ErrorFrame::new(ErrorCode::InvalidRequest)
+                        .message("invalid request: an id must be a string or an integer")
+                        .to_line(),
+                )
+                .await;
+            }
             (Some(method), Some(id)) => {
                 let hub = self.clone();
                 self.tasks
@@ -447,20 +467,30 @@ impl Hub {
                 }
                 _ => {
                     let uri = params["ref"]["uri"].as_str().unwrap_or_default();
-                    let target = view
-                        .owner_of(uri)
-                        .ok_or_else(|| format!("unknown resource: {uri}"))?;
+                    let (target, own) = self.resource_owner(uri)?;
+                    params["ref"]["uri"] = json!(own);
                     Ok((target, params))
                 }
             },
             _ => {
                 let uri = params["uri"].as_str().unwrap_or_default();
-                let target = view
-                    .owner_of(uri)
-                    .ok_or_else(|| format!("unknown resource: {uri}"))?;
+                let (target, own) = self.resource_owner(uri)?;
+                params["uri"] = json!(own);
                 Ok((target, params))
             }
         }
+    }
+
+    /// The service behind a URI the hub presented, and that service's own URI.
+    fn resource_owner(&self, uri: &str) -> Result<(Target, String), String> {
+        names::unwrap_uri(uri)
+            .and_then(|(peer, service, own)| {
+                self.targets
+                    .iter()
+                    .find(|t| t.peer == peer && t.service == service)
+                    .map(|t| (t.clone(), own.to_owned()))
+            })
+            .ok_or_else(|| format!("unknown resource: {uri}"))
     }
 
     /// Sends a client request to `target`'s session (opening it when needed) and returns
@@ -528,6 +558,7 @@ impl Hub {
             Some(mut frame) => {
                 frame["id"] = id.clone();
                 name_the_service(&mut frame, &target);
+                present_uris(method, &mut frame, &target);
                 line(&frame)
             }
             None => mesh_error(
@@ -691,6 +722,11 @@ impl Hub {
                 | "notifications/resources/list_changed" => {
                     self.clone().changed_upstream(from.target.clone(), method);
                 }
+                "notifications/resources/updated" => {
+                    let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
+                    present_uri(uri, &from.target);
+                    self.send(line(&frame)).await;
+                }
                 _ => self.send(line(&frame)).await,
             }
         }
@@ -822,22 +858,28 @@ impl Hub {
         let lease = match self.lease(target).await {
             Ok(lease) => lease,
             Err(e) => {
-                tracing::warn!(%target, "cannot list its tools: {e}");
+                self.warn(target, &format!("cannot list its tools: {e}"))
+                    .await;
                 return false;
             }
         };
-        let listing = match list_all(&lease.up).await {
-            Ok(listing) => listing,
+        let (mut listing, mut notes) = match list_all(&lease.up).await {
+            Ok(listed) => listed,
             Err(e) if self.stop.is_cancelled() => {
                 tracing::debug!(%target, "listing cut short by the hub's end: {e}");
                 return false;
             }
             Err(e) => {
-                tracing::warn!(%target, "cannot list its tools: {e}");
+                self.warn(target, &format!("cannot list its tools: {e}"))
+                    .await;
                 return false;
             }
         };
         drop(lease);
+        notes.extend(listing.drop_duplicates());
+        for note in &notes {
+            self.warn(target, note).await;
+        }
         let before = lock(&self.cache).get(target).cloned();
         let changed = before.as_ref().is_none_or(|b| !same_items(b, &listing));
         lock(&self.cache).put(target, listing);
@@ -845,6 +887,25 @@ impl Hub {
             tracing::error!("{c}");
         }
         changed
+    }
+
+    /// Says what went wrong with `target`'s listing on stderr and, unless it asked for fewer
+    /// messages, to the client, which would otherwise only see items missing.
+    async fn warn(&self, target: &Target, note: &str) {
+        tracing::warn!(%target, "{note}");
+        let level = lock(&self.log_level)
+            .as_ref()
+            .and_then(|p| p.get("level")?.as_str()?.to_owned().into());
+        let rank = |level: &str| LOG_LEVELS.iter().position(|l| *l == level);
+        if level.and_then(|l| rank(&l)) > rank("warning") {
+            return;
+        }
+        self.send(line(&json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/message",
+            "params": {"level": "warning", "logger": "mcpmesh-hub", "data": format!("{target}: {note}")},
+        })))
+        .await;
     }
 
     async fn announce_lists(&self) {
@@ -868,7 +929,6 @@ impl Hub {
         let mut tools = Vec::new();
         let mut prompts = Vec::new();
         let mut resources = Vec::new();
-        let mut resource_owner = HashMap::new();
         let mut templates = Vec::new();
         for target in &self.targets {
             let Some(listing) = cache.get(target) else {
@@ -883,20 +943,18 @@ impl Hub {
             };
             tools.extend(listing.tools.iter().filter_map(item));
             prompts.extend(listing.prompts.iter().filter_map(item));
-            for r in &listing.resources {
-                if let Some(uri) = r["uri"].as_str() {
-                    resource_owner
-                        .entry(uri.to_owned())
-                        .or_insert_with(|| target.clone());
-                    resources.push(r.clone());
-                }
-            }
-            templates.extend(
-                listing
-                    .templates
+            let presented = |items: &[Value], field: &str| -> Vec<Value> {
+                items
                     .iter()
-                    .map(|t| (target.clone(), t.clone())),
-            );
+                    .map(|item| {
+                        let mut shown = item.clone();
+                        present_uri(shown.get_mut(field), target);
+                        shown
+                    })
+                    .collect()
+            };
+            resources.extend(presented(&listing.resources, "uri"));
+            templates.extend(presented(&listing.templates, "uriTemplate"));
         }
         let naming = self.config.naming;
         let named = |items: Vec<Item>| -> Result<(Routes, Vec<(String, Item)>), Collision> {
@@ -915,7 +973,6 @@ impl Hub {
                     prompts,
                     prompt_routes,
                     resources,
-                    resource_owner,
                     templates,
                     error: None,
                 };
@@ -957,10 +1014,7 @@ impl Hub {
                     .collect(),
             ),
             "resources/list" => ("resources", view.resources.clone()),
-            _ => (
-                "resourceTemplates",
-                view.templates.iter().map(|(_, t)| t.clone()).collect(),
-            ),
+            _ => ("resourceTemplates", view.templates.clone()),
         };
         match page(field, all, params.get("cursor"), PAGE) {
             Ok(result) => answer(id, result),
@@ -990,9 +1044,8 @@ impl Hub {
                 json!({"listChanged": true, "subscribe": subscribe}),
             );
         }
-        if any("logging") {
-            caps.insert("logging".into(), json!({}));
-        }
+        // The hub logs too: what it could not list, and why.
+        caps.insert("logging".into(), json!({}));
         if any("completions") {
             caps.insert("completions".into(), json!({}));
         }
@@ -1010,24 +1063,6 @@ impl Hub {
             },
             list.join(", "),
         )
-    }
-}
-
-impl View {
-    /// The service that serves `uri`: the one listing it, else the one whose template
-    /// matches it (the first, in the order services were given).
-    fn owner_of(&self, uri: &str) -> Option<Target> {
-        if let Some(t) = self.resource_owner.get(uri) {
-            return Some(t.clone());
-        }
-        self.templates
-            .iter()
-            .find(|(_, t)| {
-                t["uriTemplate"]
-                    .as_str()
-                    .is_some_and(|tpl| tpl == uri || template_matches(tpl, uri))
-            })
-            .map(|(target, _)| target.clone())
     }
 }
 
@@ -1058,35 +1093,6 @@ fn page(
         result.insert("nextCursor".into(), json!(end.to_string()));
     }
     Ok(Value::Object(result))
-}
-
-/// Whether `uri` fits the RFC 6570 template `tpl`: its literal parts in order, anything where
-/// an expression stands.
-pub(crate) fn template_matches(tpl: &str, uri: &str) -> bool {
-    let mut literals = Vec::new();
-    let mut rest = tpl;
-    while let Some(open) = rest.find('{') {
-        literals.push(&rest[..open]);
-        match rest[open..].find('}') {
-            Some(close) => rest = &rest[open + close + 1..],
-            None => return false,
-        }
-    }
-    literals.push(rest);
-    let (first, last) = (literals[0], literals[literals.len() - 1]);
-    if literals.len() == 1 {
-        return tpl == uri;
-    }
-    let Some(mut at) = uri.strip_prefix(first).map(|_| first.len()) else {
-        return false;
-    };
-    for lit in &literals[1..literals.len() - 1] {
-        match uri[at..].find(lit) {
-            Some(i) => at += i + lit.len(),
-            None => return false,
-        }
-    }
-    uri.len() >= at + last.len() && uri[at..].ends_with(last)
 }
 
 fn target_of(origin: &Origin) -> Target {
@@ -1130,6 +1136,55 @@ fn name_the_service(frame: &mut Value, target: &Target) {
     error.insert("message".into(), json!(named));
 }
 
+/// Whether `id` is one MCP allows a request: a string or an integer.
+fn valid_id(id: &Value) -> bool {
+    serde_json::value::to_raw_value(id).is_ok_and(|raw| mcpmesh_net::jsonrpc::valid_id(&raw))
+}
+
+/// Puts `target`'s place in front of a URI (or URI template) it named, as the hub presents it.
+fn present_uri(uri: Option<&mut Value>, target: &Target) {
+    if let Some(uri) = uri
+        && let Some(own) = uri.as_str()
+    {
+        *uri = json!(names::wrap_uri(&target.peer, &target.service, own));
+    }
+}
+
+/// Presents every URI `target` named in its answer to `method`: the contents a read returns,
+/// and the resource links and embedded resources of a call's or a prompt's content, so that
+/// reading any of them goes back to `target`.
+fn present_uris(method: &str, frame: &mut Value, target: &Target) {
+    let Some(result) = frame.get_mut("result") else {
+        return;
+    };
+    let content = |item: &mut Value| {
+        let kind = item.get("type").and_then(Value::as_str).map(str::to_owned);
+        match kind.as_deref() {
+            Some("resource_link") => present_uri(item.get_mut("uri"), target),
+            Some("resource") => {
+                present_uri(
+                    item.get_mut("resource").and_then(|r| r.get_mut("uri")),
+                    target,
+                );
+            }
+            _ => {}
+        }
+    };
+    fn items(list: Option<&mut Value>) -> impl Iterator<Item = &mut Value> {
+        list.and_then(Value::as_array_mut).into_iter().flatten()
+    }
+    match method {
+        "resources/read" => {
+            items(result.get_mut("contents")).for_each(|c| present_uri(c.get_mut("uri"), target))
+        }
+        "tools/call" => items(result.get_mut("content")).for_each(content),
+        "prompts/get" => items(result.get_mut("messages"))
+            .filter_map(|m| m.get_mut("content"))
+            .for_each(content),
+        _ => {}
+    }
+}
+
 /// Whether two listings offer the same items (times aside).
 fn same_items(a: &Listing, b: &Listing) -> bool {
     a.tools == b.tools
@@ -1139,36 +1194,43 @@ fn same_items(a: &Listing, b: &Listing) -> bool {
         && a.capabilities == b.capabilities
 }
 
-/// Everything one server lists, each list read to its end (within bounds).
-async fn list_all(up: &Upstream) -> Result<Listing, UpstreamError> {
+/// Everything one server lists, each list read to its end (within bounds), and what of it
+/// could not be listed, and why.
+async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError> {
     let caps = up.capabilities();
     let mut listing = Listing {
         fetched_at_ms: cache::now_ms(),
         capabilities: caps.clone(),
         ..Listing::default()
     };
+    let mut notes = Vec::new();
     if caps.get("tools").is_some() {
-        let (tools, ttl) = pages(up, "tools/list", "tools").await?;
+        let (tools, ttl) = pages(up, "tools/list", "tools", &mut notes).await?;
         listing.tools = tools;
         listing.ttl_ms = ttl;
     }
     if caps.get("prompts").is_some() {
-        listing.prompts = pages(up, "prompts/list", "prompts").await?.0;
+        listing.prompts = pages(up, "prompts/list", "prompts", &mut notes).await?.0;
     }
     if caps.get("resources").is_some() {
-        listing.resources = pages(up, "resources/list", "resources").await?.0;
-        listing.templates = pages(up, "resources/templates/list", "resourceTemplates")
+        listing.resources = pages(up, "resources/list", "resources", &mut notes)
+            .await?
+            .0;
+        let templates = "resourceTemplates";
+        listing.templates = pages(up, "resources/templates/list", templates, &mut notes)
             .await?
             .0;
     }
-    Ok(listing)
+    Ok((listing, notes))
 }
 
-/// One list, page by page; the items and the first page's `ttlMs`.
+/// One list, page by page; the items and the first page's `ttlMs`. Whatever cuts the list
+/// short is noted in `notes`, except a server saying it has no such list.
 async fn pages(
     up: &Upstream,
     method: &str,
     field: &str,
+    notes: &mut Vec<String>,
 ) -> Result<(Vec<Value>, Option<u64>), UpstreamError> {
     let mut items = Vec::new();
     let mut cursor: Option<Value> = None;
@@ -1180,22 +1242,46 @@ async fn pages(
         };
         let frame = up.request(method, params).await?;
         let Some(result) = frame.get("result") else {
-            // A server without this list (or refusing it) lists nothing.
-            break;
+            let error = frame.get("error");
+            let code = error.and_then(|e| e.get("code")).and_then(Value::as_i64);
+            if code != Some(-32601) {
+                let message = error
+                    .and_then(|e| e.get("message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("an answer without a result");
+                let code = code.map_or_else(|| "no code".to_owned(), |c| c.to_string());
+                notes.push(format!(
+                    "its {method} failed, so its {field} are not all listed: {message} ({code})"
+                ));
+            }
+            return Ok((items, ttl));
         };
         if page == 0 {
             ttl = result.get("ttlMs").and_then(Value::as_u64);
         }
-        for item in result[field].as_array().into_iter().flatten() {
-            if items.len() < MAX_ITEMS {
-                items.push(item.clone());
+        let Some(listed) = result.get(field).and_then(Value::as_array) else {
+            notes.push(format!(
+                "its {method} answer holds no {field} list, so its {field} are not all listed"
+            ));
+            return Ok((items, ttl));
+        };
+        for item in listed {
+            if items.len() == MAX_ITEMS {
+                notes.push(format!(
+                    "it lists more than {MAX_ITEMS} {field}; the rest are left out"
+                ));
+                return Ok((items, ttl));
             }
+            items.push(item.clone());
         }
         match result.get("nextCursor") {
-            Some(c) if !c.is_null() && items.len() < MAX_ITEMS => cursor = Some(c.clone()),
-            _ => break,
+            Some(c) if !c.is_null() => cursor = Some(c.clone()),
+            _ => return Ok((items, ttl)),
         }
     }
+    notes.push(format!(
+        "its {method} runs past {MAX_PAGES} pages; the rest are left out"
+    ));
     Ok((items, ttl))
 }
 
@@ -1232,33 +1318,6 @@ mod tests {
         }
         let empty = page("prompts", Vec::new(), None, 100).unwrap();
         assert_eq!(empty, json!({ "prompts": [] }));
-    }
-
-    #[test]
-    fn uri_templates_match_their_literal_parts() {
-        for (tpl, uri, want) in [
-            ("file:///{path}", "file:///etc/hosts", true),
-            ("file:///{path}", "http://x", false),
-            (
-                "test://static/resource/{id}",
-                "test://static/resource/7",
-                true,
-            ),
-            (
-                "test://static/resource/{id}",
-                "test://static/resource/",
-                true,
-            ),
-            ("db://{table}/rows/{row}", "db://users/rows/3", true),
-            ("db://{table}/rows/{row}", "db://users/cols/3", false),
-            ("a://{x}.json", "a://thing.json", true),
-            ("a://{x}.json", "a://thing.txt", false),
-            ("plain://uri", "plain://uri", true),
-            ("plain://uri", "plain://other", false),
-            ("broken://{x", "broken://y", false),
-        ] {
-            assert_eq!(template_matches(tpl, uri), want, "{tpl} ~ {uri}");
-        }
     }
 
     #[test]
