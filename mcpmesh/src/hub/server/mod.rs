@@ -1,0 +1,456 @@
+//! The hub as its client sees it: one MCP server whose lists merge every service's, answered
+//! from the cache, and whose calls go to the right service's session, opened on first use.
+//!
+//! Ids never cross unchanged: a client request forwarded upstream gets the session's own id
+//! (and its progress token one of the hub's), and a server's request to the client gets a hub
+//! id; answers, progress and cancellations are mapped back on the way. A progress notification
+//! or answer that names nothing the hub sent that session is dropped, so one service cannot
+//! speak for another.
+//!
+//! - `view`: what the client is shown (the merged lists, and URIs under their service's place).
+//! - `listing`: each service's listing fetched into the cache, and what it leaves out said.
+//! - `routing`: requests and answers between the client and the services, ids mapped.
+//! - `wire`: lines to the client and the hub's own answers.
+
+mod listing;
+mod routing;
+mod view;
+mod wire;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::routing::Forwarded;
+use self::view::View;
+use self::wire::{answer, line, lock, rpc_error, valid_id, write_out};
+use super::cache::{Cache, Listing};
+use super::pool::Pool;
+use super::upstream::{Inbound, NodeAccess, Upstream, UpstreamError};
+use super::{HubConfig, HubError, Target};
+
+/// How often the node is asked which peers are reachable.
+const REACH_EVERY: Duration = Duration::from_secs(3);
+/// After the client's input ends, how long answers still on their way may take.
+const DRAIN: Duration = Duration::from_secs(2);
+/// Lines queued toward the client before senders wait.
+const OUT_QUEUE: usize = 256;
+/// Protocol revisions of the `initialize` era the hub speaks; the first is its default.
+const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+/// The stateless revision, answered through `server/discover`.
+const MODERN: &str = "2026-07-28";
+
+pub(super) struct Hub {
+    config: HubConfig,
+    node: NodeAccess,
+    targets: Vec<Target>,
+    out: mpsc::Sender<Vec<u8>>,
+    inbound: mpsc::Sender<Inbound>,
+    pool: Pool,
+    cache: StdMutex<Cache>,
+    view: StdMutex<View>,
+    hello: StdMutex<Option<Value>>,
+    log_level: StdMutex<Option<Value>>,
+    /// Client request id (as JSON text) → where it went.
+    forwarded: StdMutex<HashMap<String, Forwarded>>,
+    /// Hub id of a server's request to the client → the session and the server's own id.
+    asked: StdMutex<HashMap<String, (Arc<Upstream>, Value)>>,
+    /// (service, hub progress token) → the client's token.
+    tokens: StdMutex<HashMap<(Target, String), Value>>,
+    /// Peer name → whether the node reached it at its last check.
+    reach: StdMutex<HashMap<String, bool>>,
+    /// Services whose listing is being fetched now.
+    refreshing: StdMutex<HashSet<Target>>,
+    /// Services that said their lists changed while being fetched.
+    again: StdMutex<HashSet<Target>>,
+    /// First listings still being fetched.
+    first_fetches: watch::Sender<usize>,
+    /// Whether the client was given a list yet (until then, a new listing is not news).
+    listed: AtomicBool,
+    next: AtomicU64,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+pub(super) async fn run<R, W>(config: HubConfig, input: R, output: W) -> Result<(), HubError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let node = NodeAccess {
+        profile: config.profile.clone(),
+        exe: config.exe.clone(),
+    };
+    let peers = node
+        .call(crate::control::methods::PEERS_LIST, json!({}))
+        .await
+        .map_err(|e| HubError::Node(e.to_string()))?;
+    let targets = if config.targets.is_empty() {
+        mountable(&peers)
+    } else {
+        config.targets.clone()
+    };
+    let cache = Cache::load(Cache::path_in(&config.profile.state_dir));
+    let (out, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let (inbound, inbound_rx) = mpsc::channel::<Inbound>(OUT_QUEUE);
+    let hub = Arc::new(Hub {
+        pool: Pool::new(config.idle),
+        node,
+        targets,
+        out,
+        inbound,
+        cache: StdMutex::new(cache),
+        view: StdMutex::new(View::default()),
+        hello: StdMutex::new(None),
+        log_level: StdMutex::new(None),
+        forwarded: StdMutex::new(HashMap::new()),
+        asked: StdMutex::new(HashMap::new()),
+        tokens: StdMutex::new(HashMap::new()),
+        reach: StdMutex::new(reachability(&peers)),
+        refreshing: StdMutex::new(HashSet::new()),
+        again: StdMutex::new(HashSet::new()),
+        first_fetches: watch::channel(0).0,
+        listed: AtomicBool::new(false),
+        next: AtomicU64::new(1),
+        tasks: TaskTracker::new(),
+        stop: CancellationToken::new(),
+        config,
+    });
+    // Two items sharing a name is an error at start, before the client sees anything.
+    hub.rebuild()
+        .map_err(|c| HubError::Collision(c.to_string()))?;
+
+    let writer = tokio::spawn(write_out(out_rx, output, hub.stop.clone()));
+    tokio::spawn(hub.clone().from_servers(inbound_rx));
+    tokio::spawn(hub.clone().watch_reach());
+
+    let mut frames = FrameReader::new(input, MAX_FRAME);
+    loop {
+        let line = tokio::select! {
+            line = frames.next_line() => line,
+            _ = hub.stop.cancelled() => break,
+        };
+        match line {
+            Ok(Some(line)) => hub.clone().client_frame(&line).await,
+            Ok(None) => break,
+            Err(TransportError::FrameTooLarge(_)) => {
+                hub.send(ErrorFrame::new(ErrorCode::FrameTooLarge).to_line())
+                    .await;
+            }
+            Err(e) => {
+                tracing::debug!("the client's input failed: {e}");
+                break;
+            }
+        }
+    }
+    // Answers still on their way get a moment; then every session is closed.
+    hub.tasks.close();
+    let _ = tokio::time::timeout(DRAIN, hub.tasks.wait()).await;
+    hub.stop.cancel();
+    hub.pool.close_all().await;
+    let _ = writer.await;
+    Ok(())
+}
+
+/// Every `peer/service` the node may mount, from its `peers.list` answer.
+fn mountable(peers: &Value) -> Vec<Target> {
+    let mut out = Vec::new();
+    for p in peers["peers"].as_array().into_iter().flatten() {
+        let Some(peer) = p["name"].as_str() else {
+            continue;
+        };
+        for service in p["mounts"].as_array().into_iter().flatten() {
+            if let Some(service) = service.as_str() {
+                out.push(Target {
+                    peer: peer.to_owned(),
+                    service: service.to_owned(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn reachability(peers: &Value) -> HashMap<String, bool> {
+    peers["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["reachable"].as_bool()?)))
+        .collect()
+}
+
+impl Hub {
+    async fn send(&self, line: Vec<u8>) {
+        if !line.is_empty() {
+            let _ = self.out.send(line).await;
+        }
+    }
+
+    /// One frame from the client.
+    async fn client_frame(self: Arc<Self>, line: &[u8]) {
+        let frame: Value = match serde_json::from_slice(line) {
+            Ok(Value::Object(frame)) => Value::Object(frame),
+            Ok(_) => {
+                self.send(
+                    ErrorFrame::new(ErrorCode::InvalidRequest)
+                        .message("not a JSON-RPC message: one object per line")
+                        .to_line(),
+                )
+                .await;
+                return;
+            }
+            Err(_) => {
+                self.send(ErrorFrame::new(ErrorCode::Parse).to_line()).await;
+                return;
+            }
+        };
+        let method = frame
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        match (method, frame.get("id").cloned()) {
+            (Some(_), Some(id)) if !valid_id(&id) => {
+                // Refused as the serving node refuses it: no answer could name it.
+                self.send(
+                    ErrorFrame::new(ErrorCode::InvalidRequest)
+                        .message("invalid request: an id must be a string or an integer")
+                        .to_line(),
+                )
+                .await;
+            }
+            (Some(method), Some(id)) => {
+                let hub = self.clone();
+                self.tasks
+                    .spawn(async move { hub.request(id, &method, frame).await });
+            }
+            (Some(method), None) => self.client_notification(&method, frame).await,
+            (None, Some(id)) => self.client_answer(&id, frame).await,
+            (None, None) => {}
+        }
+    }
+
+    async fn request(self: Arc<Self>, id: Value, method: &str, frame: Value) {
+        let params = frame.get("params").cloned().unwrap_or(Value::Null);
+        let reply = match method {
+            "initialize" => {
+                *lock(&self.hello) = Some(params.clone());
+                self.clone().first_listings();
+                let asked = params["protocolVersion"].as_str().unwrap_or_default();
+                let version = VERSIONS
+                    .iter()
+                    .find(|v| **v == asked)
+                    .copied()
+                    .unwrap_or(VERSIONS[0]);
+                answer(
+                    &id,
+                    json!({
+                        "protocolVersion": version,
+                        "capabilities": self.capabilities(),
+                        "serverInfo": server_info(),
+                        "instructions": self.instructions(),
+                    }),
+                )
+            }
+            "server/discover" => {
+                self.clone().first_listings();
+                answer(
+                    &id,
+                    json!({
+                        "supportedVersions": [MODERN],
+                        "capabilities": self.capabilities(),
+                        "serverInfo": server_info(),
+                        "instructions": self.instructions(),
+                    }),
+                )
+            }
+            "ping" => answer(&id, json!({})),
+            "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
+                self.clone().first_listings();
+                self.wait_for_first_listings().await;
+                self.refresh_stale();
+                self.listed.store(true, Ordering::SeqCst);
+                self.list(&id, method, &params)
+            }
+            "logging/setLevel" => {
+                *lock(&self.log_level) = Some(params.clone());
+                for up in self.pool.all_live().await {
+                    if up.capabilities().get("logging").is_some() {
+                        let _ = up.start("logging/setLevel", params.clone()).await;
+                    }
+                }
+                answer(&id, json!({}))
+            }
+            "tools/call"
+            | "prompts/get"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "completion/complete" => {
+                let mut routed = self.destination(method, params.clone());
+                if routed.is_err() {
+                    // A name the cache does not know yet may be in a listing on its way.
+                    self.clone().first_listings();
+                    self.wait_for_first_listings().await;
+                    routed = self.destination(method, params);
+                }
+                match routed {
+                    Ok((target, params)) => self.forward(&id, target, method, params).await,
+                    Err(message) => rpc_error(&id, -32602, message),
+                }
+            }
+            other => rpc_error(&id, -32601, format!("method not found: {other}")),
+        };
+        self.send(reply).await;
+    }
+
+    async fn lease(&self, target: &Target) -> Result<super::pool::Lease, UpstreamError> {
+        self.pool.lease(target, || self.open(target)).await
+    }
+
+    /// Opens `target`'s session with the client's own `initialize` params.
+    async fn open(&self, target: &Target) -> Result<Arc<Upstream>, UpstreamError> {
+        let up = Upstream::open(
+            &self.node,
+            target,
+            self.upstream_hello(),
+            self.inbound.clone(),
+        )
+        .await?;
+        let level = lock(&self.log_level).clone();
+        if let Some(level) = level
+            && up.capabilities().get("logging").is_some()
+        {
+            let _ = up.start("logging/setLevel", level).await;
+        }
+        Ok(up)
+    }
+
+    fn upstream_hello(&self) -> Value {
+        let given = lock(&self.hello).clone().unwrap_or(Value::Null);
+        let version = given["protocolVersion"]
+            .as_str()
+            .filter(|v| VERSIONS.contains(v))
+            .unwrap_or(VERSIONS[0]);
+        json!({
+            "protocolVersion": version,
+            "capabilities": given.get("capabilities").cloned().unwrap_or(json!({})),
+            "clientInfo": given
+                .get("clientInfo")
+                .cloned()
+                .unwrap_or_else(|| json!({"name": "mcpmesh-hub", "version": env!("CARGO_PKG_VERSION")})),
+        })
+    }
+
+    /// Asks the node every few seconds which peers it reaches; a change of a peer's state
+    /// changes its tools' descriptions, and the client is told the list changed.
+    async fn watch_reach(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(REACH_EVERY) => {}
+                _ = self.stop.cancelled() => return,
+            }
+            let Some(peers) = self
+                .node
+                .call_running(crate::control::methods::PEERS_LIST, json!({}))
+                .await
+            else {
+                continue;
+            };
+            let now = reachability(&peers);
+            let changed = {
+                let mut reach = lock(&self.reach);
+                let changed = self
+                    .targets
+                    .iter()
+                    .any(|t| reach.get(&t.peer) != now.get(&t.peer));
+                *reach = now;
+                changed
+            };
+            if changed && lock(&self.hello).is_some() {
+                // A peer back in reach may have services still to list.
+                self.clone().first_listings();
+                self.send(line(
+                    &json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
+                ))
+                .await;
+            }
+        }
+    }
+
+    /// The union of what the services can do, as far as the cache knows; everything the hub
+    /// can route while a service is still unknown.
+    fn capabilities(&self) -> Value {
+        let cache = lock(&self.cache);
+        let known: Vec<&Listing> = self.targets.iter().filter_map(|t| cache.get(t)).collect();
+        let all_known = known.len() == self.targets.len();
+        let any = |cap: &str| !all_known || known.iter().any(|l| l.capabilities.get(cap).is_some());
+        let mut caps = Map::new();
+        caps.insert("tools".into(), json!({"listChanged": true}));
+        if any("prompts") {
+            caps.insert("prompts".into(), json!({"listChanged": true}));
+        }
+        if any("resources") {
+            let subscribe = !all_known
+                || known
+                    .iter()
+                    .any(|l| l.capabilities["resources"]["subscribe"] == json!(true));
+            caps.insert(
+                "resources".into(),
+                json!({"listChanged": true, "subscribe": subscribe}),
+            );
+        }
+        // The hub logs too: what it could not list, and why.
+        caps.insert("logging".into(), json!({}));
+        if any("completions") {
+            caps.insert("completions".into(), json!({}));
+        }
+        Value::Object(caps)
+    }
+
+    fn instructions(&self) -> String {
+        let list: Vec<String> = self.targets.iter().map(ToString::to_string).collect();
+        format!(
+            "mcpmesh hub: the tools, prompts and resources of {} through this node ({}). Tool and prompt names say where each lives.",
+            if list.is_empty() {
+                "no service".to_owned()
+            } else {
+                format!("{} services", list.len())
+            },
+            list.join(", "),
+        )
+    }
+}
+
+fn server_info() -> Value {
+    json!({"name": "mcpmesh-hub", "title": "mcpmesh hub", "version": env!("CARGO_PKG_VERSION")})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mountable_services_and_reachability_come_from_the_nodes_peer_list() {
+        let peers = json!({"peers": [
+            {"name": "alice", "mounts": ["notes", "files"], "reachable": true},
+            {"name": "bob", "mounts": [], "reachable": false},
+            {"name": "carol"},
+        ]});
+        let targets: Vec<String> = mountable(&peers).iter().map(ToString::to_string).collect();
+        assert_eq!(targets, ["alice/notes", "alice/files"]);
+        let reach = reachability(&peers);
+        assert_eq!(reach.get("alice"), Some(&true));
+        assert_eq!(reach.get("bob"), Some(&false));
+        assert_eq!(reach.get("carol"), None);
+    }
+}

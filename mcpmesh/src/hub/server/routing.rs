@@ -1,0 +1,363 @@
+//! Requests between the client and the services: where a client request goes and under
+//! which id and progress token, its answer mapped back; cancellations following their
+//! request; and everything a server sends — its requests to the client under hub ids, its
+//! progress and notifications — routed back in the order it sent them.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mcpmesh_net::errors::ErrorCode;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Hub;
+use super::view::{present_uri, present_uris};
+use super::wire::{key, line, lock, mesh_error, rpc_error};
+use crate::hub::Target;
+use crate::hub::names::{self, Origin, Routes};
+use crate::hub::upstream::{Inbound, Upstream, UpstreamError};
+
+/// Server requests to the client awaiting the client's answer, at most.
+const MAX_ASKED: usize = 4096;
+
+/// A client request sent upstream, until its answer.
+pub(super) struct Forwarded {
+    up: Arc<Upstream>,
+    upstream_id: u64,
+    cancelled: bool,
+}
+
+impl Hub {
+    /// Where a request goes, and its params as that server must see them.
+    pub(super) fn destination(
+        &self,
+        method: &str,
+        mut params: Value,
+    ) -> Result<(Target, Value), String> {
+        if !params.is_object() {
+            return Err(format!("{method}: params must be an object"));
+        }
+        if method == "completion/complete" && !params["ref"].is_object() {
+            return Err("completion/complete: params.ref must be an object".to_owned());
+        }
+        let view = lock(&self.view);
+        let by_name = |routes: &Routes, name: &str, kind: &str| {
+            routes
+                .route(name)
+                .cloned()
+                .ok_or_else(|| format!("unknown {kind}: {name}"))
+        };
+        match method {
+            "tools/call" | "prompts/get" => {
+                let (routes, kind) = if method == "tools/call" {
+                    (&view.tool_routes, "tool")
+                } else {
+                    (&view.prompt_routes, "prompt")
+                };
+                let name = params["name"].as_str().unwrap_or_default().to_owned();
+                let origin = by_name(routes, &name, kind)?;
+                params["name"] = json!(origin.name);
+                Ok((target_of(&origin), params))
+            }
+            "completion/complete" => match params["ref"]["type"].as_str() {
+                Some("ref/prompt") => {
+                    let name = params["ref"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let origin = by_name(&view.prompt_routes, &name, "prompt")?;
+                    params["ref"]["name"] = json!(origin.name);
+                    Ok((target_of(&origin), params))
+                }
+                _ => {
+                    let uri = params["ref"]["uri"].as_str().unwrap_or_default();
+                    let (target, own) = self.resource_owner(uri)?;
+                    params["ref"]["uri"] = json!(own);
+                    Ok((target, params))
+                }
+            },
+            _ => {
+                let uri = params["uri"].as_str().unwrap_or_default();
+                let (target, own) = self.resource_owner(uri)?;
+                params["uri"] = json!(own);
+                Ok((target, params))
+            }
+        }
+    }
+
+    /// The service behind a URI the hub presented, and that service's own URI.
+    fn resource_owner(&self, uri: &str) -> Result<(Target, String), String> {
+        names::unwrap_uri(uri)
+            .and_then(|(peer, service, own)| {
+                self.targets
+                    .iter()
+                    .find(|t| t.peer == peer && t.service == service)
+                    .map(|t| (t.clone(), own.to_owned()))
+            })
+            .ok_or_else(|| format!("unknown resource: {uri}"))
+    }
+
+    /// Sends a client request to `target`'s session (opening it when needed) and returns
+    /// the line that answers the client.
+    pub(super) async fn forward(
+        &self,
+        id: &Value,
+        target: Target,
+        method: &str,
+        mut params: Value,
+    ) -> Vec<u8> {
+        if lock(&self.reach).get(&target.peer) == Some(&false) {
+            return mesh_error(
+                id,
+                ErrorCode::Unreachable,
+                format!(
+                    "{target}: peer {} is not reachable now (its node's last check); try again when it is",
+                    target.peer
+                ),
+            );
+        }
+        let lease = match self.lease(&target).await {
+            Ok(lease) => lease,
+            Err(e) => return open_failed(id, &target, &e),
+        };
+        let up = lease.up.clone();
+        // The progress token the server sees is the hub's own, mapped back on the way.
+        let mut token_key = None;
+        if let Some(token) = params.pointer("/_meta/progressToken").cloned() {
+            let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
+            params["_meta"]["progressToken"] = ours.clone();
+            let k = (target.clone(), key(&ours));
+            lock(&self.tokens).insert(k.clone(), token);
+            token_key = Some(k);
+        }
+        let started = up.start(method, params).await;
+        let reply = match started {
+            Err(_) => None,
+            Ok((upstream_id, rx)) => {
+                lock(&self.forwarded).insert(
+                    key(id),
+                    Forwarded {
+                        up: up.clone(),
+                        upstream_id,
+                        cancelled: false,
+                    },
+                );
+                let got = rx.await.ok();
+                let forwarded = lock(&self.forwarded).remove(&key(id));
+                if forwarded.is_some_and(|f| f.cancelled) {
+                    // The client cancelled it: it expects no answer.
+                    if let Some(k) = token_key {
+                        lock(&self.tokens).remove(&k);
+                    }
+                    return Vec::new();
+                }
+                got
+            }
+        };
+        if let Some(k) = token_key {
+            lock(&self.tokens).remove(&k);
+        }
+        drop(lease);
+        match reply {
+            Some(mut frame) => {
+                frame["id"] = id.clone();
+                name_the_service(&mut frame, &target);
+                present_uris(method, &mut frame, &target);
+                line(&frame)
+            }
+            None => mesh_error(
+                id,
+                ErrorCode::Unreachable,
+                format!(
+                    "{target}: the session ended before it answered; the next call opens a new one"
+                ),
+            ),
+        }
+    }
+
+    pub(super) async fn client_notification(self: Arc<Self>, method: &str, frame: Value) {
+        match method {
+            "notifications/cancelled" => {
+                let Some(request) = frame.pointer("/params/requestId") else {
+                    return;
+                };
+                let target = {
+                    let mut forwarded = lock(&self.forwarded);
+                    forwarded.get_mut(&key(request)).map(|f| {
+                        f.cancelled = true;
+                        (f.up.clone(), f.upstream_id)
+                    })
+                };
+                if let Some((up, upstream_id)) = target {
+                    let mut params = frame["params"].clone();
+                    params["requestId"] = json!(upstream_id);
+                    up.notify("notifications/cancelled", Some(params)).await;
+                    up.forget(upstream_id);
+                }
+            }
+            "notifications/roots/list_changed" => {
+                for up in self.pool.all_live().await {
+                    up.notify(method, frame.get("params").cloned()).await;
+                }
+            }
+            // The hub's own handshake; progress from the client has no upstream meaning.
+            _ => {}
+        }
+    }
+
+    /// The client answering a server's request: back to that server, with its own id.
+    pub(super) async fn client_answer(&self, id: &Value, mut frame: Value) {
+        let Some((up, theirs)) = lock(&self.asked).remove(&key(id)) else {
+            return;
+        };
+        frame["id"] = theirs;
+        up.send(&frame).await;
+    }
+
+    /// What servers send, each server's frames in the order it sent them.
+    pub(super) async fn from_servers(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
+        while let Some(inbound) = inbound.recv().await {
+            let (from, mut frame) = match inbound {
+                Inbound::Frame { from, frame } if frame.get("method").is_some() => (from, frame),
+                // An answer goes to its waiter only now, after what the server sent before it
+                // (a call's progress above all) went to the client.
+                Inbound::Frame { from, frame } => {
+                    from.answered(frame);
+                    continue;
+                }
+                Inbound::Ended(from) => {
+                    from.abandon_waiting();
+                    continue;
+                }
+            };
+            let method = frame["method"].as_str().unwrap_or_default().to_owned();
+            if let Some(theirs) = frame.get("id").cloned() {
+                // A request to the client: under a hub id, answered back to this session.
+                let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
+                let full = {
+                    let mut asked = lock(&self.asked);
+                    let full = asked.len() >= MAX_ASKED;
+                    if !full {
+                        asked.insert(key(&ours), (from.clone(), theirs.clone()));
+                    }
+                    full
+                };
+                if full {
+                    let refusal = json!({"jsonrpc": "2.0", "id": theirs, "error": {
+                        "code": -32603, "message": "the hub has too many requests waiting for its client",
+                        "data": {"source": "mcpmesh"}}});
+                    from.send(&refusal).await;
+                    continue;
+                }
+                frame["id"] = ours;
+                self.send(line(&frame)).await;
+                continue;
+            }
+            match method.as_str() {
+                "notifications/progress" => {
+                    let Some(token) = frame.pointer("/params/progressToken") else {
+                        continue;
+                    };
+                    let theirs = lock(&self.tokens)
+                        .get(&(from.target.clone(), key(token)))
+                        .cloned();
+                    if let Some(client_token) = theirs {
+                        frame["params"]["progressToken"] = client_token;
+                        self.send(line(&frame)).await;
+                    }
+                }
+                "notifications/cancelled" => {
+                    // The server gave up one of its requests to the client.
+                    let Some(request) = frame.pointer("/params/requestId").cloned() else {
+                        continue;
+                    };
+                    let ours = lock(&self.asked)
+                        .iter()
+                        .find(|(_, (up, id))| Arc::ptr_eq(up, &from) && *id == request)
+                        .map(|(k, _)| k.clone());
+                    if let Some(ours) = ours {
+                        lock(&self.asked).remove(&ours);
+                        if let Ok(id) = serde_json::from_str::<Value>(&ours) {
+                            frame["params"]["requestId"] = id;
+                            self.send(line(&frame)).await;
+                        }
+                    }
+                }
+                "notifications/tools/list_changed"
+                | "notifications/prompts/list_changed"
+                | "notifications/resources/list_changed" => {
+                    self.clone().changed_upstream(from.target.clone(), method);
+                }
+                "notifications/resources/updated" => {
+                    let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
+                    present_uri(uri, &from.target);
+                    self.send(line(&frame)).await;
+                }
+                _ => self.send(line(&frame)).await,
+            }
+        }
+    }
+}
+
+fn target_of(origin: &Origin) -> Target {
+    Target {
+        peer: origin.peer.clone(),
+        service: origin.service.clone(),
+    }
+}
+
+fn open_failed(id: &Value, target: &Target, e: &UpstreamError) -> Vec<u8> {
+    match e {
+        UpstreamError::Open { code, message } if *code < -32000 && *code > -32100 => {
+            rpc_error(id, *code, format!("{target}: {message}"))
+        }
+        other => mesh_error(
+            id,
+            ErrorCode::Unreachable,
+            format!("{target}: cannot open a session: {other}"),
+        ),
+    }
+}
+
+/// Puts `target` in front of a mesh error's message (one a node made, not the server: a
+/// session lost mid-call, say), so the client of many services knows which one failed.
+fn name_the_service(frame: &mut Value, target: &Target) {
+    let Some(error) = frame.get_mut("error").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if error.get("data").and_then(|d| d.get("source")) != Some(&json!("mcpmesh")) {
+        return;
+    }
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let named = format!("{target}: {message}");
+    error.insert("message".into(), json!(named));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mesh_error_names_its_service_and_a_servers_own_error_is_left_alone() {
+        let target = Target::parse("alice/notes").unwrap();
+        let mut lost = json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32055,
+            "message": "the service ended the session before answering", "data": {"source": "mcpmesh"}}});
+        name_the_service(&mut lost, &target);
+        assert_eq!(
+            lost["error"]["message"],
+            "alice/notes: the service ended the session before answering"
+        );
+        for frame in [
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": "not an object"}),
+        ] {
+            let mut same = frame.clone();
+            name_the_service(&mut same, &target);
+            assert_eq!(same, frame);
+        }
+    }
+}

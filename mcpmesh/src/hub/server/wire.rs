@@ -1,0 +1,79 @@
+//! Lines to the hub's client: the one writer that batches what is queued, the shapes of the
+//! answers and errors the hub makes itself, and the small helpers every part of the hub shares.
+
+use std::sync::Mutex as StdMutex;
+
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Bytes of queued lines written to the client at once.
+const BATCH: usize = 256 * 1024;
+
+pub(super) async fn write_out<W: AsyncWrite + Unpin>(
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut output: W,
+    stop: CancellationToken,
+) {
+    loop {
+        let line = tokio::select! {
+            line = rx.recv() => line,
+            _ = stop.cancelled() => None,
+        };
+        let Some(mut batch) = line else { break };
+        // What is already queued goes out in the same write.
+        while batch.len() < BATCH
+            && let Ok(more) = rx.try_recv()
+        {
+            batch.extend_from_slice(&more);
+        }
+        if output.write_all(&batch).await.is_err() || output.flush().await.is_err() {
+            stop.cancel();
+            break;
+        }
+    }
+    let _ = output.shutdown().await;
+}
+
+pub(super) fn key(id: &Value) -> String {
+    id.to_string()
+}
+
+pub(super) fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) fn answer(id: &Value, result: Value) -> Vec<u8> {
+    line(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
+}
+
+pub(super) fn line(frame: &Value) -> Vec<u8> {
+    let mut out = serde_json::to_vec(frame).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// An error of the mesh's band (or a JSON-RPC one) answering `id`.
+pub(super) fn mesh_error(id: &Value, code: ErrorCode, message: impl Into<String>) -> Vec<u8> {
+    let raw = RawValue::from_string(id.to_string()).ok();
+    ErrorFrame::new(code)
+        .id(raw.as_deref())
+        .message(message)
+        .to_line()
+}
+
+pub(super) fn rpc_error(id: &Value, code: i64, message: impl Into<String>) -> Vec<u8> {
+    line(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": code, "message": message.into(), "data": {"source": "mcpmesh"}},
+    }))
+}
+
+/// Whether `id` is one MCP allows a request: a string or an integer.
+pub(super) fn valid_id(id: &Value) -> bool {
+    serde_json::value::to_raw_value(id).is_ok_and(|raw| mcpmesh_net::jsonrpc::valid_id(&raw))
+}
