@@ -4,7 +4,7 @@
 //! direct and hub / mesh.
 //!
 //! Build the release binaries first; this looks for `mcpmesh` and `echo_mcp_stub` beside itself:
-//!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N] [--only PHASE]
+//!   cargo build --release && target/release/mcpmesh-bench [--rounds N] [--calls N] [--only PHASE] [--json FILE]
 //!
 //! `--only open|calls|pipelined|results|requests` runs one phase (for profiling the nodes, whose
 //! pids it prints, with `perf record -p`). `--telemetry` also measures a second pair of nodes
@@ -40,6 +40,9 @@ struct Args {
     only: Option<String>,
     /// Also measure a mesh whose nodes keep metrics and send traces.
     telemetry: bool,
+    /// Also write the headline figures there as one JSON object (what `scripts/bench-check`
+    /// reads).
+    json: Option<PathBuf>,
 }
 
 impl Args {
@@ -67,6 +70,15 @@ fn parse_args() -> anyhow::Result<Args> {
         Some(_) => bail!("--only takes one of {}", PHASES.join(", ")),
         None => None,
     };
+    let json = match rest.iter().position(|a| a == "--json") {
+        Some(i) if i + 1 < rest.len() => {
+            let path = rest.remove(i + 1);
+            rest.remove(i);
+            Some(PathBuf::from(path))
+        }
+        Some(_) => bail!("--json takes the path of the file to write"),
+        None => None,
+    };
     let telemetry = match rest.iter().position(|a| a == "--telemetry") {
         Some(i) => {
             rest.remove(i);
@@ -79,6 +91,7 @@ fn parse_args() -> anyhow::Result<Args> {
         calls: 2000,
         only,
         telemetry,
+        json,
     };
     bench_util::numeric_flags(
         rest,
@@ -86,7 +99,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("rounds", &mut args.rounds, 1),
             ("calls", &mut args.calls, 100),
         ],
-        &format!("[--only {}] [--telemetry]", PHASES.join("|")),
+        &format!("[--only {}] [--telemetry] [--json FILE]", PHASES.join("|")),
     )?;
     Ok(args)
 }
@@ -380,6 +393,30 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!("  at the end (what the nodes kept):       {}", mb(&end));
+    if let Some(path) = &args.json {
+        let floor = |f: fn(&Floor) -> f64| median(&floors.iter().map(f).collect::<Vec<_>>());
+        // NaN (a figure this run did not measure) becomes null.
+        let summary = json!({
+            "rounds": args.rounds,
+            "calls": args.calls,
+            "open_ms": { "direct": median(&direct[0]), "mesh": median(&meshed[0]) },
+            "call_p50_us": {
+                "direct": median(&direct[1]), "mesh": median(&meshed[1]),
+                "hub": median(&hubbed[1]), "relayed": median(&relayed_p50),
+                "floor": floor(|f| f.p50),
+            },
+            "x16_per_s": {
+                "direct": median(&direct[4]), "mesh": median(&meshed[4]),
+                "hub": median(&hubbed[4]), "relayed": median(&relayed_x16),
+                "floor": floor(|f| f.pipelined),
+            },
+            "cpu_per_call_us": { "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu) },
+            "request_8mib_mbs": { "direct": median(&direct[7]), "mesh": median(&meshed[7]) },
+            "rss_peak_mb": peak_work.iter().sum::<u64>() as f64 / 1024.0,
+        });
+        std::fs::write(path, format!("{summary}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     drop(mesh);
     drop(metered);
     Ok(())
