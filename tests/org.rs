@@ -1135,3 +1135,56 @@ async fn a_deny_on_a_roster_user_beats_the_allow_of_its_group() {
         s.wait_eof().await;
     }
 }
+
+/// The name `node` gives the key `id`, from its `peers` list.
+fn peer_name(node: &TestNode, id: &str) -> String {
+    peer_entry(node, id)
+        .and_then(|p| p["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{} does not list {id}", node.name))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored_under_it() {
+    let m = marker("org-dotted");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let laptop = TestNode::start("laptop");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let invite = org(&alice, &["invite", "bob", "--device", "laptop"]);
+    laptop.json(&["join", invite["invite"].as_str().unwrap()]);
+    laptop.serve_stub("notes", &["user:alice"], None, &m);
+
+    // Names an older version let peers take: one in config, one met by pairing.
+    let in_config = iroh::SecretKey::generate().public().to_string();
+    let paired = iroh::SecretKey::generate().public().to_string();
+    assert_eq!(alice.json(&["down"])["stopped"], true);
+    let config = alice.home().join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!("\n[peers.\"bob.laptop\"]\nid = \"{in_config}\"\n"));
+    std::fs::write(&config, text).unwrap();
+    {
+        let store = mcpmesh::store::Store::open(&alice.home().join("state/mcpmesh.redb")).unwrap();
+        let peer = mcpmesh::store::StoredPeer {
+            id: paired.clone(),
+            name: "bob.bob".into(),
+            addrs: vec![],
+            mounts: vec![],
+            paired_at: 1,
+            pending: false,
+            grants_owed: vec![],
+        };
+        store.put_peer(&peer, None).unwrap();
+    }
+    alice.json(&["up"]);
+
+    assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
+    assert_eq!(peer_name(&alice, &bob.id), "bob.bob");
+    assert_eq!(peer_name(&alice, &in_config), "bob-laptop");
+    assert_eq!(peer_name(&alice, &paired), "bob-bob");
+    // The call meant for bob's laptop reaches bob's laptop.
+    let mut s = alice.connect("bob.laptop/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_USER"], "alice", "{env}");
+}

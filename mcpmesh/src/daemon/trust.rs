@@ -17,6 +17,7 @@ use tokio::io::AsyncWriteExt;
 use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
+use crate::peers::valid_peer_name;
 use crate::principal::{Principal, is_allowed};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use crate::time::unix_ms;
@@ -29,23 +30,35 @@ fn bad(message: impl Into<String>) -> ControlError {
     ControlError::invalid_params(message)
 }
 
+/// A name the user gives a peer. A name with a `.` is refused: it is how the org roster
+/// names a member's device (`USER.DEVICE`), and a peer under it would take that device's calls.
 fn check_name(name: &str) -> Result<(), ControlError> {
-    if valid_service_name(name) {
+    if name.contains('.') && valid_service_name(name) {
+        return Err(bad(format!(
+            "{name:?}: a peer name may not contain '.', which the org roster keeps for its USER.DEVICE names; try {:?}",
+            name.replace('.', "-")
+        )));
+    }
+    if valid_peer_name(name) {
         Ok(())
     } else {
         Err(bad(format!(
-            "{name:?}: a peer name is 1-64 letters, digits, '.', '_' or '-'"
+            "{name:?}: a peer name is 1-64 letters, digits, '_' or '-'"
         )))
     }
 }
 
-/// A name from someone else's suggestion: the allowed characters only, never empty.
+/// A name from someone else's suggestion: the allowed characters only (a `.` becomes a
+/// `-`: dotted names are the roster's), never empty.
 fn sanitize(name: Option<&str>, fallback: &str) -> String {
     let clean: String = name
         .unwrap_or_default()
         .chars()
-        .map(|c| c.to_ascii_lowercase())
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .map(|c| match c.to_ascii_lowercase() {
+            '.' => '-',
+            c => c,
+        })
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
         .skip_while(|c| !c.is_ascii_alphanumeric())
         .take(32)
         .collect();
