@@ -531,7 +531,6 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
     });
     let duplicated = sign(twice);
 
-    let (ep, target) = raw_client(&bob, true).await;
     let cases = [
         ("forged", "bad_signature", forged),
         ("signed by another key", "bad_signature", wrong_key),
@@ -544,6 +543,9 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
         ("an endpoint twice", "invalid", duplicated),
     ];
     for (case, reason, text) in cases {
+        // A sender of its own per case: a sender's repeats of one reason are recorded once a
+        // minute (see the foreign-root test below).
+        let (ep, target) = raw_client(&bob, true).await;
         let before = refusals(&bob, reason).len();
         // Claiming a newer serial, as an attacker would, so the node asks for the roster.
         let (answer, seen) = deliver(&ep, target, &root_hex, held + 1, &text, || {
@@ -572,6 +574,7 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
     assert_eq!(status["serial"], held, "{status}");
 
     let good = sign(next.clone());
+    let (ep, target) = raw_client(&bob, true).await;
     let (_, seen) = deliver(&ep, target, &root_hex, next.serial, &good, || {
         serial_of(&bob) == Some(next.serial)
     })
@@ -1187,4 +1190,142 @@ async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored
     s.initialize().await;
     let env = whoami(&mut s).await;
     assert_eq!(env["MCPMESH_PEER_USER"], "alice", "{env}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_whose_stored_roster_is_damaged_says_so_and_fetches_it_again_from_the_org() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start_with("bob", SYNC_FAST, &[]);
+    org(&alice, &["create", "acme"]);
+    let serial = join(&alice, &bob, "eng")["serial"].as_u64().unwrap();
+
+    // Garbage over the roster bob holds, while bob is down; the admin is down too, so bob
+    // cannot mend it before it is seen.
+    assert_eq!(bob.json(&["down"])["stopped"], true);
+    assert_eq!(alice.json(&["down"])["stopped"], true);
+    {
+        let store = mcpmesh::store::Store::open(&bob.home().join("state/mcpmesh.redb")).unwrap();
+        let mut record = store.org().unwrap().expect("bob's org record");
+        record.roster = Some("{\"roster\": garbage".into());
+        store.put_org(&record).unwrap();
+    }
+    bob.json(&["up"]);
+    let summary = org_summary(&bob);
+    assert_eq!(
+        summary["name"], "acme",
+        "bob is still in the org: {summary}"
+    );
+    assert!(
+        summary["damaged"]
+            .as_str()
+            .is_some_and(|d| d.contains("damaged")),
+        "{summary}"
+    );
+    let status = refused(&bob.cli(&["--json", "org", "status"]));
+    let message = status["error"]["message"].as_str().unwrap();
+    assert!(message.contains("damaged"), "{status}");
+    assert!(!message.contains("not in an org"), "{status}");
+    // A problem: doctor fails, its report on stdout.
+    let out = bob.cli(&["--json", "doctor"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "org")
+        .cloned()
+        .unwrap_or_else(|| panic!("doctor has no org check: {doctor}"));
+    assert_eq!(check["status"], "error", "{check}");
+    assert!(
+        check["message"].as_str().unwrap().contains("damaged"),
+        "{check}"
+    );
+
+    // Once a member is back, bob's pull fetches the roster again: no admin action.
+    alice.json(&["up"]);
+    converged(&[&bob], serial).await;
+    assert!(org_summary(&bob).get("damaged").is_none_or(Value::is_null));
+    let record = installed(&bob, serial).await;
+    assert_eq!(record["org"], "acme", "{record}");
+    assert_eq!(org(&bob, &["status"])["serial"], serial);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_roster_of_a_foreign_root_is_refused_and_audited_without_letting_its_sender_flood_the_log()
+ {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    let held = join(&alice, &bob, "eng")["serial"].as_u64().unwrap();
+    let now = unix_now();
+    let other = iroh::SecretKey::generate();
+    let other_root = other.public().to_string();
+    let foreign = SignedRoster::sign(
+        Roster {
+            v: 1,
+            org: "evil".into(),
+            root: other_root.clone(),
+            serial: held + 5,
+            issued_at: now,
+            expires_at: now + DEFAULT_VALIDITY_SECS,
+            members: vec![],
+            revoked: vec![],
+        },
+        &other,
+    )
+    .unwrap()
+    .text;
+
+    // A trusted peer offers its own org's roster, under its own root.
+    let (ep, target) = raw_client(&bob, true).await;
+    let sender = format!("eid:{}", ep.id());
+    let from_sender = || {
+        refusals(&bob, "other_org")
+            .into_iter()
+            .filter(|r| r["principal"] == sender.as_str())
+            .collect::<Vec<_>>()
+    };
+    let (answer, seen) = deliver(&ep, target, &other_root, held + 5, &foreign, || {
+        !from_sender().is_empty()
+    })
+    .await;
+    assert!(answer.get("roster").is_none(), "{answer}");
+    assert!(
+        seen,
+        "no roster_refused record names the sender: {:?}",
+        audit(&bob)
+    );
+    let first = from_sender().pop().unwrap();
+    assert!(
+        first["from"].as_str().unwrap().starts_with("tester"),
+        "{first}"
+    );
+    assert!(
+        first["message"].as_str().unwrap().contains("another org"),
+        "{first}"
+    );
+    assert!(first.get("count").is_none(), "{first}");
+
+    // The same again and again: counted, not written one by one.
+    const AGAIN: u64 = 20;
+    for _ in 0..AGAIN {
+        deliver(&ep, target, &other_root, held + 5, &foreign, || true).await;
+    }
+    let seen = bob.json(&["audit", "tail", "-n", "1000"])["records"].clone();
+    assert_eq!(from_sender().len(), 1, "{seen}");
+    assert_eq!(
+        serial_of(&bob),
+        Some(held),
+        "the foreign roster changed nothing"
+    );
+    // The count is written when the minute is over, or when the node stops.
+    let records = bob.stop_and_audit();
+    let counted: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "roster_refused" && r["principal"] == sender.as_str())
+        .collect();
+    assert_eq!(counted.len(), 2, "{counted:?}");
+    assert_eq!(counted[1]["count"], AGAIN, "{counted:?}");
+    assert_eq!(counted[1]["reason"], "other_org", "{counted:?}");
 }

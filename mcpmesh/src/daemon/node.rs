@@ -60,6 +60,10 @@ pub(super) struct Node {
     pub(super) reach: Reachability,
     /// The org roster this node holds, if it is in an org.
     pub(super) held: RwLock<Option<Arc<RosterView>>>,
+    /// Why the roster in the store could not be loaded, until a good one is installed.
+    pub(super) roster_damage: RwLock<Option<String>>,
+    /// Rosters refused from peers, recorded without letting a peer flood the audit log.
+    pub(super) roster_refusals: crate::audit::RosterRefusals,
     /// Held while a roster is checked and installed, so two never interleave.
     pub(super) org_lock: std::sync::Mutex<()>,
     /// Where the org root key is kept on the admin's node.
