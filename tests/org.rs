@@ -619,30 +619,68 @@ async fn a_node_offline_during_a_removal_converges_from_any_member_when_it_retur
     assert_eq!(error["code"], -32054, "{error}");
 }
 
+/// Where a round of [`kill_9_mid_join_leaves_the_member_on_both_sides_or_neither`] kills.
+#[derive(Clone, Copy, Debug)]
+enum KillAt {
+    /// The admin's node, before the join is run: the join cannot have happened.
+    AdminBeforeTheJoin,
+    /// `victim` this many ms into the join: wherever that lands.
+    Into(u64),
+    /// `victim` once the join returned: it happened.
+    AfterTheJoin,
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
-    let mut outcomes = (0, 0);
-    for (round, delay_ms) in [20u64, 40, 60, 70, 80, 90, 100, 120].iter().enumerate() {
+    let mut rounds = vec![KillAt::AdminBeforeTheJoin, KillAt::AfterTheJoin];
+    rounds.extend([20u64, 40, 60, 70, 80, 90, 100, 120].map(KillAt::Into));
+    let (mut both, mut neither) = (0, 0);
+    for (round, at) in rounds.into_iter().enumerate() {
         let alice = TestNode::start_with("alice", SYNC_FAST, &[]);
         let bob = TestNode::start_with("bob", SYNC_FAST, &[]);
         org(&alice, &["create", "acme"]);
         let invite = org(&alice, &["invite", "bob", "--groups", "eng"]);
-        let line = invite["invite"].as_str().unwrap();
+        let line = invite["invite"].as_str().unwrap().to_owned();
         let victim = if round % 2 == 0 { &alice } else { &bob };
+        let victim = match at {
+            KillAt::AdminBeforeTheJoin => &alice,
+            _ => victim,
+        };
+        if let KillAt::AdminBeforeTheJoin = at {
+            victim.kill_daemon().await;
+        }
         let joining = bob
-            .command(&["--json", "join", line])
-            .stdout(std::process::Stdio::null())
+            .command(&["--json", "join", &line])
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        // Where in the join the kill lands is the variable under test, not synchronization.
-        tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
-        victim.kill_daemon().await;
-        let _ = tokio::task::spawn_blocking(move || {
-            let mut joining = joining;
-            joining.wait()
-        })
-        .await;
+        let joined = match at {
+            KillAt::Into(delay_ms) => {
+                // Where in the join the kill lands is the variable under test, not
+                // synchronization.
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                victim.kill_daemon().await;
+                wait_output(joining).await.status.success()
+            }
+            KillAt::AfterTheJoin => {
+                let out = wait_output(joining).await;
+                assert!(
+                    out.status.success(),
+                    "round {round}: the join failed: {out:?}"
+                );
+                victim.kill_daemon().await;
+                true
+            }
+            KillAt::AdminBeforeTheJoin => {
+                let out = wait_output(joining).await;
+                assert!(
+                    !out.status.success(),
+                    "round {round}: joined a dead admin: {out:?}"
+                );
+                false
+            }
+        };
         // Only the killed node comes back: a joiner left pending asks the admin's node at
         // start, and an admin that committed pushes its roster to the pending joiner.
         assert_eq!(victim.json(&["down"])["stopped"], true);
@@ -656,25 +694,41 @@ async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
         };
         let bob_has = || serial_of(&bob).is_some_and(|s| s > 0);
         let agreed = eventually(CONVERGE, || alice_has() == bob_has()).await;
+        let what = format!("round {round} ({at:?}, {} killed)", victim.name);
         assert!(
             agreed,
-            "round {round} (+{delay_ms} ms, {} killed): alice has bob: {}, bob's org: {}",
-            victim.name,
+            "{what}: alice has bob: {}, bob's org: {}",
             alice_has(),
             org_summary(&bob)
         );
+        match at {
+            KillAt::AdminBeforeTheJoin => assert!(!alice_has(), "{what}: bob is a member"),
+            KillAt::AfterTheJoin => assert!(alice_has(), "{what}: bob is no member"),
+            // A join that said it succeeded was committed, whoever died after.
+            KillAt::Into(_) if joined => assert!(alice_has(), "{what}: the join said it succeeded"),
+            KillAt::Into(_) => {}
+        }
         if alice_has() {
             let serial = org(&alice, &["members"])["serial"].as_u64().unwrap();
             converged(&[&bob], serial).await;
-            outcomes.0 += 1;
+            both += 1;
         } else {
-            outcomes.1 += 1;
+            neither += 1;
         }
     }
-    eprintln!(
-        "joins completed: {}, undone or never started: {}",
-        outcomes.0, outcomes.1
+    eprintln!("joins completed: {both}, undone or never started: {neither}");
+    assert!(
+        both > 0 && neither > 0,
+        "both outcomes occur: {both} and {neither}"
     );
+}
+
+/// What `child` printed, once it exited (waited for off the runtime).
+async fn wait_output(child: std::process::Child) -> std::process::Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 #[test]
