@@ -1244,6 +1244,15 @@ async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored
     s.initialize().await;
     let env = whoami(&mut s).await;
     assert_eq!(env["MCPMESH_PEER_USER"], "alice", "{env}");
+
+    // The peers that gave their names up are renamed and removed by the names they now have.
+    alice.json(&["peers", "rename", "bob-bob", "old-bob"]);
+    assert_eq!(peer_name(&alice, &paired), "old-bob");
+    alice.json(&["peers", "remove", "bob-laptop"]);
+    assert!(peer_entry(&alice, &in_config).is_none(), "still trusted");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(!text.contains(&in_config), "still in config: {text}");
+    assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
 }
 
 #[tokio::test(flavor = "multi_thread")]

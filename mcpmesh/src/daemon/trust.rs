@@ -120,8 +120,14 @@ impl Node {
         Ok(())
     }
 
-    fn is_static(&self, name: &str) -> bool {
-        self.settings().peers.iter().any(|p| p.name == name)
+    /// The name of the `[peers]` entry that holds `id`: the peer's name here, unless it gave
+    /// that name up to a roster member's `USER.DEVICE`.
+    fn static_name(&self, id: &EndpointId) -> Option<String> {
+        self.settings()
+            .peers
+            .iter()
+            .find(|p| p.id == *id)
+            .map(|p| p.name.clone())
     }
 
     fn stored_peer(&self, id: &EndpointId) -> Option<StoredPeer> {
@@ -182,7 +188,7 @@ impl Node {
                 format!("the name {} is taken", r.new),
             ));
         }
-        let is_static = self.is_static(&r.old);
+        let in_config = self.static_name(&peer.id);
         // The store first: the edit below is applied with the peer already under its new name,
         // so grants by name, renamed in the same edit, never stop admitting its sessions.
         if let Some(mut stored) = self.stored_peer(&peer.id) {
@@ -191,8 +197,8 @@ impl Node {
         }
         // Grants by name follow the peer; grants by key need nothing.
         self.edit(|doc| {
-            if is_static {
-                config::rename_peer(doc, &r.old, &r.new)?;
+            if let Some(name) = &in_config {
+                config::rename_peer(doc, name, &r.new)?;
             }
             config::rename_allow(doc, &r.old, &r.new)
         })?;
@@ -209,7 +215,7 @@ impl Node {
         let peer = self.peer_by_name(&r.name)?;
         self.refuse_roster_only(&peer)?;
         let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
-        let is_static = self.is_static(&r.name);
+        let in_config = self.static_name(&peer.id);
         if self.stored_peer(&peer.id).is_some() {
             self.store
                 .remove_peer(&peer.id.to_string())
@@ -217,8 +223,8 @@ impl Node {
         }
         // Applying the edit severs the peer's connections and sessions at once.
         self.edit(|doc| {
-            if is_static {
-                config::remove_peer(doc, &r.name)?;
+            if let Some(name) = &in_config {
+                config::remove_peer(doc, name)?;
             }
             config::remove_allow_everywhere(doc, &principals)
         })?;
