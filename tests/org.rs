@@ -531,7 +531,6 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
     });
     let duplicated = sign(twice);
 
-    let (ep, target) = raw_client(&bob, true).await;
     let cases = [
         ("forged", "bad_signature", forged),
         ("signed by another key", "bad_signature", wrong_key),
@@ -544,6 +543,9 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
         ("an endpoint twice", "invalid", duplicated),
     ];
     for (case, reason, text) in cases {
+        // A sender of its own per case: a sender's repeats of one reason are recorded once a
+        // minute (see the foreign-root test below).
+        let (ep, target) = raw_client(&bob, true).await;
         let before = refusals(&bob, reason).len();
         // Claiming a newer serial, as an attacker would, so the node asks for the roster.
         let (answer, seen) = deliver(&ep, target, &root_hex, held + 1, &text, || {
@@ -572,6 +574,7 @@ async fn rosters_that_are_forged_replayed_expired_or_from_another_org_are_refuse
     assert_eq!(status["serial"], held, "{status}");
 
     let good = sign(next.clone());
+    let (ep, target) = raw_client(&bob, true).await;
     let (_, seen) = deliver(&ep, target, &root_hex, next.serial, &good, || {
         serial_of(&bob) == Some(next.serial)
     })
@@ -616,30 +619,68 @@ async fn a_node_offline_during_a_removal_converges_from_any_member_when_it_retur
     assert_eq!(error["code"], -32054, "{error}");
 }
 
+/// Where a round of [`kill_9_mid_join_leaves_the_member_on_both_sides_or_neither`] kills.
+#[derive(Clone, Copy, Debug)]
+enum KillAt {
+    /// The admin's node, before the join is run: the join cannot have happened.
+    AdminBeforeTheJoin,
+    /// `victim` this many ms into the join: wherever that lands.
+    Into(u64),
+    /// `victim` once the join returned: it happened.
+    AfterTheJoin,
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
-    let mut outcomes = (0, 0);
-    for (round, delay_ms) in [20u64, 40, 60, 70, 80, 90, 100, 120].iter().enumerate() {
+    let mut rounds = vec![KillAt::AdminBeforeTheJoin, KillAt::AfterTheJoin];
+    rounds.extend([20u64, 40, 60, 70, 80, 90, 100, 120].map(KillAt::Into));
+    let (mut both, mut neither) = (0, 0);
+    for (round, at) in rounds.into_iter().enumerate() {
         let alice = TestNode::start_with("alice", SYNC_FAST, &[]);
         let bob = TestNode::start_with("bob", SYNC_FAST, &[]);
         org(&alice, &["create", "acme"]);
         let invite = org(&alice, &["invite", "bob", "--groups", "eng"]);
-        let line = invite["invite"].as_str().unwrap();
+        let line = invite["invite"].as_str().unwrap().to_owned();
         let victim = if round % 2 == 0 { &alice } else { &bob };
+        let victim = match at {
+            KillAt::AdminBeforeTheJoin => &alice,
+            _ => victim,
+        };
+        if let KillAt::AdminBeforeTheJoin = at {
+            victim.kill_daemon().await;
+        }
         let joining = bob
-            .command(&["--json", "join", line])
-            .stdout(std::process::Stdio::null())
+            .command(&["--json", "join", &line])
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        // Where in the join the kill lands is the variable under test, not synchronization.
-        tokio::time::sleep(Duration::from_millis(*delay_ms)).await;
-        victim.kill_daemon().await;
-        let _ = tokio::task::spawn_blocking(move || {
-            let mut joining = joining;
-            joining.wait()
-        })
-        .await;
+        let joined = match at {
+            KillAt::Into(delay_ms) => {
+                // Where in the join the kill lands is the variable under test, not
+                // synchronization.
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                victim.kill_daemon().await;
+                wait_output(joining).await.status.success()
+            }
+            KillAt::AfterTheJoin => {
+                let out = wait_output(joining).await;
+                assert!(
+                    out.status.success(),
+                    "round {round}: the join failed: {out:?}"
+                );
+                victim.kill_daemon().await;
+                true
+            }
+            KillAt::AdminBeforeTheJoin => {
+                let out = wait_output(joining).await;
+                assert!(
+                    !out.status.success(),
+                    "round {round}: joined a dead admin: {out:?}"
+                );
+                false
+            }
+        };
         // Only the killed node comes back: a joiner left pending asks the admin's node at
         // start, and an admin that committed pushes its roster to the pending joiner.
         assert_eq!(victim.json(&["down"])["stopped"], true);
@@ -653,25 +694,41 @@ async fn kill_9_mid_join_leaves_the_member_on_both_sides_or_neither() {
         };
         let bob_has = || serial_of(&bob).is_some_and(|s| s > 0);
         let agreed = eventually(CONVERGE, || alice_has() == bob_has()).await;
+        let what = format!("round {round} ({at:?}, {} killed)", victim.name);
         assert!(
             agreed,
-            "round {round} (+{delay_ms} ms, {} killed): alice has bob: {}, bob's org: {}",
-            victim.name,
+            "{what}: alice has bob: {}, bob's org: {}",
             alice_has(),
             org_summary(&bob)
         );
+        match at {
+            KillAt::AdminBeforeTheJoin => assert!(!alice_has(), "{what}: bob is a member"),
+            KillAt::AfterTheJoin => assert!(alice_has(), "{what}: bob is no member"),
+            // A join that said it succeeded was committed, whoever died after.
+            KillAt::Into(_) if joined => assert!(alice_has(), "{what}: the join said it succeeded"),
+            KillAt::Into(_) => {}
+        }
         if alice_has() {
             let serial = org(&alice, &["members"])["serial"].as_u64().unwrap();
             converged(&[&bob], serial).await;
-            outcomes.0 += 1;
+            both += 1;
         } else {
-            outcomes.1 += 1;
+            neither += 1;
         }
     }
-    eprintln!(
-        "joins completed: {}, undone or never started: {}",
-        outcomes.0, outcomes.1
+    eprintln!("joins completed: {both}, undone or never started: {neither}");
+    assert!(
+        both > 0 && neither > 0,
+        "both outcomes occur: {both} and {neither}"
     );
+}
+
+/// What `child` printed, once it exited (waited for off the runtime).
+async fn wait_output(child: std::process::Child) -> std::process::Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 #[test]
@@ -1134,4 +1191,204 @@ async fn a_deny_on_a_roster_user_beats_the_allow_of_its_group() {
         s.close_stdin();
         s.wait_eof().await;
     }
+}
+
+/// The name `node` gives the key `id`, from its `peers` list.
+fn peer_name(node: &TestNode, id: &str) -> String {
+    peer_entry(node, id)
+        .and_then(|p| p["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{} does not list {id}", node.name))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored_under_it() {
+    let m = marker("org-dotted");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let laptop = TestNode::start("laptop");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let invite = org(&alice, &["invite", "bob", "--device", "laptop"]);
+    laptop.json(&["join", invite["invite"].as_str().unwrap()]);
+    laptop.serve_stub("notes", &["user:alice"], None, &m);
+
+    // Names an older version let peers take: one in config, one met by pairing.
+    let in_config = iroh::SecretKey::generate().public().to_string();
+    let paired = iroh::SecretKey::generate().public().to_string();
+    assert_eq!(alice.json(&["down"])["stopped"], true);
+    let config = alice.home().join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!("\n[peers.\"bob.laptop\"]\nid = \"{in_config}\"\n"));
+    std::fs::write(&config, text).unwrap();
+    {
+        let store = mcpmesh::store::Store::open(&alice.home().join("state/mcpmesh.redb")).unwrap();
+        let peer = mcpmesh::store::StoredPeer {
+            id: paired.clone(),
+            name: "bob.bob".into(),
+            addrs: vec![],
+            mounts: vec![],
+            paired_at: 1,
+            pending: false,
+            grants_owed: vec![],
+        };
+        store.put_peer(&peer, None).unwrap();
+    }
+    alice.json(&["up"]);
+
+    assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
+    assert_eq!(peer_name(&alice, &bob.id), "bob.bob");
+    assert_eq!(peer_name(&alice, &in_config), "bob-laptop");
+    assert_eq!(peer_name(&alice, &paired), "bob-bob");
+    // The call meant for bob's laptop reaches bob's laptop.
+    let mut s = alice.connect("bob.laptop/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_USER"], "alice", "{env}");
+
+    // The peers that gave their names up are renamed and removed by the names they now have.
+    alice.json(&["peers", "rename", "bob-bob", "old-bob"]);
+    assert_eq!(peer_name(&alice, &paired), "old-bob");
+    alice.json(&["peers", "remove", "bob-laptop"]);
+    assert!(peer_entry(&alice, &in_config).is_none(), "still trusted");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(!text.contains(&in_config), "still in config: {text}");
+    assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_whose_stored_roster_is_damaged_says_so_and_fetches_it_again_from_the_org() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start_with("bob", SYNC_FAST, &[]);
+    org(&alice, &["create", "acme"]);
+    let serial = join(&alice, &bob, "eng")["serial"].as_u64().unwrap();
+
+    // Garbage over the roster bob holds, while bob is down; the admin is down too, so bob
+    // cannot mend it before it is seen.
+    assert_eq!(bob.json(&["down"])["stopped"], true);
+    assert_eq!(alice.json(&["down"])["stopped"], true);
+    {
+        let store = mcpmesh::store::Store::open(&bob.home().join("state/mcpmesh.redb")).unwrap();
+        let mut record = store.org().unwrap().expect("bob's org record");
+        record.roster = Some("{\"roster\": garbage".into());
+        store.put_org(&record).unwrap();
+    }
+    bob.json(&["up"]);
+    let summary = org_summary(&bob);
+    assert_eq!(
+        summary["name"], "acme",
+        "bob is still in the org: {summary}"
+    );
+    assert!(
+        summary["damaged"]
+            .as_str()
+            .is_some_and(|d| d.contains("damaged")),
+        "{summary}"
+    );
+    let status = refused(&bob.cli(&["--json", "org", "status"]));
+    let message = status["error"]["message"].as_str().unwrap();
+    assert!(message.contains("damaged"), "{status}");
+    assert!(!message.contains("not in an org"), "{status}");
+    // A problem: doctor fails, its report on stdout.
+    let out = bob.cli(&["--json", "doctor"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "org")
+        .cloned()
+        .unwrap_or_else(|| panic!("doctor has no org check: {doctor}"));
+    assert_eq!(check["status"], "error", "{check}");
+    assert!(
+        check["message"].as_str().unwrap().contains("damaged"),
+        "{check}"
+    );
+
+    // Once a member is back, bob's pull fetches the roster again: no admin action.
+    alice.json(&["up"]);
+    converged(&[&bob], serial).await;
+    assert!(org_summary(&bob).get("damaged").is_none_or(Value::is_null));
+    let record = installed(&bob, serial).await;
+    assert_eq!(record["org"], "acme", "{record}");
+    assert_eq!(org(&bob, &["status"])["serial"], serial);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_roster_of_a_foreign_root_is_refused_and_audited_without_letting_its_sender_flood_the_log()
+ {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    let held = join(&alice, &bob, "eng")["serial"].as_u64().unwrap();
+    let now = unix_now();
+    let other = iroh::SecretKey::generate();
+    let other_root = other.public().to_string();
+    let foreign = SignedRoster::sign(
+        Roster {
+            v: 1,
+            org: "evil".into(),
+            root: other_root.clone(),
+            serial: held + 5,
+            issued_at: now,
+            expires_at: now + DEFAULT_VALIDITY_SECS,
+            members: vec![],
+            revoked: vec![],
+        },
+        &other,
+    )
+    .unwrap()
+    .text;
+
+    // A trusted peer offers its own org's roster, under its own root.
+    let (ep, target) = raw_client(&bob, true).await;
+    let sender = format!("eid:{}", ep.id());
+    let from_sender = || {
+        refusals(&bob, "other_org")
+            .into_iter()
+            .filter(|r| r["principal"] == sender.as_str())
+            .collect::<Vec<_>>()
+    };
+    let (answer, seen) = deliver(&ep, target, &other_root, held + 5, &foreign, || {
+        !from_sender().is_empty()
+    })
+    .await;
+    assert!(answer.get("roster").is_none(), "{answer}");
+    assert!(
+        seen,
+        "no roster_refused record names the sender: {:?}",
+        audit(&bob)
+    );
+    let first = from_sender().pop().unwrap();
+    assert!(
+        first["from"].as_str().unwrap().starts_with("tester"),
+        "{first}"
+    );
+    assert!(
+        first["message"].as_str().unwrap().contains("another org"),
+        "{first}"
+    );
+    assert!(first.get("count").is_none(), "{first}");
+
+    // The same again and again: counted, not written one by one.
+    const AGAIN: u64 = 20;
+    for _ in 0..AGAIN {
+        deliver(&ep, target, &other_root, held + 5, &foreign, || true).await;
+    }
+    let seen = bob.json(&["audit", "tail", "-n", "1000"])["records"].clone();
+    assert_eq!(from_sender().len(), 1, "{seen}");
+    assert_eq!(
+        serial_of(&bob),
+        Some(held),
+        "the foreign roster changed nothing"
+    );
+    // The count is written when the minute is over, or when the node stops.
+    let records = bob.stop_and_audit();
+    let counted: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "roster_refused" && r["principal"] == sender.as_str())
+        .collect();
+    assert_eq!(counted.len(), 2, "{counted:?}");
+    assert_eq!(counted[1]["count"], AGAIN, "{counted:?}");
+    assert_eq!(counted[1]["reason"], "other_org", "{counted:?}");
 }

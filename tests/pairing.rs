@@ -938,3 +938,48 @@ fn a_peer_just_paired_is_reachable_at_once() {
         );
     }
 }
+
+/// The name `node` gave the key `id`, from its `peers` list.
+fn name_of(node: &TestNode, id: &str) -> String {
+    node.json(&["peers"])["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .and_then(|p| p["name"].as_str())
+        .unwrap_or_else(|| panic!("{} does not list {id}", node.name))
+        .to_owned()
+}
+
+#[test]
+fn a_dotted_peer_name_is_the_rosters_chosen_ones_are_refused_and_suggested_ones_lose_the_dot() {
+    let alice = TestNode::start("alice");
+    alice.json(&["serve", "notes", "--", STUB]);
+    // Both sides suggest a `USER.DEVICE`-shaped nickname: each side names the other without it.
+    let bob = TestNode::start("u5.o5");
+    bob.json(&["serve", "mine", "--", STUB]);
+    let carol = TestNode::start("u6.o6");
+    carol.json(&["serve", "theirs", "--", STUB]);
+    let paired = bob.json(&["pair", &invite(&alice, &["notes"])]);
+    assert_eq!(paired["peer"], "alice", "{paired}");
+    assert_eq!(name_of(&alice, &bob.id), "u5-o5");
+    let paired = bob.json(&["pair", &invite(&carol, &["theirs"])]);
+    assert_eq!(paired["peer"], "u6-o6", "{paired}");
+    assert_eq!(paired["mounts"], json!(["u6-o6/theirs"]), "{paired}");
+
+    // A name the user gives is refused plainly, on every verb that gives one.
+    let dave = TestNode::start("dave");
+    let line = invite(&alice, &["notes"]);
+    let chosen = refused(&dave.cli(&["--json", "pair", &line, "--name", "u1.d1"]));
+    let added = refused(&alice.cli(&["--json", "peers", "add", "u1.d1", &dave.id]));
+    let renamed = refused(&alice.cli(&["--json", "peers", "rename", "u5-o5", "u5.o5"]));
+    for error in [&chosen, &added, &renamed] {
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("roster"), "{error}");
+        assert!(message.contains("USER.DEVICE"), "{error}");
+    }
+    assert_eq!(name_of(&alice, &bob.id), "u5-o5", "the rename did nothing");
+    // The refused `pair` used nothing: the same line still pairs under an undotted name.
+    let paired = dave.json(&["pair", &line, "--name", "u1-d1"]);
+    assert_eq!(paired["peer"], "u1-d1", "{paired}");
+}

@@ -391,6 +391,14 @@ fn known_peers(
 /// `group:` grant stops matching until the admin's node re-signs it.
 fn org_check(org: &serde_json::Value) -> Option<(&'static str, String)> {
     let name = org["name"].as_str()?;
+    if let Some(damage) = org["damaged"].as_str() {
+        return Some((
+            "error",
+            format!(
+                "{damage}: until a member's node hands it a good copy, user: and group: grants match nobody and org members are not trusted. The node fetches it again from the members it remembers; keep one of them online"
+            ),
+        ));
+    }
     let until =
         mcpmesh::time::format_time(org["expires_at"].as_u64().unwrap_or(0).saturating_mul(1000));
     if org["expired"] == json!(true) {
@@ -472,6 +480,15 @@ mod tests {
             message,
             "org acme, roster serial 3, valid until 1970-01-02 00:00:00 UTC"
         );
+    }
+
+    #[test]
+    fn a_damaged_roster_fails_the_check_and_says_it_is_being_fetched_again() {
+        let damaged = json!({ "name": "acme", "serial": 3, "damaged": "the stored roster of org acme is damaged (x)" });
+        let (status, message) = org_check(&damaged).unwrap_or_default();
+        assert_eq!(status, "error");
+        assert!(message.contains("is damaged"), "{message}");
+        assert!(message.contains("fetches it again"), "{message}");
     }
 
     #[test]

@@ -338,6 +338,11 @@ pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
 /// The one line `status` shows about the org this node is in, if it is in one.
 pub(crate) fn org_line(org: &Value) -> Option<String> {
     let name = org["name"].as_str()?;
+    if let Some(damage) = org["damaged"].as_str() {
+        return Some(format!(
+            "org {name}: {damage}; fetching it again from the org's members"
+        ));
+    }
     let validity = if org["expired"] == json!(true) {
         format!("EXPIRED since {}", utc(&org["expires_at"]))
     } else {

@@ -4,13 +4,46 @@
 //! whatever else trusts it; a roster member holds its user and groups; a static or paired
 //! peer keeps the name this node gave it (and a roster member with no such name is known by
 //! the name the roster mounts it under).
+//!
+//! A name with a `.` is the roster's: it is how a member's device is named (`USER.DEVICE`).
+//! This node gives no peer such a name any more, and one given by an older version yields to
+//! the member whose `USER.DEVICE` it is.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use iroh::{EndpointAddr, EndpointId, RelayUrl};
+use mcpmesh_net::session::valid_service_name;
 use mcpmesh_net::{PeerIdentity, TrustGate};
+
+/// A name this node may give a static or paired peer: a valid name with no `.`.
+pub fn valid_peer_name(name: &str) -> bool {
+    valid_service_name(name) && !name.contains('.')
+}
+
+/// Renames every peer in `peers` holding a name `claimed` gives another key (a roster
+/// member's `USER.DEVICE`, to that device's key): a `.` becomes a `-`, with `-2`, `-3`… when
+/// that is taken too. The member then resolves by its name, and the peer stays trusted by key.
+pub fn yield_claimed_names(peers: &mut [KnownPeer], claimed: &HashMap<String, EndpointId>) {
+    for i in 0..peers.len() {
+        if claimed
+            .get(&peers[i].name)
+            .is_none_or(|owner| *owner == peers[i].id)
+        {
+            continue;
+        }
+        let base: String = peers[i].name.replace('.', "-").chars().take(56).collect();
+        let taken = |n: &str| claimed.contains_key(n) || peers.iter().any(|p| p.name == n);
+        let mut name = base.clone();
+        let mut n = 2;
+        while taken(&name) {
+            name = format!("{base}-{n}");
+            n += 1;
+        }
+        peers[i].name = name;
+    }
+}
 
 /// Where the node's trust in a peer comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

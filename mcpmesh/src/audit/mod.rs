@@ -22,7 +22,7 @@ use crate::time::unix_ms as now_ms;
 
 pub use chain::{BadRecord, VerifyReport, month_files, verify};
 pub use read::{Cursor, Summary, Totals, follow, summarize, tail};
-pub use refusals::RefusalTally;
+pub use refusals::{RefusalTally, RosterRefusals};
 
 /// Records queued for the writer; past this they are counted, and the count is itself logged.
 const QUEUE: usize = 65_536;
@@ -138,11 +138,17 @@ pub enum AuditEvent {
         from: String,
     },
     /// The node refused a roster: `reason` is one word (`bad_signature`, `stale`, `expired`,
-    /// `not_yet_valid`, `other_org`, `invalid`, `malformed`, `too_large`, `no_org`).
+    /// `not_yet_valid`, `other_org`, `invalid`, `malformed`, `too_large`, `no_org`). From a
+    /// peer (`principal` its `eid:`), the first of each reason in a minute is recorded at once
+    /// and the rest of that minute in one more record, with their `count`.
     RosterRefused {
         from: String,
         reason: String,
         message: String,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        principal: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        count: Option<u64>,
     },
 }
 

@@ -329,3 +329,55 @@ fn months_are_utc_calendar_months() {
     assert_eq!(month_of(951_782_400_000), "2000-02"); // 2000-02-29
     assert_eq!(file_name("2000-02"), "audit-2000-02.jsonl");
 }
+
+#[tokio::test]
+async fn roster_refusals_are_recorded_once_per_sender_and_reason_and_then_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit");
+    let (log, sink) = AuditLog::start(path.clone(), None).unwrap();
+    let tally = RosterRefusals::new(sink);
+    let refuse = |who: &str, reason: &str| {
+        tally.refused(format!("eid:{who}"), who, reason, "refused".into())
+    };
+    for _ in 0..5 {
+        refuse("a", "bad_signature");
+    }
+    refuse("a", "other_org");
+    // More senders in one minute than are recorded one by one: the rest are summed.
+    for i in 0..300 {
+        refuse(&format!("s{i}"), "stale");
+    }
+    tally.flush();
+    // A new minute: the first refusal is recorded at once again.
+    refuse("a", "bad_signature");
+    log.close().await;
+
+    let (records, _) = tail(&path, 10_000, |_| true).unwrap();
+    let refusals: Vec<(String, String, Option<u64>)> = records
+        .iter()
+        .filter(|r| r["event"] == "roster_refused")
+        .map(|r| {
+            let text = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (text("principal"), text("reason"), r["count"].as_u64())
+        })
+        .collect();
+    let of = |who: &str| {
+        refusals
+            .iter()
+            .filter(|(p, _, _)| p == who)
+            .map(|(_, reason, count)| (reason.as_str(), *count))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of("eid:a"),
+        [
+            ("bad_signature", None),
+            ("other_org", None),
+            ("bad_signature", Some(4)),
+            ("bad_signature", None)
+        ]
+    );
+    let one_by_one = refusals.iter().filter(|(_, r, _)| r == "stale").count();
+    assert_eq!(one_by_one, 256 - 2, "the cap counts senders, not records");
+    assert_eq!(of("*"), [("*", Some(300 - 254))]);
+}

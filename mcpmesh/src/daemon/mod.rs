@@ -25,7 +25,7 @@ use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, RefusalTally};
+use crate::audit::{AuditLog, RefusalTally, RosterRefusals};
 use crate::backends::spawn::Launcher;
 use crate::config::{ConfigError, ConfigFile};
 use crate::control::codes;
@@ -191,11 +191,13 @@ pub async fn run(
         registry: registry.clone(),
         dialer,
         shutdown: shutdown.clone(),
-        audit,
+        audit: audit.clone(),
         naming: Default::default(),
         outgoing: Default::default(),
         reach: Default::default(),
         held: Default::default(),
+        roster_damage: Default::default(),
+        roster_refusals: RosterRefusals::new(audit.clone()),
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
         log_file: profile.log_file(),
@@ -237,6 +239,7 @@ pub async fn run(
                     // grants are settled as soon as the node is up.
                     _ = every.tick() => {
                         refusals.flush();
+                        node.roster_refusals.flush();
                         node.housekeeping();
                         node.roster_upkeep();
                         node.confirm_pending().await;
@@ -310,6 +313,7 @@ pub async fn run(
     puller.abort();
     let _ = puller.await;
     refusals.flush();
+    node.roster_refusals.flush();
     audit_log.close().await;
     if let Some(traces) = traces {
         // Sending the last spans blocks; `down` returns only after they were sent (or gave up).

@@ -1,6 +1,7 @@
 //! The running node as the control API sees it: its state, how config and store changes take
 //! effect, and the dispatch of control methods to the verbs (here and in `trust`, `status`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
@@ -21,7 +22,7 @@ use crate::config::{self, ConfigFile, Settings, parse_endpoint_id};
 use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
 use crate::pairing::ALPN_PAIR;
-use crate::peers::{KnownPeer, PeerGate, PeerTable, Source};
+use crate::peers::{KnownPeer, PeerGate, PeerTable, Source, yield_claimed_names};
 use crate::principal::{Principal, is_allowed};
 use crate::proxy;
 use crate::roster::RosterView;
@@ -59,6 +60,10 @@ pub(super) struct Node {
     pub(super) reach: Reachability,
     /// The org roster this node holds, if it is in an org.
     pub(super) held: RwLock<Option<Arc<RosterView>>>,
+    /// Why the roster in the store could not be loaded, until a good one is installed.
+    pub(super) roster_damage: RwLock<Option<String>>,
+    /// Rosters refused from peers, recorded without letting a peer flood the audit log.
+    pub(super) roster_refusals: crate::audit::RosterRefusals,
     /// Held while a roster is checked and installed, so two never interleave.
     pub(super) org_lock: std::sync::Mutex<()>,
     /// Where the org root key is kept on the admin's node.
@@ -462,7 +467,8 @@ fn shared_with(peers: &[String]) -> String {
 /// Static peers from config, then peers met by pairing (a config entry wins on a clash), then
 /// the roster's members: a member already trusted gains its user and groups; one that is not
 /// is known by its mount name (or, when this node gave that name to another key, by
-/// `USER.DEVICE`, else not by name at all but by key). An expired roster trusts nobody new,
+/// `USER.DEVICE`, else not by name at all but by key). A member's `USER.DEVICE` is never left
+/// to another key (see [`yield_claimed_names`]). An expired roster trusts nobody new,
 /// and its revoked keys are refused whatever else trusts them.
 pub(super) fn peer_table(
     settings: &Settings,
@@ -488,6 +494,14 @@ pub(super) fn peer_table(
     let Some(roster) = roster else {
         return PeerTable::new(peers);
     };
+    // A member's `USER.DEVICE` is that device's, even against a peer an older version (or a
+    // hand-edited config) named so, and even once the roster expired.
+    let claimed: HashMap<String, EndpointId> = roster
+        .seats()
+        .iter()
+        .map(|s| (format!("{}.{}", s.user, s.device), s.id))
+        .collect();
+    yield_claimed_names(&mut peers, &claimed);
     if !roster.is_expired(crate::time::unix_ms() / 1000) {
         for seat in roster.seats() {
             if seat.id == me {

@@ -17,6 +17,7 @@ use tokio::io::AsyncWriteExt;
 use crate::config::{self, parse_endpoint_id};
 use crate::control::{ControlError, codes};
 use crate::pairing::{self, ALPN_PAIR, Invite, PairHello, PairReply};
+use crate::peers::valid_peer_name;
 use crate::principal::{Principal, is_allowed};
 use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use crate::time::unix_ms;
@@ -29,23 +30,35 @@ fn bad(message: impl Into<String>) -> ControlError {
     ControlError::invalid_params(message)
 }
 
+/// A name the user gives a peer. A name with a `.` is refused: it is how the org roster
+/// names a member's device (`USER.DEVICE`), and a peer under it would take that device's calls.
 fn check_name(name: &str) -> Result<(), ControlError> {
-    if valid_service_name(name) {
+    if name.contains('.') && valid_service_name(name) {
+        return Err(bad(format!(
+            "{name:?}: a peer name may not contain '.', which the org roster keeps for its USER.DEVICE names; try {:?}",
+            name.replace('.', "-")
+        )));
+    }
+    if valid_peer_name(name) {
         Ok(())
     } else {
         Err(bad(format!(
-            "{name:?}: a peer name is 1-64 letters, digits, '.', '_' or '-'"
+            "{name:?}: a peer name is 1-64 letters, digits, '_' or '-'"
         )))
     }
 }
 
-/// A name from someone else's suggestion: the allowed characters only, never empty.
+/// A name from someone else's suggestion: the allowed characters only (a `.` becomes a
+/// `-`: dotted names are the roster's), never empty.
 fn sanitize(name: Option<&str>, fallback: &str) -> String {
     let clean: String = name
         .unwrap_or_default()
         .chars()
-        .map(|c| c.to_ascii_lowercase())
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .map(|c| match c.to_ascii_lowercase() {
+            '.' => '-',
+            c => c,
+        })
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
         .skip_while(|c| !c.is_ascii_alphanumeric())
         .take(32)
         .collect();
@@ -107,8 +120,14 @@ impl Node {
         Ok(())
     }
 
-    fn is_static(&self, name: &str) -> bool {
-        self.settings().peers.iter().any(|p| p.name == name)
+    /// The name of the `[peers]` entry that holds `id`: the peer's name here, unless it gave
+    /// that name up to a roster member's `USER.DEVICE`.
+    fn static_name(&self, id: &EndpointId) -> Option<String> {
+        self.settings()
+            .peers
+            .iter()
+            .find(|p| p.id == *id)
+            .map(|p| p.name.clone())
     }
 
     fn stored_peer(&self, id: &EndpointId) -> Option<StoredPeer> {
@@ -169,7 +188,7 @@ impl Node {
                 format!("the name {} is taken", r.new),
             ));
         }
-        let is_static = self.is_static(&r.old);
+        let in_config = self.static_name(&peer.id);
         // The store first: the edit below is applied with the peer already under its new name,
         // so grants by name, renamed in the same edit, never stop admitting its sessions.
         if let Some(mut stored) = self.stored_peer(&peer.id) {
@@ -178,8 +197,8 @@ impl Node {
         }
         // Grants by name follow the peer; grants by key need nothing.
         self.edit(|doc| {
-            if is_static {
-                config::rename_peer(doc, &r.old, &r.new)?;
+            if let Some(name) = &in_config {
+                config::rename_peer(doc, name, &r.new)?;
             }
             config::rename_allow(doc, &r.old, &r.new)
         })?;
@@ -196,7 +215,7 @@ impl Node {
         let peer = self.peer_by_name(&r.name)?;
         self.refuse_roster_only(&peer)?;
         let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
-        let is_static = self.is_static(&r.name);
+        let in_config = self.static_name(&peer.id);
         if self.stored_peer(&peer.id).is_some() {
             self.store
                 .remove_peer(&peer.id.to_string())
@@ -204,8 +223,8 @@ impl Node {
         }
         // Applying the edit severs the peer's connections and sessions at once.
         self.edit(|doc| {
-            if is_static {
-                config::remove_peer(doc, &r.name)?;
+            if let Some(name) = &in_config {
+                config::remove_peer(doc, name)?;
             }
             config::remove_allow_everywhere(doc, &principals)
         })?;

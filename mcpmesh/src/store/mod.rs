@@ -26,7 +26,7 @@ const PAIRINGS_KEPT: usize = 32;
 #[error("the node's store: {0}")]
 pub struct StoreError(String);
 
-pub use org::{JoinStep, OrgRecord, PendingJoin, StoredJoinInvite};
+pub use org::{JoinStep, OrgRecord, PendingJoin, RosterSource, StoredJoinInvite};
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())
@@ -541,6 +541,48 @@ mod tests {
         assert!(matches!(r, Redeemed::Refused(_)));
         assert!(bytes(&dir) != before, "the failure was written");
         assert_eq!(store.invites().unwrap()[0].1.failures, 1);
+    }
+
+    #[test]
+    fn the_roster_is_a_record_of_its_own_and_an_older_inline_one_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.redb")).unwrap();
+        let record = OrgRecord {
+            org: "acme".into(),
+            root: "ab".repeat(32),
+            roster: Some("{\"roster\":{}}".into()),
+            serial: 4,
+            ..OrgRecord::default()
+        };
+        store.put_org(&record).unwrap();
+        assert_eq!(store.org().unwrap(), Some(record.clone()));
+        // Damage to the roster record leaves the rest of the org.
+        store
+            .write(|txn| {
+                let mut table = txn.open_table(org::ORG).map_err(err)?;
+                table.insert("roster", &b"\xff\x00junk"[..]).map_err(err)?;
+                Ok(())
+            })
+            .unwrap();
+        let damaged = store.org().unwrap().unwrap();
+        assert_eq!(
+            (damaged.root.as_str(), damaged.serial),
+            (record.root.as_str(), 4)
+        );
+        assert!(damaged.roster.is_some_and(|r| r.contains("junk")));
+        // What an older version wrote: the roster inside the org record.
+        let inline = r#"{"org":"acme","root":"cd","roster":"old"}"#;
+        store
+            .write(|txn| {
+                let mut table = txn.open_table(org::ORG).map_err(err)?;
+                table.remove("roster").map_err(err)?;
+                table.insert("org", inline.as_bytes()).map_err(err)?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(store.org().unwrap().unwrap().roster.as_deref(), Some("old"));
+        store.remove_org().unwrap();
+        assert_eq!(store.org().unwrap(), None);
     }
 
     #[test]

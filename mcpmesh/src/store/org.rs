@@ -1,6 +1,9 @@
 //! The org in the store: the pinned root, the roster held, a join left pending, and (on the
 //! admin's node) the live join invites. A join commits the used invite and the roster that
 //! names the new device in one transaction.
+//!
+//! The roster is kept in a record of its own, beside the org record: damage to it leaves the
+//! pinned root, the membership and where to fetch a new copy from intact.
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -13,18 +16,47 @@ pub(super) const ORG: TableDefinition<&str, &[u8]> = TableDefinition::new("org")
 pub(super) const JOIN_INVITES: TableDefinition<&str, &[u8]> = TableDefinition::new("join_invites");
 
 const ORG_KEY: &str = "org";
+/// The roster held, in its signed wire form, as received.
+const ROSTER_KEY: &str = "roster";
+/// Members remembered to fetch the roster from when the copy held is damaged.
+const MAX_SOURCES: usize = 16;
 
 /// The org this node belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrgRecord {
     pub org: String,
     /// The root's public key (hex), pinned at `org create` or `join`.
     pub root: String,
-    /// The roster held, in its signed wire form; `None` while a join is pending.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The roster held, in its signed wire form; `None` while a join is pending. Stored in a
+    /// record of its own (an older version kept it in this one, which still reads).
+    #[serde(default, skip_serializing)]
     pub roster: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingJoin>,
+    /// The serial of the roster held last: a copy fetched anew is never older.
+    #[serde(default)]
+    pub serial: u64,
+    /// Member devices to fetch the roster from when the copy held cannot be read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<RosterSource>,
+}
+
+/// A member device the roster can be fetched from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RosterSource {
+    /// Its endpoint id (hex).
+    pub eid: String,
+    #[serde(default)]
+    pub addrs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
+}
+
+impl RosterSource {
+    /// Up to [`MAX_SOURCES`] of `sources`.
+    pub fn few(sources: impl IntoIterator<Item = RosterSource>) -> Vec<RosterSource> {
+        sources.into_iter().take(MAX_SOURCES).collect()
+    }
 }
 
 /// A join this node made whose completion the admin has not confirmed yet.
@@ -71,31 +103,30 @@ pub enum JoinStep<T> {
 }
 
 impl Store {
+    /// The org record with the roster held. A roster record that is not even text comes back
+    /// as its lossy decoding: opening it fails, and the node says the roster is damaged.
     pub fn org(&self) -> Result<Option<OrgRecord>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(ORG).map_err(err)?;
-        match table.get(ORG_KEY).map_err(err)? {
-            Some(v) => Ok(Some(decode(v.value())?)),
-            None => Ok(None),
+        let Some(v) = table.get(ORG_KEY).map_err(err)? else {
+            return Ok(None);
+        };
+        let mut record: OrgRecord = decode(v.value())?;
+        if let Some(roster) = table.get(ROSTER_KEY).map_err(err)? {
+            record.roster = Some(String::from_utf8_lossy(roster.value()).into_owned());
         }
+        Ok(Some(record))
     }
 
     pub fn put_org(&self, record: &OrgRecord) -> Result<(), StoreError> {
-        self.write(|txn| {
-            txn.open_table(ORG)
-                .map_err(err)?
-                .insert(ORG_KEY, encode(record)?.as_slice())
-                .map_err(err)?;
-            Ok(())
-        })
+        self.write(|txn| write_org(txn, record))
     }
 
     pub fn remove_org(&self) -> Result<(), StoreError> {
         self.write(|txn| {
-            txn.open_table(ORG)
-                .map_err(err)?
-                .remove(ORG_KEY)
-                .map_err(err)?;
+            let mut table = txn.open_table(ORG).map_err(err)?;
+            table.remove(ORG_KEY).map_err(err)?;
+            table.remove(ROSTER_KEY).map_err(err)?;
             Ok(())
         })
     }
@@ -188,10 +219,7 @@ impl Store {
                         None => invites.remove(id).map_err(err)?,
                     };
                     if let Some((record, pairing)) = record {
-                        txn.open_table(ORG)
-                            .map_err(err)?
-                            .insert(ORG_KEY, encode(&record)?.as_slice())
-                            .map_err(err)?;
+                        write_org(&txn, &record)?;
                         insert_pairing(&txn, &pairing)?;
                     }
                     outcome
@@ -201,6 +229,19 @@ impl Store {
         txn.commit().map_err(err)?;
         Ok(outcome)
     }
+}
+
+/// The org record, and the roster in its own record (gone when the record holds none).
+fn write_org(txn: &redb::WriteTransaction, record: &OrgRecord) -> Result<(), StoreError> {
+    let mut table = txn.open_table(ORG).map_err(err)?;
+    table
+        .insert(ORG_KEY, encode(record)?.as_slice())
+        .map_err(err)?;
+    match &record.roster {
+        Some(text) => table.insert(ROSTER_KEY, text.as_bytes()).map(drop),
+        None => table.remove(ROSTER_KEY).map(drop),
+    }
+    .map_err(err)
 }
 
 fn join_invite_in(

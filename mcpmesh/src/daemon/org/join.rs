@@ -27,7 +27,7 @@ use crate::time::unix_ms;
 
 use super::super::exchange::{Exchange, Wire, next_message, send_message};
 use super::super::node::{Node, params_of};
-use super::{bad, check_device, device_name, free_device_name, not_in_org, now_secs, store_err};
+use super::{bad, check_device, device_name, free_device_name, now_secs, store_err};
 
 /// Failed join attempts after which a join invite is void.
 const MAX_JOIN_FAILURES: u32 = 10;
@@ -171,7 +171,6 @@ impl Node {
                 .put_org(&OrgRecord {
                     org: invite.org.clone(),
                     root: invite.root.clone(),
-                    roster: held.and_then(|h| h.roster),
                     pending: Some(PendingJoin {
                         admin: invite.admin.clone(),
                         addrs: invite.addrs.clone(),
@@ -179,6 +178,7 @@ impl Node {
                         user: invite.user.clone(),
                         at: unix_ms(),
                     }),
+                    ..held.unwrap_or_default()
                 })
                 .map_err(store_err)?;
         }
@@ -213,7 +213,7 @@ impl Node {
         let admin_name = format!("eid:{}", admin.fmt_short());
         self.install_roster(roster_text.as_bytes(), &admin_name)
             .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
-        let view = self.roster().ok_or_else(not_in_org)?;
+        let view = self.held_roster()?;
         let seat = view.seat(&me).ok_or_else(|| {
             ControlError::new(
                 codes::REFUSED,
@@ -335,6 +335,7 @@ impl Node {
                     let code = pairing::code(&me, &joiner, &invite.secret);
                     let stored = OrgRecord {
                         roster: Some(signed.text.clone()),
+                        serial: signed.roster.serial,
                         ..record.clone()
                     };
                     let pairing = Pairing {
@@ -374,7 +375,7 @@ impl Node {
     }
 }
 
-fn hint(id: EndpointId, addrs: &[String], relay: Option<&str>) -> EndpointAddr {
+pub(super) fn hint(id: EndpointId, addrs: &[String], relay: Option<&str>) -> EndpointAddr {
     let mut hint = EndpointAddr::new(id);
     for a in addrs.iter().filter_map(|a| a.parse::<SocketAddr>().ok()) {
         hint = hint.with_ip_addr(a);

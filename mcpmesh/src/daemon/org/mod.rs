@@ -43,6 +43,19 @@ fn store_err(e: crate::store::StoreError) -> ControlError {
     ControlError::new(codes::NODE_UNAVAILABLE, e.to_string())
 }
 
+/// Why the node holds no roster: it is in no org, or the copy it stored is damaged.
+fn no_roster(damage: Option<String>) -> ControlError {
+    match damage {
+        Some(damage) => ControlError::new(
+            codes::NODE_UNAVAILABLE,
+            format!(
+                "{damage}; the node is fetching it again from the org's members (keep one of them online)"
+            ),
+        ),
+        None => not_in_org(),
+    }
+}
+
 fn not_in_org() -> ControlError {
     ControlError::new(
         codes::NOT_FOUND,
@@ -123,7 +136,7 @@ impl Node {
     }
 
     fn require_admin(&self) -> Result<(SecretKey, Arc<RosterView>), ControlError> {
-        let view = self.roster().ok_or_else(not_in_org)?;
+        let view = self.held_roster()?;
         let key = self.root_key().ok_or_else(|| {
             ControlError::new(
                 codes::REFUSED,
@@ -200,8 +213,7 @@ impl Node {
             .put_org(&OrgRecord {
                 org: c.name.clone(),
                 root: key.public().to_string(),
-                roster: None,
-                pending: None,
+                ..OrgRecord::default()
             })
             .map_err(store_err)?;
         self.install_roster(signed.text.as_bytes(), "self")
@@ -312,7 +324,7 @@ impl Node {
     }
 
     pub(super) fn org_members(&self) -> Result<Value, ControlError> {
-        let view = self.roster().ok_or_else(not_in_org)?;
+        let view = self.held_roster()?;
         let r = view.roster();
         let members: Vec<Value> = r
             .members
@@ -422,7 +434,7 @@ impl Node {
     }
 
     pub(super) async fn org_status(&self) -> Result<Value, ControlError> {
-        let view = self.roster().ok_or_else(not_in_org)?;
+        let view = self.held_roster()?;
         let me = self.endpoint.id();
         let seats: Vec<_> = view.seats().into_iter().cloned().collect();
         let ids: Vec<EndpointId> = seats.iter().map(|s| s.id).collect();
@@ -471,7 +483,16 @@ impl Node {
     /// The `org` part of `status`.
     pub(super) fn org_summary(&self) -> Value {
         let Some(view) = self.roster() else {
-            return Value::Null;
+            // Still in the org when the copy of the roster is damaged: the root and the
+            // membership are kept apart from it.
+            return match (self.roster_damage(), self.store.org().ok().flatten()) {
+                (Some(damage), Some(record)) => json!({
+                    "name": record.org,
+                    "damaged": damage,
+                    "admin": self.root_key().is_some(),
+                }),
+                _ => Value::Null,
+            };
         };
         let r = view.roster();
         let user = view.seat(&self.endpoint.id()).map(|s| s.user.clone());
@@ -530,8 +551,7 @@ impl Node {
                 .put_org(&OrgRecord {
                     org: org.clone(),
                     root: root_hex.clone(),
-                    roster: None,
-                    pending: None,
+                    ..OrgRecord::default()
                 })
                 .map_err(store_err)?,
         }

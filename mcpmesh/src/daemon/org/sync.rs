@@ -19,11 +19,12 @@ use crate::audit::AuditEvent;
 use crate::control::{ControlError, codes};
 use crate::roster::sync::{ALPN_ROSTER, EXCHANGE_TIMEOUT, MAX_MESSAGE, Offer};
 use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView, SignedRoster};
-use crate::store::OrgRecord;
+use crate::store::{OrgRecord, RosterSource};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Wire, next_message};
 use super::super::node::Node;
+use super::join::hint;
 use super::{not_in_org, now_secs};
 
 /// Members a roster is pushed to (or pulled from) at once.
@@ -35,7 +36,23 @@ impl Node {
         self.held.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The roster this node holds, or why it holds none.
+    pub(in crate::daemon) fn held_roster(&self) -> Result<Arc<RosterView>, ControlError> {
+        self.roster()
+            .ok_or_else(|| super::no_roster(self.roster_damage()))
+    }
+
+    /// Why the stored roster could not be loaded, while no good one has replaced it.
+    pub(in crate::daemon) fn roster_damage(&self) -> Option<String> {
+        self.roster_damage
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Loads the held roster from the store at start (it was checked when it was installed).
+    /// A copy that no longer opens leaves the node in its org, saying so, until a pull from
+    /// the members it remembers brings a good one.
     pub(in crate::daemon) fn load_roster(&self) {
         let Ok(Some(record)) = self.store.org() else {
             return;
@@ -45,7 +62,21 @@ impl Node {
         };
         match SignedRoster::open(text.as_bytes(), &root) {
             Ok(signed) => self.hold(Arc::new(RosterView::new(signed))),
-            Err(e) => tracing::error!("the stored roster does not open: {e}"),
+            Err(e) => {
+                let damage = format!("the stored roster of org {} is damaged ({e})", record.org);
+                tracing::error!("{damage}; fetching it again from the org's members");
+                self.audit.record(AuditEvent::RosterRefused {
+                    from: "store".to_owned(),
+                    reason: e.kind().to_owned(),
+                    message: damage.clone(),
+                    principal: None,
+                    count: None,
+                });
+                *self
+                    .roster_damage
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(damage);
+            }
         }
     }
 
@@ -59,6 +90,10 @@ impl Node {
             .saturating_add(roster::CLOCK_SKEW_SECS + 1)
             .saturating_mul(1000);
         *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
+        *self
+            .roster_damage
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let Some(node) = self.this.get().cloned() else {
             return;
         };
@@ -88,6 +123,17 @@ impl Node {
         bytes: &[u8],
         from: &str,
     ) -> Result<bool, RosterError> {
+        self.install_roster_by(bytes, from, None)
+    }
+
+    /// [`Node::install_roster`] for a roster `peer` sent: its refusals are recorded by sender,
+    /// so that a peer sending bad rosters over and over cannot flood the audit log.
+    fn install_roster_by(
+        &self,
+        bytes: &[u8],
+        from: &str,
+        peer: Option<EndpointId>,
+    ) -> Result<bool, RosterError> {
         let installed = {
             let _one_at_a_time = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.install_locked(bytes, from)
@@ -107,11 +153,21 @@ impl Node {
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!(from, "refused a roster: {e}");
-                self.audit.record(AuditEvent::RosterRefused {
-                    from: from.to_owned(),
-                    reason: e.kind().to_owned(),
-                    message: e.to_string(),
-                });
+                match peer {
+                    Some(peer) => self.roster_refusals.refused(
+                        format!("eid:{peer}"),
+                        from,
+                        e.kind(),
+                        e.to_string(),
+                    ),
+                    None => self.audit.record(AuditEvent::RosterRefused {
+                        from: from.to_owned(),
+                        reason: e.kind().to_owned(),
+                        message: e.to_string(),
+                        principal: None,
+                        count: None,
+                    }),
+                }
             }
         }
         installed.map(|v| v.is_some())
@@ -131,7 +187,11 @@ impl Node {
         let root = roster::parse_eid(&record.root)
             .ok_or_else(|| RosterError::Invalid("the pinned root is damaged".into()))?;
         let held = self.roster();
-        let held_serial = held.as_ref().map_or(0, |v| v.roster().serial);
+        // With no roster loaded (its copy damaged), the serial last stored is the floor: a
+        // copy fetched anew may be that one again, never an older one.
+        let held_serial = held
+            .as_ref()
+            .map_or(record.serial.saturating_sub(1), |v| v.roster().serial);
         let signed = match SignedRoster::accept(bytes, &root, held_serial, now_secs()) {
             Ok(signed) => signed,
             // The same roster again (a push and a pull crossing): nothing to do.
@@ -148,11 +208,22 @@ impl Node {
         let pending = record
             .pending
             .filter(|_| view.seat(&me).is_none() && !view.is_revoked(&me));
+        let sources = view
+            .seats()
+            .into_iter()
+            .filter(|s| s.id != me)
+            .map(|s| RosterSource {
+                eid: s.id.to_string(),
+                addrs: s.addrs.iter().map(ToString::to_string).collect(),
+                relay: s.relay.as_ref().map(ToString::to_string),
+            });
         let updated = OrgRecord {
             org: view.roster().org.clone(),
             root: record.root,
             roster: Some(view.signed.text.clone()),
             pending,
+            serial: view.roster().serial,
+            sources: RosterSource::few(sources),
         };
         self.store
             .put_org(&updated)
@@ -164,12 +235,25 @@ impl Node {
 
     /// [`Node::install_roster`] on the blocking pool: it syncs the store to disk, and the
     /// node's one runtime thread keeps serving meanwhile.
-    async fn install_off_runtime(&self, text: String, from: String) {
+    async fn install_off_runtime(&self, text: String, peer: EndpointId) {
         let Some(node) = self.arc() else {
             return;
         };
-        let _ =
-            tokio::task::spawn_blocking(move || node.install_roster(text.as_bytes(), &from)).await;
+        let from = self.name_of(&peer);
+        let _ = tokio::task::spawn_blocking(move || {
+            node.install_roster_by(text.as_bytes(), &from, Some(peer))
+        })
+        .await;
+    }
+
+    /// `peer` offered the roster of another org (a root other than the one pinned here): it
+    /// is not taken, and the refusal is recorded like that of any roster from a peer.
+    fn foreign_root(&self, peer: EndpointId, root: &str) {
+        let e = RosterError::OtherOrg(root.chars().take(16).collect());
+        let from = self.name_of(&peer);
+        tracing::warn!(from, "refused a roster exchange: {e}");
+        self.roster_refusals
+            .refused(format!("eid:{peer}"), &from, e.kind(), e.to_string());
     }
 
     /// On the admin's node: signs `change` applied to the held roster as the next serial,
@@ -219,16 +303,12 @@ impl Node {
     /// Pulls from (and pushes to) every member device the node can reach; at start and
     /// every `[org] sync_secs`.
     pub(in crate::daemon) async fn sync_all(self: &Arc<Self>) {
-        let Some(view) = self.roster() else {
-            return;
-        };
         let me = self.endpoint.id();
-        let targets: Vec<EndpointId> = view
-            .seats()
-            .iter()
-            .map(|s| s.id)
-            .filter(|id| *id != me)
-            .collect();
+        let targets: Vec<EndpointId> = match self.roster() {
+            Some(view) => view.seats().iter().map(|s| s.id).collect(),
+            None => self.roster_sources(),
+        };
+        let targets: Vec<EndpointId> = targets.into_iter().filter(|id| *id != me).collect();
         futures_util::stream::iter(targets)
             .for_each_concurrent(SYNC_FANOUT, |id| {
                 let node = self.clone();
@@ -237,6 +317,27 @@ impl Node {
                 }
             })
             .await;
+    }
+
+    /// Where to fetch the roster from while the stored copy is damaged: the member devices
+    /// remembered with the org, made dialable.
+    fn roster_sources(&self) -> Vec<EndpointId> {
+        if self.roster_damage().is_none() {
+            return Vec::new();
+        }
+        let Ok(Some(record)) = self.store.org() else {
+            return Vec::new();
+        };
+        record
+            .sources
+            .iter()
+            .filter_map(|s| {
+                let id = roster::parse_eid(&s.eid)?;
+                self.dialer
+                    .add_address_hint(hint(id, &s.addrs, s.relay.as_deref()));
+                Some(id)
+            })
+            .collect()
     }
 
     /// One roster exchange with `peer`: the newer side sends its roster. Returns the serial
@@ -261,10 +362,12 @@ impl Node {
                 .root
                 .as_deref()
                 .is_some_and(|r| r.eq_ignore_ascii_case(&record.root));
+            if let Some(root) = theirs.root.as_deref().filter(|_| !same_org) {
+                self.foreign_root(peer, root);
+            }
             if same_org {
                 if let Some(text) = &theirs.roster {
-                    let from = self.name_of(&peer);
-                    self.install_off_runtime(text.clone(), from).await;
+                    self.install_off_runtime(text.clone(), peer).await;
                 } else if let Some(view) =
                     mine.as_ref().filter(|v| v.roster().serial > theirs.serial)
                 {
@@ -311,6 +414,9 @@ impl Node {
             (Some(r), Some(root)) => root.eq_ignore_ascii_case(&r.root),
             _ => false,
         };
+        if let (Some(_), Some(root)) = (&record, theirs.root.as_deref().filter(|_| !same_org)) {
+            self.foreign_root(peer, root);
+        }
         let my_serial = mine.as_ref().map_or(0, |v| v.roster().serial);
         let answer = Offer {
             root: record.as_ref().map(|r| r.root.clone()),
@@ -331,8 +437,7 @@ impl Node {
             && let Some(pushed) = next_offer(wire).await
             && let Some(text) = pushed.roster
         {
-            let from = self.name_of(&peer);
-            self.install_off_runtime(text, from).await;
+            self.install_off_runtime(text, peer).await;
         }
     }
 
