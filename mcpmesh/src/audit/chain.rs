@@ -54,18 +54,10 @@ fn read_head(dir: &Path) -> std::io::Result<Option<Head>> {
 /// Replaces the head file (write-new + rename, mode 0600); synced to disk only when `durable`.
 fn write_head(dir: &Path, head: &Head, durable: bool) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(head).map_err(std::io::Error::other)?;
-    if durable {
-        return crate::files::write_atomically(&dir.join(HEAD_FILE), &bytes);
+    match durable {
+        true => crate::files::write_atomically(&dir.join(HEAD_FILE), &bytes),
+        false => crate::files::write_atomically_unsynced(&dir.join(HEAD_FILE), &bytes),
     }
-    let tmp = dir.join(format!(".{HEAD_FILE}.tmp"));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?
-        .write_all(&bytes)?;
-    std::fs::rename(tmp, dir.join(HEAD_FILE))
 }
 
 /// The record's line (newline included) and its hash. The line ends in `,"hash":"<hex>"}`,
