@@ -176,6 +176,21 @@ pub fn read_secret(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, Untrusted
     Ok(Some(bytes))
 }
 
+/// Opens `path` for reading and writing in place (created `0600` if missing), never through a
+/// link, and checks the opened file as a secret: the node's store.
+pub fn open_private_rw(path: &Path) -> Result<File, Untrusted> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(no_follow())
+        .open(path)
+        .map_err(|e| open_error(path, e))?;
+    checked(path, file, Rule::Secret)
+}
+
 /// Opens `path` for appending (created `0600` if missing), never through a link, and checks the
 /// opened file as `rule` says: the node's log, whose lines must not land in another file.
 pub fn open_append(path: &Path, rule: Rule) -> Result<File, Untrusted> {

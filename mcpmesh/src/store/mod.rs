@@ -100,8 +100,15 @@ pub struct Store {
 }
 
 impl Store {
+    /// Opens the store at `path`, created `0600` if missing; it holds invite secrets, so it is
+    /// held to the rule of a secret ([`crate::files::Rule::Secret`]) and never opened through
+    /// a link.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(err)?;
+        let file = crate::files::open_private_rw(path).map_err(err)?;
+        let backend = redb::backends::FileBackend::new(file).map_err(err)?;
+        let db = redb::Builder::new()
+            .create_with_backend(backend)
+            .map_err(err)?;
         let txn = db.begin_write().map_err(err)?;
         {
             txn.open_table(PEERS).map_err(err)?;
@@ -112,8 +119,6 @@ impl Store {
             txn.open_table(AUDIT).map_err(err)?;
         }
         txn.commit().map_err(err)?;
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
         Ok(Store { db })
     }
 
@@ -457,6 +462,21 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_store_is_private_and_a_link_at_its_path_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcpmesh.redb");
+        drop(Store::open(&path).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let elsewhere = dir.path().join("elsewhere.redb");
+        std::fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = Store::open(&path).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+    }
 
     fn invite(uses: u32) -> StoredInvite {
         StoredInvite {
