@@ -21,11 +21,12 @@ use std::path::{Path, PathBuf};
 /// are decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
-    /// A key or a token: the running user's, nobody else may read or write it, and it is
-    /// never opened through a link.
+    /// A key, a token, the store: the running user's, nobody else may read or write it, and
+    /// it is never opened through a link.
     Secret,
-    /// Config: the running user's (or root's), and nobody else may write it. A link is
-    /// followed (a config kept with one's dotfiles); the file it leads to is the one checked.
+    /// Config and the node's log: the running user's (or root's), and nobody else may write
+    /// it. Read with [`open_checked`], a link is followed (a config kept with one's dotfiles)
+    /// and the file it leads to is the one checked; the log is never appended through one.
     Trusted,
 }
 
@@ -58,7 +59,7 @@ pub enum Untrusted {
         who: &'static str,
     },
     #[error(
-        "{path} is a symbolic link, so mcpmesh will not use it: its keys, tokens and log are files of their own. Remove the link (rm {path}), or put the file itself there"
+        "{path} is a symbolic link, so mcpmesh will not use it: its keys, tokens, store and log are files of their own. Remove the link (rm {path}), or put the file itself there"
     )]
     Link { path: String },
     #[error("{path} is not a regular file, so mcpmesh will not use it; move it away")]
@@ -71,7 +72,7 @@ pub enum Untrusted {
 }
 
 /// Checks what `meta` describes (the file at `path`) against `rule`. Whether it is a regular
-/// file is [`open_checked`]'s business: the control socket is checked here too.
+/// file is the business of whoever opened it.
 pub fn check(path: &Path, meta: &Metadata, rule: Rule) -> Result<(), Untrusted> {
     match rule {
         Rule::Trusted => check_trusted(path, meta),
