@@ -134,6 +134,39 @@ fn the_device_key_and_the_control_socket_are_private() {
 }
 
 #[test]
+fn a_device_key_reached_through_a_link_is_refused_by_the_node_and_named_by_doctor() {
+    let alice = TestNode::start("alice");
+    alice.json(&["down"]);
+    let key = alice.home().join("device.key");
+    let moved = alice.home().join("elsewhere.key");
+    std::fs::rename(&key, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &key).unwrap();
+    let secret = std::fs::read_to_string(&moved).unwrap();
+
+    let doctor = alice.cli(&["--json", "doctor", "--offline"]);
+    assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
+    let report: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "device key")
+        .unwrap_or_else(|| panic!("no device key check: {report}"))
+        .clone();
+    assert_eq!(check["status"], "error", "{check}");
+    assert!(
+        check["message"].as_str().unwrap().contains("symbolic link"),
+        "{check}"
+    );
+
+    let err = error_line(&alice.cli(&["--json", "up"]));
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("symbolic link"), "{err}");
+    assert!(!message.contains(secret.trim()), "{err}");
+    assert!(!alice.home().join("mcpmesh.sock").exists(), "no node runs");
+}
+
+#[test]
 fn a_second_daemon_for_the_same_profile_refuses_to_start() {
     let alice = TestNode::start("alice");
     let out = alice.cli(&["--json", "daemon"]);

@@ -373,6 +373,102 @@ async fn the_audit_chain_survives_kill_9_and_restarts_and_tells_every_tamper() {
     }
 }
 
+/// `audit verify` on `node` as a script runs it: its exit code and report.
+fn verify(node: &TestNode) -> (Option<i32>, Value) {
+    let out = node.cli(&["--json", "audit", "verify"]);
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_audit_log_cut_short_with_its_head_rewritten_or_deleted_with_it_fails_against_the_stores_mark()
+ {
+    let m = marker("auditmark");
+    let (alice, bob) = pair_with("", &m);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    for i in 0..3 {
+        s.call("echo", json!({ "text": format!("call {i}") })).await;
+    }
+    s.close_stdin();
+    s.wait_eof().await;
+    // Intact, across a restart: checked by the running node, then from the stopped node's
+    // store.
+    alice.json(&["down"]);
+    restart(&alice);
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(0), "verified by the running node: {report}");
+    alice.json(&["down"]);
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(0), "verified from the store: {report}");
+
+    let dir = alice.home().join("state/audit");
+    let (file, lines) = audit_lines(&dir);
+    let n = lines.len();
+    assert!(n > 5, "{}", lines.concat());
+    let saved: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.path(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    let restore = || {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+        for (path, bytes) in &saved {
+            std::fs::write(path, bytes).unwrap();
+        }
+    };
+
+    // The log's last three records cut off and the head rewritten to the new last one: the
+    // log and its head agree, but the store remembers how far the chain reached.
+    std::fs::write(&file, lines[..n - 3].concat()).unwrap();
+    let last: Value = serde_json::from_str(&lines[n - 4]).unwrap();
+    std::fs::write(
+        dir.join("audit.head"),
+        json!({ "seq": last["seq"], "hash": last["hash"] }).to_string(),
+    )
+    .unwrap();
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+    assert_eq!(report["first_bad"]["seq"], last["seq"], "{report}");
+    let reason = report["first_bad"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("record {n}")) && reason.contains("store"),
+        "{report}"
+    );
+
+    // Put back as it was, the log verifies again.
+    restore();
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(0), "{report}");
+
+    // The log and its head deleted together.
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        std::fs::remove_file(entry.path()).unwrap();
+    }
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+    let reason = report["first_bad"]["reason"].as_str().unwrap();
+    assert!(reason.contains(&format!("record {n}")), "{report}");
+
+    // A node started over the deleted log records what it found, so the new chain fails too.
+    restart(&alice);
+    let (code, report) = verify(&alice);
+    assert_eq!(code, Some(1), "{report}");
+    assert!(
+        report["first_bad"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("damaged"),
+        "{report}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_audit_folder_and_head_are_private() {
     use std::os::unix::fs::PermissionsExt;

@@ -716,12 +716,30 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The audit chain checked against the high-water mark in the node's store: by the running
+/// node (which holds the store), or here from the store of a stopped one. A folder with no
+/// store beside it (a copy of the log) is checked against its head alone.
+fn verify_audit(profile: &Profile) -> Result<mcpmesh::audit::VerifyReport, Failure> {
+    if let Some(mut node) = ControlClient::connect(profile)? {
+        let value = node.call(methods::AUDIT_VERIFY, json!({}))?;
+        return Ok(serde_json::from_value(value).context("reading the node's answer")?);
+    }
+    let store = profile.store_file();
+    let mark = match store.exists() {
+        true => mcpmesh::store::Store::read_audit_mark(&store)
+            .map_err(|e| Failure::new(codes::LOCAL, e.to_string()))?,
+        false => None,
+    };
+    Ok(mcpmesh::audit::verify(&profile.audit_dir(), mark.as_ref())
+        .context("reading the audit log")?)
+}
+
 fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Failure> {
     use mcpmesh::audit;
     let dir = profile.audit_dir();
     match action {
         AuditAction::Verify => {
-            let report = audit::verify(&dir).context("reading the audit log")?;
+            let report = verify_audit(profile)?;
             let value = serde_json::to_value(&report).context("rendering")?;
             out.print(value, || match &report.first_bad {
                 None if report.repairs.is_empty() => {

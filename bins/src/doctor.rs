@@ -33,15 +33,11 @@ fn log_message(profile: &Profile) -> String {
 }
 
 pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Failure> {
-    use std::os::unix::fs::PermissionsExt;
+    use mcpmesh::files::{Rule, open_checked, shared};
+    use std::os::unix::fs::MetadataExt;
     let mut checks: Vec<(String, &str, String)> = Vec::new();
     let mut check = |name: &str, status: &'static str, message: String| {
         checks.push((name.to_owned(), status, message))
-    };
-    let mode_of = |p: &std::path::Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| m.permissions().mode() & 0o777)
     };
 
     match profile.check_trusted() {
@@ -67,57 +63,48 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             None
         }
     };
-    if let Some(mode) = mode_of(&profile.config_file()).filter(|m| m & 0o077 != 0) {
+    if let Some(meta) = std::fs::metadata(profile.config_file()).ok().filter(shared) {
         check(
             "config permissions",
             "warn",
             format!(
-                "{} is readable by others (mode {mode:o}); service env may hold tokens: chmod 600 it",
-                profile.config_file().display()
+                "{} is readable by others (mode {:o}); service env may hold tokens: chmod 600 it",
+                profile.config_file().display(),
+                meta.mode() & 0o777
             ),
         );
     }
-    match mode_of(&profile.key_file()) {
-        None => check(
+    // The keys are checked as the node opens them: the same rule, from the same place.
+    match open_checked(&profile.key_file(), Rule::Secret) {
+        Ok(None) => check(
             "device key",
             "ok",
             "no key yet; one is minted on first start".into(),
         ),
-        Some(m) if m & 0o077 != 0 => check(
-            "device key",
-            "error",
-            format!(
-                "{} has mode {m:o}; it must be private: chmod 600 {}",
-                profile.key_file().display(),
-                profile.key_file().display()
-            ),
-        ),
-        Some(_) => check("device key", "ok", "private (0600)".into()),
+        Ok(Some(_)) => check("device key", "ok", "private (0600)".into()),
+        Err(e) => check("device key", "error", e.to_string()),
     }
-    // The org root key, on the admin's node only: readable by others, the node ignores it.
-    if let Some(m) = mode_of(&profile.org_root_file()).filter(|m| m & 0o077 != 0) {
+    // The org root key, on the admin's node only: unless private, the node ignores it.
+    if let Err(e) = open_checked(&profile.org_root_file(), Rule::Secret) {
         check(
             "org root key",
             "error",
-            format!(
-                "{} has mode {m:o}; it must be private, and the node will not sign with it until it is: chmod 600 {}",
-                profile.org_root_file().display(),
-                profile.org_root_file().display()
-            ),
+            format!("{e}; until then the node will not sign rosters with it"),
         );
     }
     let mut node = None;
-    match mode_of(&profile.socket_path()) {
-        None => check("node", "ok", "not running (any verb starts it)".into()),
-        Some(m) if m & 0o077 != 0 => check(
+    match std::fs::symlink_metadata(profile.socket_path()) {
+        Err(_) => check("node", "ok", "not running (any verb starts it)".into()),
+        Ok(meta) if shared(&meta) => check(
             "control socket",
             "error",
             format!(
-                "{} has mode {m:o}; expected 0600",
-                profile.socket_path().display()
+                "{} has mode {:o}; expected 0600",
+                profile.socket_path().display(),
+                meta.mode() & 0o777
             ),
         ),
-        Some(_) => match ControlClient::connect(profile) {
+        Ok(_) => match ControlClient::connect(profile) {
             Ok(Some(client)) => {
                 node = Some(client);
                 check(

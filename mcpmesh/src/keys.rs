@@ -1,28 +1,26 @@
 //! The device key (and the org root key, kept the same way): minted on first run, kept
 //! `0600`, never logged.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use iroh::SecretKey;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("cannot read the device key {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("cannot create the device key {path}: {source}")]
+    #[error("cannot create the key {path}: {source}")]
     Create {
         path: String,
         source: std::io::Error,
     },
-    #[error("the device key {path} is readable by others (mode {mode:o}); run: chmod 600 {path}")]
-    Permissions { path: String, mode: u32 },
-    #[error("the device key {path} is damaged (expected 64 hex characters)")]
+    /// A link, another user's file, or a file others may read: never used.
+    #[error(transparent)]
+    Unsafe(#[from] crate::files::Untrusted),
+    #[error("the key {path} is damaged (expected 64 hex characters)")]
     Malformed { path: String },
 }
+
+/// Longer than any key file this module writes.
+const MAX_LEN: u64 = 256;
 
 /// Loads the device key, minting and storing it (`0600`) if there is none yet.
 pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
@@ -32,29 +30,17 @@ pub fn load_or_create(path: &Path) -> Result<SecretKey, KeyError> {
     }
 }
 
-/// Loads a key kept `0600` as hex; `None` when there is no file.
+/// Loads a key kept as a secret ([`crate::files::Rule::Secret`]) in hex; `None` when there is
+/// no file.
 pub fn load(path: &Path) -> Result<Option<SecretKey>, KeyError> {
-    let shown = path.display().to_string();
-    match std::fs::metadata(path) {
-        Ok(meta) => {
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(KeyError::Permissions { path: shown, mode });
-            }
-            let text = std::fs::read_to_string(path).map_err(|source| KeyError::Read {
-                path: shown.clone(),
-                source,
-            })?;
-            parse_hex(text.trim())
-                .map(Some)
-                .ok_or(KeyError::Malformed { path: shown })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(KeyError::Read {
-            path: shown,
-            source,
-        }),
-    }
+    let Some(bytes) = crate::files::read_secret(path, MAX_LEN)? else {
+        return Ok(None);
+    };
+    let malformed = || KeyError::Malformed {
+        path: path.display().to_string(),
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| malformed())?;
+    parse_hex(text.trim()).map(Some).ok_or_else(malformed)
 }
 
 fn create(path: &Path) -> Result<SecretKey, KeyError> {
@@ -92,6 +78,7 @@ pub fn parse_hex(text: &str) -> Option<SecretKey> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_minted_key_is_private_and_stable() {
@@ -104,14 +91,32 @@ mod tests {
     }
 
     #[test]
-    fn a_key_readable_by_others_is_refused() {
+    fn a_key_readable_by_others_is_refused_with_the_chmod_to_run_and_not_shown() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("device.key");
         load_or_create(&path).unwrap();
+        let hex = std::fs::read_to_string(&path).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(
-            load_or_create(&path),
-            Err(KeyError::Permissions { .. })
-        ));
+        let e = load_or_create(&path).unwrap_err().to_string();
+        assert!(e.contains(&format!("chmod 600 {}", path.display())), "{e}");
+        assert!(!e.contains(hex.trim()), "{e}");
+    }
+
+    #[test]
+    fn a_link_planted_at_the_key_path_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("someone-elses.key");
+        load_or_create(&elsewhere).unwrap();
+        let path = dir.path().join("device.key");
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = load(&path).map(|k| k.map(|k| k.public())).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(
+            std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "nothing was written in the link's place"
+        );
     }
 }

@@ -4,9 +4,8 @@
 //! is written there without going through the log (a panic's message) lands beside the log
 //! lines and is rotated with them.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// How large the log grows before it is rotated, unless `MCPMESH_LOG_MAX_BYTES` says.
@@ -54,7 +53,7 @@ pub struct LogFile {
 }
 
 impl LogFile {
-    /// Opens (appending to) the log at `path`, created `0600`.
+    /// Opens (appending to) the log at `path`, created `0600`; a link there is refused.
     pub fn open(path: &Path, max_bytes: u64, redirect_stderr: bool) -> io::Result<Self> {
         let file = open_append(path)?;
         let written = file.metadata()?.len();
@@ -114,11 +113,8 @@ fn open_append(path: &Path) -> io::Result<File> {
     if tests::FAILING_OPENS.with(|n| n.replace(n.get().saturating_sub(1))) > 0 {
         return Err(io::Error::from_raw_os_error(24));
     }
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
+    // Never through a link: the log's lines land in the profile's own file or nowhere.
+    crate::files::open_append(path, crate::files::Rule::Trusted).map_err(io::Error::other)
 }
 
 impl Write for LogFile {
@@ -231,6 +227,18 @@ mod tests {
         log.write_all(&[b'y'; 50]).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), [b'y'; 50]);
         assert_eq!(std::fs::read(rotated(&path, 1)).unwrap(), b"short\n");
+    }
+
+    #[test]
+    fn a_link_planted_at_the_log_path_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, b"untouched\n").unwrap();
+        let path = dir.path().join("mcpmesh.log");
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = LogFile::open(&path, 100, false).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), b"untouched\n");
     }
 
     #[test]

@@ -6,12 +6,17 @@
 //! covers. What the writer finds at start that is not a clean continuation — a torn last line
 //! (repaired, and recorded), or a head that names records the log no longer has (recorded as
 //! damage) — becomes a record of the chain itself, so the evidence outlives the restart.
+//!
+//! The head lives beside the log, so whoever cuts the log short can rewrite the head to match.
+//! A second witness, the high-water mark ([`HighWater`]), is kept apart from the log (in the
+//! node's store): the chain must reach it too.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufRead, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,9 +29,9 @@ pub(super) const HEAD_FILE: &str = "audit.head";
 /// How far back from a file's end the writer looks for the last whole record at start.
 const TAIL_WINDOW: u64 = 1 << 20;
 
-/// The chain's position after the last record written.
+/// The chain's position after a record: its seq, and its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Head {
+pub struct Head {
     pub seq: u64,
     pub hash: String,
 }
@@ -38,6 +43,13 @@ impl Head {
             hash: GENESIS.to_owned(),
         }
     }
+}
+
+/// Where the writer keeps the chain's high-water mark (the last record sealed and on disk), away
+/// from the log's own files: a log cut short together with its head still falls short of it.
+pub trait HighWater: Send + Sync + std::fmt::Debug {
+    fn load(&self) -> Result<Option<Head>, String>;
+    fn save(&self, mark: &Head) -> Result<(), String>;
 }
 
 /// The head file, if there is one.
@@ -54,18 +66,10 @@ fn read_head(dir: &Path) -> std::io::Result<Option<Head>> {
 /// Replaces the head file (write-new + rename, mode 0600); synced to disk only when `durable`.
 fn write_head(dir: &Path, head: &Head, durable: bool) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(head).map_err(std::io::Error::other)?;
-    if durable {
-        return crate::files::write_atomically(&dir.join(HEAD_FILE), &bytes);
+    match durable {
+        true => crate::files::write_atomically(&dir.join(HEAD_FILE), &bytes),
+        false => crate::files::write_atomically_unsynced(&dir.join(HEAD_FILE), &bytes),
     }
-    let tmp = dir.join(format!(".{HEAD_FILE}.tmp"));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?
-        .write_all(&bytes)?;
-    std::fs::rename(tmp, dir.join(HEAD_FILE))
 }
 
 /// The record's line (newline included) and its hash. The line ends in `,"hash":"<hex>"}`,
@@ -157,6 +161,9 @@ pub(super) struct Writer {
     head: Head,
     file: Option<(String, File)>,
     retain_months: Option<u32>,
+    high_water: Option<Arc<dyn HighWater>>,
+    /// The mark last saved, so a batch that sealed nothing saves nothing.
+    marked: Option<Head>,
 }
 
 /// The last whole record of the log, found from the end.
@@ -173,6 +180,7 @@ impl Writer {
     pub fn open(
         dir: PathBuf,
         retain_months: Option<u32>,
+        high_water: Option<Arc<dyn HighWater>>,
     ) -> std::io::Result<(Self, Vec<AuditEvent>)> {
         std::fs::create_dir_all(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -239,6 +247,39 @@ impl Writer {
                 }
             }
         };
+        let marked = match high_water.as_ref().map(|h| h.load()) {
+            Some(Ok(mark)) => mark,
+            Some(Err(e)) => {
+                tracing::warn!("cannot read the audit log's high-water mark: {e}");
+                None
+            }
+            None => None,
+        };
+        if let Some(mark) = marked.as_ref().filter(|_| found.is_empty()) {
+            let reached = match &last {
+                Some(l) => l.seq,
+                None => 0,
+            };
+            if mark.seq > reached {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "the node's store says record {} was written but the log ends at record {reached}: records were removed",
+                        mark.seq
+                    ),
+                });
+            } else if last.as_ref().is_some_and(|l| {
+                l.seen
+                    .iter()
+                    .any(|(seq, hash)| *seq == mark.seq && *hash != mark.hash)
+            }) {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "record {} differs from the one the node's store names: it was replaced",
+                        mark.seq
+                    ),
+                });
+            }
+        }
         // The head exists from the start, so a log without one is a log someone changed.
         write_head(&dir, &position, true)?;
         Ok((
@@ -247,6 +288,8 @@ impl Writer {
                 head: position,
                 file: None,
                 retain_months,
+                high_water,
+                marked,
             },
             found,
         ))
@@ -275,7 +318,8 @@ impl Writer {
             pending.extend(self.seal_next(at_ms, event, &mut each));
         }
         self.flush(&mut pending)?;
-        write_head(&self.dir, &self.head, false)
+        write_head(&self.dir, &self.head, false)?;
+        self.save_mark()
     }
 
     /// Syncs the current file and writes the head durably.
@@ -283,7 +327,27 @@ impl Writer {
         if let Some((_, f)) = &self.file {
             f.sync_all()?;
         }
-        write_head(&self.dir, &self.head, true)
+        write_head(&self.dir, &self.head, true)?;
+        self.save_mark()
+    }
+
+    /// Moves the high-water mark to the last record sealed, once it is on disk: the mark never
+    /// names a record a power cut could still take away.
+    fn save_mark(&mut self) -> std::io::Result<()> {
+        let Some(high_water) = &self.high_water else {
+            return Ok(());
+        };
+        if self.marked.as_ref() == Some(&self.head) {
+            return Ok(());
+        }
+        if let Some((_, f)) = &self.file {
+            f.sync_data()?;
+        }
+        high_water
+            .save(&self.head)
+            .map_err(|e| std::io::Error::other(format!("cannot keep the high-water mark: {e}")))?;
+        self.marked = Some(self.head.clone());
+        Ok(())
     }
 
     fn seal_next(
@@ -449,7 +513,7 @@ fn last_record(dir: &Path, found: &mut Vec<AuditEvent>) -> std::io::Result<Optio
 }
 
 /// What `audit verify` found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyReport {
     pub ok: bool,
     pub records: u64,
@@ -457,11 +521,11 @@ pub struct VerifyReport {
     pub first_bad: Option<BadRecord>,
     /// Repairs the node made at start (a torn last line cut off after a crash): not damage,
     /// but part of the record.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repairs: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BadRecord {
     pub file: String,
     pub line: u64,
@@ -491,8 +555,9 @@ impl Place {
 
 /// Checks the whole chain, across month files and against the head: it must start at the
 /// genesis record (or where a recorded prune says), run without a gap, and reach the record
-/// the head names. Reads one line at a time.
-pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
+/// the head names, and the one the high-water `mark` names when there is one. Reads one line
+/// at a time.
+pub fn verify(dir: &Path, mark: Option<&Head>) -> std::io::Result<VerifyReport> {
     let head = read_head(dir);
     let mut report = VerifyReport {
         ok: false,
@@ -508,6 +573,7 @@ pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
     let mut last: Option<(Place, String)> = None;
     let mut starts: HashSet<(u64, String)> = HashSet::new();
     let mut head_seen = false;
+    let mut mark_seen = false;
     let head_ok = head.as_ref().ok().and_then(Option::as_ref);
     for (_, path) in month_files(dir) {
         let shown = path
@@ -576,6 +642,19 @@ pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
                 }
                 head_seen = true;
             }
+            if let Some(m) = mark
+                && m.seq == record.seq
+            {
+                if m.hash != hash {
+                    return fail(
+                        report,
+                        place.bad(
+                            "the record was replaced (it differs from the one the node's store names)",
+                        ),
+                    );
+                }
+                mark_seen = true;
+            }
             match &record.event {
                 AuditEvent::AuditDamaged { reason } => {
                     return fail(report, place.bad(format!("the node found the log damaged when it started: {reason}")));
@@ -610,12 +689,19 @@ pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
         }
     };
     let (Some((first, first_prev)), Some((last, _))) = (first, last) else {
-        return match head {
-            Some(h) if h.seq > 0 => fail(
+        return match (head, mark) {
+            (Some(h), _) if h.seq > 0 => fail(
                 report,
                 no_record(format!(
                     "the log holds no record but record {} was written",
                     h.seq
+                )),
+            ),
+            (_, Some(m)) if m.seq > 0 => fail(
+                report,
+                no_record(format!(
+                    "the log holds no record but the node's store says record {} was written: the log was removed",
+                    m.seq
                 )),
             ),
             _ => {
@@ -645,6 +731,17 @@ pub fn verify(dir: &Path) -> std::io::Result<VerifyReport> {
             last.bad(format!(
                 "the log ends at record {} but record {} was written: its end was removed or changed",
                 last.seq, head.seq
+            )),
+        );
+    }
+    if let Some(m) = mark
+        && (m.seq > last.seq || (m.seq >= first.seq && !mark_seen))
+    {
+        return fail(
+            report,
+            last.bad(format!(
+                "the log ends at record {} but the node's store says record {} was written: its end was removed (and its head rewritten to match)",
+                last.seq, m.seq
             )),
         );
     }

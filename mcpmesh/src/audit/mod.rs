@@ -6,7 +6,8 @@
 //! per month ([`chain`]). Each record carries the hash of the previous one and a hash of
 //! itself, the chain starts at a genesis record, and a head file names the newest record, so
 //! [`verify`] finds an edited, deleted, inserted or reordered record anywhere and names the
-//! first bad one. Reading ([`read`]) streams: nothing loads the whole log.
+//! first bad one. The node's store keeps a high-water mark as well ([`HighWater`]), so a log
+//! cut short with its head rewritten, or deleted with it, is found too. Reading ([`read`]) streams: nothing loads the whole log.
 
 mod chain;
 mod read;
@@ -20,7 +21,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::telemetry::{Metrics, Served, Traces};
 use crate::time::unix_ms as now_ms;
 
-pub use chain::{BadRecord, VerifyReport, month_files, verify};
+pub use chain::{BadRecord, Head, HighWater, VerifyReport, month_files, verify};
 pub use read::{Cursor, Summary, Totals, follow, summarize, tail};
 pub use refusals::{RefusalTally, RosterRefusals};
 
@@ -389,8 +390,14 @@ pub struct AuditLog {
 impl AuditLog {
     /// Starts the writer over `dir` (created private if needed), continuing the chain from
     /// the last whole record on disk. `retain_months` deletes month files older than that.
-    pub fn start(dir: PathBuf, retain_months: Option<u32>) -> std::io::Result<(Self, AuditSink)> {
-        let (mut writer, found) = chain::Writer::open(dir, retain_months)?;
+    /// With `high_water`, the chain's high-water mark is kept there too, moved once per batch
+    /// written, and a log found at start to fall short of it is recorded as damaged.
+    pub fn start(
+        dir: PathBuf,
+        retain_months: Option<u32>,
+        high_water: Option<std::sync::Arc<dyn HighWater>>,
+    ) -> std::io::Result<(Self, AuditSink)> {
+        let (mut writer, found) = chain::Writer::open(dir, retain_months, high_water)?;
         let now = now_ms();
         for event in &found {
             tracing::warn!("audit log: {}", describe(event));

@@ -21,7 +21,7 @@ fn event(i: u64) -> AuditEvent {
 }
 
 async fn append(path: &Path, from: u64, n: u64) {
-    let (log, sink) = AuditLog::start(path.to_owned(), None).unwrap();
+    let (log, sink) = AuditLog::start(path.to_owned(), None, None).unwrap();
     for i in from..from + n {
         sink.record(event(i));
     }
@@ -53,7 +53,7 @@ fn rewrite(file: &Path, lines: &[String]) {
 fn monthly_log(n: u64, retain: Option<u32>) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit");
-    let (mut writer, _) = Writer::open(path.clone(), retain).unwrap();
+    let (mut writer, _) = Writer::open(path.clone(), retain, None).unwrap();
     let month_ms = 31 * 86_400_000;
     let start = 978_307_200_000; // 2001-01-01
     writer
@@ -67,7 +67,7 @@ fn monthly_log(n: u64, retain: Option<u32>) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn bad(path: &Path) -> BadRecord {
-    let report = verify(path).unwrap();
+    let report = verify(path, None).unwrap();
     assert!(!report.ok, "{report:?}");
     report.first_bad.unwrap()
 }
@@ -82,7 +82,7 @@ fn seq_of(line: &str) -> u64 {
 async fn an_untouched_log_verifies_and_continues_across_restarts() {
     let (_d, path) = log_of(5).await;
     append(&path, 9, 1).await;
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.records, 6);
 }
@@ -154,7 +154,7 @@ async fn a_deleted_head_is_found_alone_and_with_the_end_dropped() {
 #[tokio::test]
 async fn a_deleted_month_file_is_found_wherever_it_was() {
     let (_dir, path) = monthly_log(9, None);
-    assert!(verify(&path).unwrap().ok);
+    assert!(verify(&path, None).unwrap().ok);
     let files = month_files(&path);
     assert_eq!(files.len(), 3);
     for (k, expect_seq) in [(0, 4), (1, 7), (2, 6)] {
@@ -175,7 +175,7 @@ async fn a_head_that_lags_after_a_crash_still_verifies() {
     let old_head = std::fs::read(path.join(HEAD_FILE)).unwrap();
     append(&path, 7, 1).await;
     std::fs::write(path.join(HEAD_FILE), old_head).unwrap();
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.records, 4);
 }
@@ -189,7 +189,7 @@ async fn after_a_crash_the_writer_resumes_from_the_log_not_the_head() {
     append(&path, 7, 2).await;
     std::fs::write(path.join(HEAD_FILE), lagging).unwrap();
     append(&path, 9, 2).await;
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.records, 11);
     let (_, l) = lines(&path);
@@ -210,7 +210,7 @@ async fn a_torn_last_line_is_cut_off_recorded_and_the_chain_goes_on() {
     let before = bad(&path);
     assert!(before.reason.contains("cut off"), "{before:?}");
     append(&path, 20, 2).await;
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.records, 6, "three kept, the repair, two new");
     assert_eq!(r.repairs.len(), 1, "{r:?}");
@@ -233,12 +233,12 @@ async fn records_removed_from_the_end_before_a_restart_stay_detected() {
 #[tokio::test]
 async fn retention_deletes_old_months_and_the_log_still_verifies_from_where_it_starts() {
     let (_dir, path) = monthly_log(6, None);
-    let (log, sink) = AuditLog::start(path.clone(), Some(3)).unwrap();
+    let (log, sink) = AuditLog::start(path.clone(), Some(3), None).unwrap();
     sink.record(event(9));
     log.close().await;
     let months: Vec<String> = month_files(&path).into_iter().map(|(m, _)| m).collect();
     assert_eq!(months, vec![month_of(now_ms())]);
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.records, 2, "the prune record and the new one");
     let (_, l) = lines(&path);
@@ -262,7 +262,7 @@ async fn retention_keeps_the_chain_anchored_at_the_oldest_month_kept() {
     // starts at the first record of 2001-02.
     let months: Vec<String> = month_files(&path).into_iter().map(|(m, _)| m).collect();
     assert_eq!(months, vec!["2001-02".to_owned(), "2001-03".to_owned()]);
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(
         r.records, 7,
@@ -287,12 +287,12 @@ async fn an_existing_folder_is_made_private_and_an_empty_log_has_a_head() {
     let path = dir.path().join("audit");
     std::fs::create_dir(&path).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (log, _sink) = AuditLog::start(path.clone(), None).unwrap();
+    let (log, _sink) = AuditLog::start(path.clone(), None, None).unwrap();
     log.close().await;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
     assert!(path.join(HEAD_FILE).exists());
-    let r = verify(&path).unwrap();
+    let r = verify(&path, None).unwrap();
     assert!(r.ok && r.records == 0, "{r:?}");
 }
 
@@ -334,7 +334,7 @@ fn months_are_utc_calendar_months() {
 async fn roster_refusals_are_recorded_once_per_sender_and_reason_and_then_counted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit");
-    let (log, sink) = AuditLog::start(path.clone(), None).unwrap();
+    let (log, sink) = AuditLog::start(path.clone(), None, None).unwrap();
     let tally = RosterRefusals::new(sink);
     let refuse = |who: &str, reason: &str| {
         tally.refused(format!("eid:{who}"), who, reason, "refused".into())
@@ -380,4 +380,73 @@ async fn roster_refusals_are_recorded_once_per_sender_and_reason_and_then_counte
     let one_by_one = refusals.iter().filter(|(_, r, _)| r == "stale").count();
     assert_eq!(one_by_one, 256 - 2, "the cap counts senders, not records");
     assert_eq!(of("*"), [("*", Some(300 - 254))]);
+}
+
+/// A high-water mark kept in memory, as the node keeps it in its store.
+#[derive(Debug, Default)]
+struct Mark(std::sync::Mutex<Option<Head>>);
+
+impl HighWater for Mark {
+    fn load(&self) -> Result<Option<Head>, String> {
+        Ok(self.0.lock().unwrap().clone())
+    }
+    fn save(&self, mark: &Head) -> Result<(), String> {
+        *self.0.lock().unwrap() = Some(mark.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_log_cut_short_with_its_head_rewritten_falls_short_of_the_mark_and_a_restart_records_it()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit");
+    let mark = std::sync::Arc::new(Mark::default());
+    let (log, sink) = AuditLog::start(path.clone(), None, Some(mark.clone())).unwrap();
+    for i in 0..6 {
+        sink.record(event(i));
+    }
+    log.close().await;
+    let high = mark.load().unwrap().unwrap();
+    assert_eq!(high.seq, 6);
+    assert!(verify(&path, Some(&high)).unwrap().ok);
+
+    let (file, all) = lines(&path);
+    rewrite(&file, &all[..4]);
+    let last: serde_json::Value = serde_json::from_str(&all[3]).unwrap();
+    std::fs::write(
+        path.join(HEAD_FILE),
+        serde_json::json!({ "seq": last["seq"], "hash": last["hash"] }).to_string(),
+    )
+    .unwrap();
+    assert!(verify(&path, None).unwrap().ok, "the head alone is fooled");
+    let report = verify(&path, Some(&high)).unwrap();
+    let bad = report.first_bad.unwrap();
+    assert_eq!(bad.seq, Some(4), "{bad:?}");
+    assert!(bad.reason.contains("store says record 6"), "{bad:?}");
+
+    // The writer started over the cut log records the damage, so it outlives the next mark.
+    let (log, _sink) = AuditLog::start(path.clone(), None, Some(mark.clone())).unwrap();
+    log.close().await;
+    let report = verify(&path, mark.load().unwrap().as_ref()).unwrap();
+    let bad = report.first_bad.unwrap();
+    assert_eq!(bad.seq, Some(5), "{bad:?}");
+    assert!(bad.reason.contains("records were removed"), "{bad:?}");
+}
+
+#[tokio::test]
+async fn a_log_deleted_with_its_head_falls_short_of_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit");
+    let mark = std::sync::Arc::new(Mark::default());
+    let (log, sink) = AuditLog::start(path.clone(), None, Some(mark.clone())).unwrap();
+    sink.record(event(0));
+    log.close().await;
+    std::fs::remove_dir_all(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let high = mark.load().unwrap();
+    let report = verify(&path, high.as_ref()).unwrap();
+    assert!(!report.ok, "{report:?}");
+    let bad = report.first_bad.unwrap();
+    assert!(bad.reason.contains("the log was removed"), "{bad:?}");
 }

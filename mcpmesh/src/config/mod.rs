@@ -263,6 +263,9 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Invalid { path: String, message: String },
+    /// Another user's file, or one others may write: never read.
+    #[error(transparent)]
+    Untrusted(#[from] crate::files::Untrusted),
     #[error("cannot write {path}: {source}")]
     Write {
         path: String,
@@ -770,16 +773,21 @@ impl ConfigFile {
         &self.path
     }
 
-    /// The file's text; empty when there is no file yet (every setting has a default).
+    /// The file's text; empty when there is no file yet (every setting has a default). Read
+    /// from the very file checked to be trusted ([`crate::files::Rule::Trusted`]).
     pub fn read_text(&self) -> Result<String, ConfigError> {
-        match std::fs::read_to_string(&self.path) {
-            Ok(t) => Ok(t),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-            Err(source) => Err(ConfigError::Read {
+        use std::io::Read;
+        let Some(mut file) = crate::files::open_checked(&self.path, crate::files::Rule::Trusted)?
+        else {
+            return Ok(String::new());
+        };
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .map_err(|source| ConfigError::Read {
                 path: self.shown(),
                 source,
-            }),
-        }
+            })?;
+        Ok(text)
     }
 
     pub fn load(&self) -> Result<Settings, ConfigError> {

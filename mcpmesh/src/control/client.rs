@@ -2,7 +2,6 @@
 //! `connect` turns the connection into a byte pipe. Starts the node when it is not running.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -180,17 +179,12 @@ fn start_daemon(profile: &Profile, exe: &Path) -> Result<(), ControlError> {
         .create_dirs()
         .map_err(|e| unavailable(format!("cannot create the node's directories: {e}")))?;
     let log_path = profile.log_file();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(|e| {
-            unavailable(format!(
-                "cannot open the node log {}: {e}",
-                log_path.display()
-            ))
-        })?;
+    let log = crate::files::open_append(&log_path, crate::files::Rule::Trusted).map_err(|e| {
+        unavailable(format!(
+            "cannot open the node log {}: {e}",
+            log_path.display()
+        ))
+    })?;
     let mut cmd = Command::new(exe);
     if let Some(home) = &profile.home {
         cmd.arg("--home").arg(home);

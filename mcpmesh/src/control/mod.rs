@@ -31,6 +31,9 @@ pub mod methods {
     pub const SERVICES_UNSERVE: &str = "services.unserve";
     pub const STATUS: &str = "status";
     pub const STATUS_WEB: &str = "status.web";
+    /// The audit chain checked against the high-water mark in the node's store, which only
+    /// the running node can read.
+    pub const AUDIT_VERIFY: &str = "audit.verify";
     pub const WATCH: &str = "watch";
     pub const SERVICES_SERVE: &str = "services.serve";
     pub const SESSION_OPEN: &str = "session.open";

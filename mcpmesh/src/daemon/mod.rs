@@ -141,14 +141,18 @@ pub async fn run(
     let book = MemoryLookup::new();
     let endpoint = bind_endpoint(&profile, secret, &settings.network, book.clone()).await?;
 
-    let store = Store::open(&profile.store_file())?;
+    let store = Arc::new(Store::open(&profile.store_file())?);
 
     let shutdown = CancellationToken::new();
     let registry = Arc::new(ConnectionRegistry::new());
     let gate = Arc::new(PeerGate::default());
     let services = Arc::new(RwLock::new(ServiceTable::default()));
-    let (audit_log, audit) = AuditLog::start(profile.audit_dir(), settings.audit_retain_months)
-        .map_err(DaemonError::Files)?;
+    let (audit_log, audit) = AuditLog::start(
+        profile.audit_dir(),
+        settings.audit_retain_months,
+        Some(store.clone()),
+    )
+    .map_err(DaemonError::Files)?;
     let metrics = settings
         .metrics
         .map(|listen| (listen, Arc::new(Metrics::new())));

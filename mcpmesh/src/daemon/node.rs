@@ -43,7 +43,7 @@ const HOME_RELAY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 pub(super) struct Node {
     pub(super) config_file: ConfigFile,
     pub(super) settings: RwLock<Settings>,
-    pub(super) store: Store,
+    pub(super) store: Arc<Store>,
     pub(super) endpoint: Endpoint,
     pub(super) gate: Arc<PeerGate>,
     pub(super) services: Arc<RwLock<ServiceTable>>,
@@ -560,6 +560,7 @@ impl ControlHandler for Node {
             methods::SERVICES_UNSERVE => self.unserve(params)?,
             methods::STATUS => self.status().await,
             methods::STATUS_WEB => self.status_web().await?,
+            methods::AUDIT_VERIFY => self.audit_verify().await?,
             methods::ORG_CREATE => {
                 self.home_relay_settled().await;
                 self.org_create(params)?

@@ -1,6 +1,6 @@
 //! What the node can say about itself: its peers (with reachability, round-trip time and the
 //! path their traffic takes, direct or through a relay), what it serves and to whom, live
-//! sessions, recent pairings, the org it is in.
+//! sessions, recent pairings, the org it is in, and whether its audit log is intact.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -279,5 +279,19 @@ impl Node {
         }
         let url = page.as_ref().map(StatusPage::url).unwrap_or_default();
         Ok(json!({ "url": url }))
+    }
+
+    /// `audit.verify`: the audit chain, checked against the high-water mark in the store
+    /// (which the running node holds locked).
+    pub(super) async fn audit_verify(&self) -> Result<Value, ControlError> {
+        let local = |e: String| ControlError::new(codes::LOCAL, e);
+        let mark = self.store.audit_mark().map_err(|e| local(e.to_string()))?;
+        let dir = self.status_page.audit_dir.clone();
+        // A long log takes a while to read: not on the runtime's threads.
+        let report = tokio::task::spawn_blocking(move || crate::audit::verify(&dir, mark.as_ref()))
+            .await
+            .map_err(|e| local(e.to_string()))?
+            .map_err(|e| local(format!("cannot read the audit log: {e}")))?;
+        serde_json::to_value(report).map_err(|e| local(e.to_string()))
     }
 }

@@ -4,9 +4,7 @@
 //! unless waived on loopback, never waived beyond it. The status page keeps a token of its own
 //! the same way ([`load_or_mint`] with its own file).
 
-use std::io::Read;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::GatewayError;
@@ -20,20 +18,14 @@ const MAX_LEN: u64 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read the token {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
     #[error("cannot store a new token in {path}: {source}")]
     Create {
         path: String,
         source: std::io::Error,
     },
-    #[error(
-        "the token {path} is readable by others (mode {mode:o}), so it may have leaked: delete it to get a new one, or run: chmod 600 {path}"
-    )]
-    Permissions { path: String, mode: u32 },
+    /// A link, another user's file, or a file others may read: never used.
+    #[error("{0} (if the token may have leaked, delete the file: a new one is minted)")]
+    Unsafe(#[from] crate::files::Untrusted),
     #[error("the token {path} is damaged: delete it and a new one is minted")]
     Malformed { path: String },
     #[error("no randomness for a token: {0}")]
@@ -42,39 +34,27 @@ pub enum TokenError {
 
 /// The token in `path`, minted and stored (`0600`) if there is none yet.
 pub fn load_or_mint(path: &Path) -> Result<String, TokenError> {
-    match std::fs::File::open(path) {
-        Ok(file) => read(path, file),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => mint(path),
-        Err(source) => Err(TokenError::Read {
-            path: path.display().to_string(),
-            source,
-        }),
+    match read(path)? {
+        Some(token) => Ok(token),
+        None => mint(path),
     }
 }
 
-fn read(path: &Path, file: std::fs::File) -> Result<String, TokenError> {
-    let shown = || path.display().to_string();
-    let failed = |source| TokenError::Read {
-        path: shown(),
-        source,
+/// The token kept as a secret in `path`; `None` when there is no file.
+fn read(path: &Path) -> Result<Option<String>, TokenError> {
+    let Some(bytes) = crate::files::read_secret(path, MAX_LEN)? else {
+        return Ok(None);
     };
-    let mode = file.metadata().map_err(failed)?.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(TokenError::Permissions {
-            path: shown(),
-            mode,
-        });
-    }
-    let mut text = String::new();
-    file.take(MAX_LEN)
-        .read_to_string(&mut text)
-        .map_err(|_| TokenError::Malformed { path: shown() })?;
+    let malformed = || TokenError::Malformed {
+        path: path.display().to_string(),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| malformed())?;
     let token = text.trim();
     // What goes in an `Authorization` header as it is: visible ASCII, no spaces.
     if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(TokenError::Malformed { path: shown() });
+        return Err(malformed());
     }
-    Ok(token.to_owned())
+    Ok(Some(token.to_owned()))
 }
 
 fn mint(path: &Path) -> Result<String, TokenError> {
@@ -90,8 +70,7 @@ fn mint(path: &Path) -> Result<String, TokenError> {
     if crate::files::create_private_once(path, format!("{token}\n").as_bytes()).map_err(failed)? {
         return Ok(token);
     }
-    let file = std::fs::File::open(path).map_err(failed)?;
-    read(path, file)
+    read(path)?.ok_or_else(|| failed(std::io::Error::from(std::io::ErrorKind::NotFound)))
 }
 
 /// Where the gateway's bearer token comes from.
@@ -144,6 +123,7 @@ pub fn resolve_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_token_is_minted_private_and_kept_across_loads() {
@@ -185,6 +165,18 @@ mod tests {
         std::fs::write(&path, "two words\n").unwrap();
         let e = load_or_mint(&path).unwrap_err().to_string();
         assert!(e.contains("damaged") && !e.contains("words"), "{e}");
+    }
+
+    #[test]
+    fn a_link_planted_at_the_token_path_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.token");
+        let theirs = load_or_mint(&elsewhere).unwrap();
+        let path = dir.path().join("gateway.token");
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = load_or_mint(&path).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(!e.contains(&theirs), "{e}");
     }
 
     #[test]

@@ -46,8 +46,9 @@ pub enum ExportError {
     },
     #[error("{0} is not an mcpmesh org root export")]
     NotAnExport(String),
-    #[error("{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")]
-    Permissions { path: String, mode: u32 },
+    /// A link, another user's file, or a file others may read: never used.
+    #[error(transparent)]
+    Unsafe(#[from] crate::files::Untrusted),
     #[error("the roster in the export does not match its key: {0}")]
     Roster(RosterError),
 }
@@ -74,21 +75,16 @@ pub fn export(path: &Path, key: &SecretKey, roster: &SignedRoster) -> Result<(),
 
 /// Reads an export: the key, and the roster it signed (verified under that key).
 pub fn import(path: &Path) -> Result<(SecretKey, SignedRoster), ExportError> {
-    use std::os::unix::fs::PermissionsExt;
     let shown = path.display().to_string();
-    let read_err = |source| ExportError::Read {
+    let limit = (super::MAX_ROSTER_BYTES * 2) as u64;
+    let bytes = crate::files::read_secret(path, limit + 1)?.ok_or_else(|| ExportError::Read {
         path: shown.clone(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(read_err)?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(ExportError::Permissions { path: shown, mode });
-    }
-    if meta.len() > (super::MAX_ROSTER_BYTES * 2) as u64 {
+        source: std::io::Error::from(std::io::ErrorKind::NotFound),
+    })?;
+    if bytes.len() as u64 > limit {
         return Err(ExportError::NotAnExport(shown));
     }
-    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    let text = String::from_utf8(bytes).map_err(|_| ExportError::NotAnExport(shown.clone()))?;
     let body: RootExport =
         serde_json::from_str(&text).map_err(|_| ExportError::NotAnExport(shown.clone()))?;
     let key = crate::keys::parse_hex(&body.secret)

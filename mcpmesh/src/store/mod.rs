@@ -1,5 +1,5 @@
 //! The node's embedded store (redb): peers met by pairing, live invites, recent pairings,
-//! and the org this node belongs to (see `org`).
+//! the org this node belongs to (see `org`), and the audit log's high-water mark.
 //!
 //! Every change is one transaction, so a crash leaves the old state or the new one, never a
 //! torn one. Values are JSON, so records can grow fields without a migration.
@@ -18,6 +18,10 @@ const PEERS: TableDefinition<&str, &[u8]> = TableDefinition::new("peers");
 const INVITES: TableDefinition<&str, &[u8]> = TableDefinition::new("invites");
 /// Pairings by time (unix ms), newest last.
 const PAIRINGS: TableDefinition<u64, &[u8]> = TableDefinition::new("pairings");
+
+/// The audit log's high-water mark, under one key.
+const AUDIT: TableDefinition<&str, &[u8]> = TableDefinition::new("audit");
+const HIGH_WATER: &str = "high_water";
 
 /// Pairings kept for `status`.
 const PAIRINGS_KEPT: usize = 32;
@@ -96,8 +100,15 @@ pub struct Store {
 }
 
 impl Store {
+    /// Opens the store at `path`, created `0600` if missing; it holds invite secrets, so it is
+    /// held to the rule of a secret ([`crate::files::Rule::Secret`]) and never opened through
+    /// a link.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(err)?;
+        let file = crate::files::open_private_rw(path).map_err(err)?;
+        let backend = redb::backends::FileBackend::new(file).map_err(err)?;
+        let db = redb::Builder::new()
+            .create_with_backend(backend)
+            .map_err(err)?;
         let txn = db.begin_write().map_err(err)?;
         {
             txn.open_table(PEERS).map_err(err)?;
@@ -105,10 +116,9 @@ impl Store {
             txn.open_table(PAIRINGS).map_err(err)?;
             txn.open_table(org::ORG).map_err(err)?;
             txn.open_table(org::JOIN_INVITES).map_err(err)?;
+            txn.open_table(AUDIT).map_err(err)?;
         }
         txn.commit().map_err(err)?;
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
         Ok(Store { db })
     }
 
@@ -117,6 +127,28 @@ impl Store {
     pub fn read_peers(path: &Path) -> Result<Vec<StoredPeer>, StoreError> {
         let db = redb::ReadOnlyDatabase::open(path).map_err(err)?;
         all_in(&db, PEERS)
+    }
+
+    /// The audit log's high-water mark in the store at `path`, read without taking it over
+    /// (for `audit verify` beside a stopped node); `None` when none was kept yet.
+    pub fn read_audit_mark(path: &Path) -> Result<Option<crate::audit::Head>, StoreError> {
+        let db = redb::ReadOnlyDatabase::open(path).map_err(err)?;
+        audit_mark_in(&db)
+    }
+
+    /// The audit log's high-water mark; `None` when none was kept yet.
+    pub fn audit_mark(&self) -> Result<Option<crate::audit::Head>, StoreError> {
+        audit_mark_in(&self.db)
+    }
+
+    pub fn put_audit_mark(&self, mark: &crate::audit::Head) -> Result<(), StoreError> {
+        self.write(|txn| {
+            txn.open_table(AUDIT)
+                .map_err(err)?
+                .insert(HIGH_WATER, encode(mark)?.as_slice())
+                .map_err(err)?;
+            Ok(())
+        })
     }
 
     pub fn peers(&self) -> Result<Vec<StoredPeer>, StoreError> {
@@ -364,6 +396,30 @@ fn invite_in(
 }
 
 /// Every value of table `def`, decoded.
+fn audit_mark_in(db: &impl ReadableDatabase) -> Result<Option<crate::audit::Head>, StoreError> {
+    let txn = db.begin_read().map_err(err)?;
+    let table = match txn.open_table(AUDIT) {
+        Ok(table) => table,
+        // A store from before the mark was kept.
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    match table.get(HIGH_WATER).map_err(err)? {
+        Some(v) => decode(v.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+impl crate::audit::HighWater for Store {
+    fn load(&self) -> Result<Option<crate::audit::Head>, String> {
+        self.audit_mark().map_err(|e| e.to_string())
+    }
+
+    fn save(&self, mark: &crate::audit::Head) -> Result<(), String> {
+        self.put_audit_mark(mark).map_err(|e| e.to_string())
+    }
+}
+
 fn all_in<K: redb::Key + 'static, T: DeserializeOwned>(
     db: &impl ReadableDatabase,
     def: TableDefinition<K, &'static [u8]>,
@@ -406,6 +462,21 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_store_is_private_and_a_link_at_its_path_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcpmesh.redb");
+        drop(Store::open(&path).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let elsewhere = dir.path().join("elsewhere.redb");
+        std::fs::rename(&path, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let e = Store::open(&path).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+    }
 
     fn invite(uses: u32) -> StoredInvite {
         StoredInvite {
