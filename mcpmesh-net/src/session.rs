@@ -40,6 +40,19 @@ pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// An accepted session's wire.
 pub type MeshTransport = NdjsonTransport<RecvStream, SendStream>;
 
+/// The code a dialer resets and stops a session's stream with when its client went away, as
+/// opposed to closing its input: the serving side then ends the session at once instead of
+/// finishing what was asked.
+pub const STREAM_CLIENT_GONE: u32 = 499;
+
+/// Abandons a session stream whose client went away (see [`STREAM_CLIENT_GONE`]).
+pub fn abandon(send: &mut SendStream, recv: &mut RecvStream) {
+    let code = VarInt::from_u32(STREAM_CLIENT_GONE);
+    // Either may fail only because that half already ended; the other half still tells.
+    let _ = recv.stop(code);
+    let _ = send.reset(code);
+}
+
 /// The first line of every session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preamble {

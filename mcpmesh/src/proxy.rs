@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use iroh::endpoint::{RecvStream, SendStream};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{LongLines, PumpError, Seen, forward, write_run};
-use mcpmesh_net::session::{OpenedSession, close_reason_code};
+use mcpmesh_net::session::{OpenedSession, abandon, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -383,9 +384,7 @@ pub async fn tunnel(
     let (end, code, message) = match end {
         End::ClientGone => {
             drop(server_side);
-            let _ = mesh_w.lock().await.finish();
-            finish_report(reporter, Ending::clean()).await;
-            return Ending::clean();
+            return client_gone(&mut mesh_r, &mesh_w, reporter).await;
         }
         End::ClientClosed => {
             // The client is done sending but may still read: every answer it is owed comes
@@ -398,12 +397,19 @@ pub async fn tunnel(
                     _ = tokio::time::sleep(DRAIN), if !waiting => break None,
                     _ = settled.notified(), if waiting => {}
                     _ = shutdown.cancelled() => break None,
-                    _ = &mut gone => break None,
+                    _ = &mut gone => {
+                        drop(server_side);
+                        return client_gone(&mut mesh_r, &mesh_w, reporter).await;
+                    }
                 }
             };
             server_done = drained.is_some();
             let end = match drained {
                 Some(Ok(())) => End::ServerClosed,
+                Some(Err(PumpError::Write(_))) => {
+                    drop(server_side);
+                    return client_gone(&mut mesh_r, &mesh_w, reporter).await;
+                }
                 _ if shutdown.is_cancelled() => End::Shutdown,
                 _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             };
@@ -459,6 +465,19 @@ pub async fn tunnel(
     }
     let _ = local_w.lock().await.shutdown().await;
     ending
+}
+
+/// Ends a session whose client went away (its `connect` died, or its output closed): the mesh
+/// stream is reset, not finished, so the serving side stops at once rather than finishing
+/// what the client asked for nobody.
+async fn client_gone(
+    mesh_r: &mut FrameReader<RecvStream>,
+    mesh_w: &Mutex<SendStream>,
+    reporter: Option<Reporter>,
+) -> Ending {
+    abandon(&mut *mesh_w.lock().await, mesh_r.get_mut());
+    finish_report(reporter, Ending::clean()).await;
+    Ending::clean()
 }
 
 type Reporter = (
@@ -645,6 +664,46 @@ pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Resolves when the other end of `fd`, a session's output, is gone for good: a socket its
+/// peer closed (not one that only shut down its writing side: that client may still read), a
+/// pipe left with no reader. Never resolves when `fd` cannot be watched.
+pub fn hung_up(fd: OwnedFd) -> impl Future<Output = ()> + Send + 'static {
+    use tokio::io::Interest;
+    async move {
+        let watched = if is_fifo(&fd) {
+            tokio::net::unix::pipe::Sender::from_owned_fd(fd).map(Watched::Pipe)
+        } else {
+            socket_from(fd).map(Watched::Socket)
+        };
+        let Ok(watched) = watched else {
+            return std::future::pending().await;
+        };
+        loop {
+            let ready = match &watched {
+                Watched::Pipe(p) => p.ready(Interest::WRITABLE).await,
+                Watched::Socket(s) => s.ready(Interest::WRITABLE).await,
+            };
+            match ready {
+                Ok(r) if r.is_write_closed() || r.is_error() => return,
+                Ok(_) => {}
+                Err(_) => return std::future::pending().await,
+            }
+            // Writable is the usual state: forget it and wait for the next change.
+            let would_block = || Err::<(), _>(std::io::ErrorKind::WouldBlock.into());
+            let _ = match &watched {
+                Watched::Pipe(p) => p.try_io(would_block),
+                Watched::Socket(s) => s.try_io(Interest::WRITABLE, would_block),
+            };
+        }
+    }
+}
+
+/// A second handle on a session's output, watched by [`hung_up`].
+enum Watched {
+    Pipe(tokio::net::unix::pipe::Sender),
+    Socket(tokio::net::UnixStream),
 }
 
 /// Makes a received descriptor the session's input.
