@@ -867,38 +867,80 @@ fn copy(
     }
 }
 
+/// How long a client told that its node carries all the sessions it may to that peer is asked
+/// to wait.
+const RETRY_WHEN_FULL: Duration = Duration::from_secs(1);
+
 /// `mcpmesh connect` when no session could be opened: answers the client's requests with the
 /// error (so it sees why instead of a silent exit), until its first request is answered.
 pub fn answer_failed_open(code: i64, message: &str) -> std::io::Result<()> {
-    let code = match code {
-        c if c == ErrorCode::UnknownService.code() => ErrorCode::UnknownService,
-        _ => ErrorCode::Unreachable,
-    };
-    let mut stdout = std::io::stdout().lock();
-    let stdin = std::io::stdin().lock();
-    for line in std::io::BufRead::split(stdin, b'\n') {
+    answer_failed_open_on(
+        std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        code,
+        message,
+    )
+}
+
+fn answer_failed_open_on(
+    input: impl std::io::BufRead,
+    out: &mut impl Write,
+    code: i64,
+    message: &str,
+) -> std::io::Result<()> {
+    let frame = failed_open(code).message(message);
+    for line in input.split(b'\n') {
         let line = line?;
         let Some(peek) = jsonrpc::peek(&line) else {
             continue;
         };
         if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
-            stdout.write_all(
-                &ErrorFrame::new(code)
-                    .id(Some(id))
-                    .message(message)
-                    .to_line(),
-            )?;
-            stdout.flush()?;
+            out.write_all(&frame.clone().id(Some(id)).to_line())?;
+            out.flush()?;
             return Ok(());
         }
     }
     Ok(())
 }
 
+/// The band's error for a session that could not be opened with the node's `code`: a refusal
+/// and a full share keep theirs, anything else is `-32055`.
+fn failed_open(code: i64) -> ErrorFrame {
+    match code {
+        c if c == ErrorCode::UnknownService.code() => ErrorFrame::new(ErrorCode::UnknownService),
+        c if c == ErrorCode::Busy.code() => {
+            ErrorFrame::new(ErrorCode::Busy).retry_after_ms(RETRY_WHEN_FULL.as_millis() as u64)
+        }
+        _ => ErrorFrame::new(ErrorCode::Unreachable),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::telemetry::Metrics;
+
+    #[test]
+    fn a_session_the_dialer_has_no_room_for_is_answered_32053_with_a_retry_hint() {
+        let busy = mcpmesh_net::session::DialError::Busy("768 sessions".into());
+        let input = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\"}\n\
+                      {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"initialize\"}\n";
+        let mut out = Vec::new();
+        answer_failed_open_on(&input[..], &mut out, busy.error_code().code(), "full").unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(answer["id"], 5, "{answer}");
+        assert_eq!(answer["error"]["code"], -32053, "{answer}");
+        assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+        assert_eq!(answer["error"]["data"]["retry_after_ms"], 1000, "{answer}");
+
+        // A refusal keeps its code; anything else is unreachable.
+        for (code, expected) in [(-32054, -32054), (-32000, -32055)] {
+            let mut out = Vec::new();
+            answer_failed_open_on(&input[..], &mut out, code, "no").unwrap();
+            let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(answer["error"]["code"], expected, "{answer}");
+        }
+    }
 
     #[test]
     fn a_malformed_answer_still_answers_its_request_and_is_timed_as_an_error() {
