@@ -538,3 +538,90 @@ async fn audit_tail_follow_reads_only_what_was_added() {
         text.len()
     );
 }
+
+/// Lines of `log` that report a failed accept.
+fn accept_failures(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("accept failed")).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_out_of_descriptors_stays_up_logs_a_bounded_count_and_serves_again_once_they_free() {
+    // alice's node is started with few descriptors allowed (soft 64, hard 200): it raises its
+    // soft limit to the hard one, and a flood of control connections then takes the rest.
+    let dir = tempfile::Builder::new().prefix("mm-").tempdir().unwrap();
+    let config = format!("[identity]\nnickname = \"alice\"\n\n{HERMETIC}");
+    std::fs::write(dir.path().join("config.toml"), config).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 64 && ulimit -Hn 200 && exec \"$0\" \"$@\"")
+        .arg(MCPMESH)
+        .arg("--home")
+        .arg(dir.path())
+        .args(["--json", "id"])
+        .env_remove("MCPMESH_HOME")
+        .output()
+        .unwrap();
+    let v = parse_ok(&out);
+    let alice = TestNode {
+        dir,
+        name: "alice".into(),
+        id: v["id"].as_str().unwrap().to_owned(),
+        addrs: v["addrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect(),
+    };
+    let pid = alice.daemon_pid();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_default();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["200", "200"],
+        "the soft limit is raised to the hard one: {open_files}"
+    );
+    let m = marker("nofile");
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    alice.serve_stub("svc", &["bob"], None, &m);
+
+    // The flood: more control connections than the node has descriptors, held open.
+    let socket = alice.home().join("mcpmesh.sock");
+    let mut flood = Vec::new();
+    for _ in 0..400 {
+        flood.push(tokio::net::UnixStream::connect(&socket).await.unwrap());
+    }
+    let failing = eventually(ANSWER_TIMEOUT, || accept_failures(&alice.log()) >= 1).await;
+    assert!(failing, "the node never ran out of descriptors");
+    // Held for a few seconds: the failures are counted, not logged one by one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !wait_exit(pid, Duration::from_millis(1)).await,
+        "the node died"
+    );
+    let lines = accept_failures(&alice.log());
+    eprintln!("{lines} accept-failure lines while the flood was held");
+    assert!(
+        lines <= 3,
+        "{lines} accept-failure lines in 3 s:\n{}",
+        alice.log()
+    );
+
+    // The flood ends: the node answers its porcelain and serves a new session.
+    drop(flood);
+    assert_eq!(alice.json(&["status"])["id"], alice.id);
+    let mut s = bob.connect("alice/svc");
+    assert_eq!(
+        s.initialize().await["result"]["serverInfo"]["name"],
+        "echo-stub"
+    );
+    assert_eq!(
+        s.call("echo", json!({ "text": "back" })).await["result"]["content"][0]["text"],
+        "back"
+    );
+}

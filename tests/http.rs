@@ -1126,9 +1126,6 @@ async fn a_silent_url_upstream_is_given_up_on_and_its_post_dropped() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "known regression (issue 25 follow-up): since callers that half-close are owed their \
-            answers, a caller that is killed is taken for one that half-closed, and its POST is \
-            held until the service's request timeout"]
 async fn a_session_whose_caller_is_killed_while_its_request_hangs_takes_the_post_with_it() {
     let upstream = SlowUpstream::start().await;
     let (_alice, bob) = serve_slow_upstream(&upstream);

@@ -370,6 +370,70 @@ async fn killing_connect_ends_the_remote_child_within_a_second() {
     assert_child_ends(pid, &m).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_connect_while_a_call_hangs_ends_the_remote_child_within_a_second() {
+    let m = marker("kill-hung");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    // The server has the call and sleeps on it for a minute: nothing it could answer will
+    // reach anyone once its caller is killed.
+    s.start_long_call(json!("hung"), 60_000).await;
+    s.child.start_kill().unwrap();
+    assert_child_ends(pid, &m).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_stops_reading_while_a_call_hangs_ends_the_remote_child_within_a_second() {
+    let m = marker("stdout-closed");
+    let (_alice, bob) = pair(&m, None);
+    let mut s = bob.connect("alice/svc");
+    s.initialize().await;
+    let pid = whoami(&mut s).await["pid"].as_u64().unwrap() as u32;
+    s.start_long_call(json!("hung"), 60_000).await;
+    // The client closes the output it reads, its input still open: nobody can read an answer.
+    let (mut connect, _stdin) = s.close_stdout();
+    assert_child_ends(pid, &m).await;
+    let status = tokio::time::timeout(ANSWER_TIMEOUT, connect.wait())
+        .await
+        .expect("connect exits once its session ended")
+        .unwrap();
+    eprintln!("connect exited {status}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_connect_while_a_call_hangs_ends_the_remote_child_when_it_copies_bytes_too() {
+    let m = marker("kill-hung-copy");
+    let (_alice, bob) = pair(&m, None);
+    let mut c = CopyingConnect::start(&bob, "alice/svc");
+    c.send(json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": { "name": "whoami", "arguments": {} } }))
+        .await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || c.lines().iter().any(|v| v["id"] == 1)).await,
+        "whoami answered"
+    );
+    let lines = c.lines();
+    let who = lines.iter().find(|v| v["id"] == 1).unwrap();
+    let pid = who["result"]["structuredContent"]["pid"].as_u64().unwrap() as u32;
+    c.send(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": { "name": "sleep", "arguments": { "ms": 60_000 },
+                               "_meta": { "progressToken": 2 } } }))
+        .await;
+    let started = || {
+        c.lines()
+            .iter()
+            .any(|v| v["method"] == "notifications/progress")
+    };
+    assert!(
+        eventually(ANSWER_TIMEOUT, started).await,
+        "the call started"
+    );
+    c.child.start_kill().unwrap();
+    assert_child_ends(pid, &m).await;
+}
+
 /// A `blob` call for `bytes` bytes, and the line the stub answers it with when run directly.
 async fn blob_call_and_direct_answer(bytes: usize) -> (Value, Vec<u8>) {
     let request = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",

@@ -40,6 +40,19 @@ pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// An accepted session's wire.
 pub type MeshTransport = NdjsonTransport<RecvStream, SendStream>;
 
+/// The code a dialer resets and stops a session's stream with when its client went away, as
+/// opposed to closing its input: the serving side then ends the session at once instead of
+/// finishing what was asked.
+pub const STREAM_CLIENT_GONE: u32 = 499;
+
+/// Abandons a session stream whose client went away (see [`STREAM_CLIENT_GONE`]).
+pub fn abandon(send: &mut SendStream, recv: &mut RecvStream) {
+    let code = VarInt::from_u32(STREAM_CLIENT_GONE);
+    // Either may fail only because that half already ended; the other half still tells.
+    let _ = recv.stop(code);
+    let _ = send.reset(code);
+}
+
 /// The first line of every session stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preamble {
@@ -133,6 +146,9 @@ where
             return Ok(());
         }
         self.registry.register(&conn);
+        // This connection's sessions per service: a peer that ignores the dialer's share (a
+        // client of its own) is held to it here.
+        let counts: ServiceCounts = Default::default();
         while let Ok((send, recv)) = conn.accept_bi().await {
             // Resolved per stream, so a rename or a revocation applies to the next session.
             let Some(peer) = self.gate.resolve(&remote) else {
@@ -140,12 +156,20 @@ where
                 break;
             };
             let handler = self.handler.clone();
+            let counts = counts.clone();
             tokio::spawn(async move {
                 let mut transport = NdjsonTransport::new(recv, send, MAX_PREAMBLE);
                 let preamble = read_preamble(&mut transport).await;
                 transport.reader_mut().set_max_frame(MAX_FRAME);
                 match preamble {
-                    Ok(p) => handler.handle(peer, p.service, transport).await,
+                    Ok(p) => {
+                        let Some(_share) = Share::take(&counts, &p.service) else {
+                            tracing::info!(peer = %peer.name, service = %p.service, "refused a session: the connection carries the most one service may have");
+                            refuse(&mut transport, share_full(&p.service)).await;
+                            return;
+                        };
+                        handler.handle(peer, p.service, transport).await
+                    }
                     Err(frame) => {
                         let _ = transport.send_raw(&frame.to_line()).await;
                         let _ = transport.writer_mut().shutdown().await;
@@ -155,6 +179,58 @@ where
         }
         Ok(())
     }
+}
+
+/// Sessions per service on one accepted connection.
+type ServiceCounts = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
+/// A caller told that a connection carries all it may is asked to wait this long.
+const RETRY_SHARE_FULL: Duration = Duration::from_secs(1);
+
+/// One accepted session's place in its connection's share for its service, given back when
+/// the session ends.
+struct Share {
+    counts: ServiceCounts,
+    service: String,
+}
+
+impl Share {
+    /// A place for a session of `service`, unless the connection already carries
+    /// [`MAX_SESSIONS_PER_SERVICE`] of them.
+    fn take(counts: &ServiceCounts, service: &str) -> Option<Share> {
+        let mut map = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(service.to_owned()).or_default();
+        if *n >= MAX_SESSIONS_PER_SERVICE {
+            return None;
+        }
+        *n += 1;
+        Some(Share {
+            counts: counts.clone(),
+            service: service.to_owned(),
+        })
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.service) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.service);
+            }
+        }
+    }
+}
+
+/// The refusal of a session beyond its service's share of a connection.
+fn share_full(service: &str) -> ErrorFrame {
+    ErrorFrame::new(ErrorCode::Busy)
+        .message(format!(
+            "{MAX_SESSIONS_PER_SERVICE} sessions to {service} are open on this connection, the \
+             most one service may have; close one and try again"
+        ))
+        .retry_after_ms(RETRY_SHARE_FULL.as_millis() as u64)
 }
 
 async fn read_preamble(transport: &mut MeshTransport) -> Result<Preamble, ErrorFrame> {
@@ -578,6 +654,29 @@ mod tests {
         refuse(&mut transport, ErrorFrame::new(ErrorCode::Busy)).await;
         let answer: serde_json::Value = serde_json::from_slice(&transport.into_parts().1).unwrap();
         assert_eq!(answer["id"], 7);
+    }
+
+    #[test]
+    fn a_connection_carries_a_bounded_share_of_sessions_per_service_and_gives_places_back() {
+        let counts = ServiceCounts::default();
+        let held: Vec<Share> = (0..MAX_SESSIONS_PER_SERVICE)
+            .map(|_| Share::take(&counts, "bulk").expect("a place within the share"))
+            .collect();
+        assert!(Share::take(&counts, "bulk").is_none(), "one past the share");
+        // Another service on the same connection still finds room.
+        assert!(Share::take(&counts, "other").is_some());
+        drop(held);
+        assert!(
+            Share::take(&counts, "bulk").is_some(),
+            "places are given back"
+        );
+        let refusal: serde_json::Value =
+            serde_json::from_slice(&share_full("bulk").to_line()).unwrap();
+        assert_eq!(refusal["error"]["code"], -32053, "{refusal}");
+        assert_eq!(
+            refusal["error"]["data"]["retry_after_ms"], 1000,
+            "{refusal}"
+        );
     }
 
     #[test]

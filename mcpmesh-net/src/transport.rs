@@ -222,6 +222,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.max_frame = max_frame;
     }
 
+    /// The source, for what it offers beyond reading (a QUIC stream's `stop`).
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
     /// The source and everything read from it but not yet handed out, in order.
     pub fn into_parts(self) -> (R, BytesMut) {
         let mut rest = BytesMut::from(&self.pending[..]);
@@ -361,6 +366,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> NdjsonTransport<R, W> {
 
     pub fn reader_mut(&mut self) -> &mut FrameReader<R> {
         &mut self.reader
+    }
+
+    pub fn writer(&self) -> &W {
+        &self.writer
     }
 
     pub fn writer_mut(&mut self) -> &mut W {

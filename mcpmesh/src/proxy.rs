@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use iroh::endpoint::{RecvStream, SendStream};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{LongLines, PumpError, Seen, forward, write_run};
-use mcpmesh_net::session::{OpenedSession, close_reason_code};
+use mcpmesh_net::session::{OpenedSession, abandon, close_reason_code};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -383,9 +384,7 @@ pub async fn tunnel(
     let (end, code, message) = match end {
         End::ClientGone => {
             drop(server_side);
-            let _ = mesh_w.lock().await.finish();
-            finish_report(reporter, Ending::clean()).await;
-            return Ending::clean();
+            return client_gone(&mut mesh_r, &mesh_w, reporter).await;
         }
         End::ClientClosed => {
             // The client is done sending but may still read: every answer it is owed comes
@@ -398,12 +397,19 @@ pub async fn tunnel(
                     _ = tokio::time::sleep(DRAIN), if !waiting => break None,
                     _ = settled.notified(), if waiting => {}
                     _ = shutdown.cancelled() => break None,
-                    _ = &mut gone => break None,
+                    _ = &mut gone => {
+                        drop(server_side);
+                        return client_gone(&mut mesh_r, &mesh_w, reporter).await;
+                    }
                 }
             };
             server_done = drained.is_some();
             let end = match drained {
                 Some(Ok(())) => End::ServerClosed,
+                Some(Err(PumpError::Write(_))) => {
+                    drop(server_side);
+                    return client_gone(&mut mesh_r, &mesh_w, reporter).await;
+                }
                 _ if shutdown.is_cancelled() => End::Shutdown,
                 _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             };
@@ -459,6 +465,19 @@ pub async fn tunnel(
     }
     let _ = local_w.lock().await.shutdown().await;
     ending
+}
+
+/// Ends a session whose client went away (its `connect` died, or its output closed): the mesh
+/// stream is reset, not finished, so the serving side stops at once rather than finishing
+/// what the client asked for nobody.
+async fn client_gone(
+    mesh_r: &mut FrameReader<RecvStream>,
+    mesh_w: &Mutex<SendStream>,
+    reporter: Option<Reporter>,
+) -> Ending {
+    abandon(&mut *mesh_w.lock().await, mesh_r.get_mut());
+    finish_report(reporter, Ending::clean()).await;
+    Ending::clean()
 }
 
 type Reporter = (
@@ -647,6 +666,46 @@ pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<(
     }
 }
 
+/// Resolves when the other end of `fd`, a session's output, is gone for good: a socket its
+/// peer closed (not one that only shut down its writing side: that client may still read), a
+/// pipe left with no reader. Never resolves when `fd` cannot be watched.
+pub fn hung_up(fd: OwnedFd) -> impl Future<Output = ()> + Send + 'static {
+    use tokio::io::Interest;
+    async move {
+        let watched = if is_fifo(&fd) {
+            tokio::net::unix::pipe::Sender::from_owned_fd(fd).map(Watched::Pipe)
+        } else {
+            socket_from(fd).map(Watched::Socket)
+        };
+        let Ok(watched) = watched else {
+            return std::future::pending().await;
+        };
+        loop {
+            let ready = match &watched {
+                Watched::Pipe(p) => p.ready(Interest::WRITABLE).await,
+                Watched::Socket(s) => s.ready(Interest::WRITABLE).await,
+            };
+            match ready {
+                Ok(r) if r.is_write_closed() || r.is_error() => return,
+                Ok(_) => {}
+                Err(_) => return std::future::pending().await,
+            }
+            // Writable is the usual state: forget it and wait for the next change.
+            let would_block = || Err::<(), _>(std::io::ErrorKind::WouldBlock.into());
+            let _ = match &watched {
+                Watched::Pipe(p) => p.try_io(would_block),
+                Watched::Socket(s) => s.try_io(Interest::WRITABLE, would_block),
+            };
+        }
+    }
+}
+
+/// A second handle on a session's output, watched by [`hung_up`].
+enum Watched {
+    Pipe(tokio::net::unix::pipe::Sender),
+    Socket(tokio::net::UnixStream),
+}
+
 /// Makes a received descriptor the session's input.
 pub fn input_from(fd: OwnedFd) -> std::io::Result<Box<dyn AsyncRead + Unpin + Send>> {
     if is_fifo(&fd) {
@@ -808,38 +867,80 @@ fn copy(
     }
 }
 
+/// How long a client told that its node carries all the sessions it may to that peer is asked
+/// to wait.
+const RETRY_WHEN_FULL: Duration = Duration::from_secs(1);
+
 /// `mcpmesh connect` when no session could be opened: answers the client's requests with the
 /// error (so it sees why instead of a silent exit), until its first request is answered.
 pub fn answer_failed_open(code: i64, message: &str) -> std::io::Result<()> {
-    let code = match code {
-        c if c == ErrorCode::UnknownService.code() => ErrorCode::UnknownService,
-        _ => ErrorCode::Unreachable,
-    };
-    let mut stdout = std::io::stdout().lock();
-    let stdin = std::io::stdin().lock();
-    for line in std::io::BufRead::split(stdin, b'\n') {
+    answer_failed_open_on(
+        std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        code,
+        message,
+    )
+}
+
+fn answer_failed_open_on(
+    input: impl std::io::BufRead,
+    out: &mut impl Write,
+    code: i64,
+    message: &str,
+) -> std::io::Result<()> {
+    let frame = failed_open(code).message(message);
+    for line in input.split(b'\n') {
         let line = line?;
         let Some(peek) = jsonrpc::peek(&line) else {
             continue;
         };
         if let (Kind::Request, Some(id)) = (peek.kind(), peek.id) {
-            stdout.write_all(
-                &ErrorFrame::new(code)
-                    .id(Some(id))
-                    .message(message)
-                    .to_line(),
-            )?;
-            stdout.flush()?;
+            out.write_all(&frame.clone().id(Some(id)).to_line())?;
+            out.flush()?;
             return Ok(());
         }
     }
     Ok(())
 }
 
+/// The band's error for a session that could not be opened with the node's `code`: a refusal
+/// and a full share keep theirs, anything else is `-32055`.
+fn failed_open(code: i64) -> ErrorFrame {
+    match code {
+        c if c == ErrorCode::UnknownService.code() => ErrorFrame::new(ErrorCode::UnknownService),
+        c if c == ErrorCode::Busy.code() => {
+            ErrorFrame::new(ErrorCode::Busy).retry_after_ms(RETRY_WHEN_FULL.as_millis() as u64)
+        }
+        _ => ErrorFrame::new(ErrorCode::Unreachable),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::telemetry::Metrics;
+
+    #[test]
+    fn a_session_the_dialer_has_no_room_for_is_answered_32053_with_a_retry_hint() {
+        let busy = mcpmesh_net::session::DialError::Busy("768 sessions".into());
+        let input = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\"}\n\
+                      {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"initialize\"}\n";
+        let mut out = Vec::new();
+        answer_failed_open_on(&input[..], &mut out, busy.error_code().code(), "full").unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(answer["id"], 5, "{answer}");
+        assert_eq!(answer["error"]["code"], -32053, "{answer}");
+        assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+        assert_eq!(answer["error"]["data"]["retry_after_ms"], 1000, "{answer}");
+
+        // A refusal keeps its code; anything else is unreachable.
+        for (code, expected) in [(-32054, -32054), (-32000, -32055)] {
+            let mut out = Vec::new();
+            answer_failed_open_on(&input[..], &mut out, code, "no").unwrap();
+            let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(answer["error"]["code"], expected, "{answer}");
+        }
+    }
 
     #[test]
     fn a_malformed_answer_still_answers_its_request_and_is_timed_as_an_error() {

@@ -237,12 +237,15 @@ impl SessionHandler for ServiceHost {
             },
         );
         let _guard = LiveGuard { host: self, id };
+        let caller_gone = CancellationToken::new();
+        let gone_watch = caller_gone_watch(&transport, caller_gone.clone());
         let session = SessionOptions {
             shutdown: self.shutdown.child_token(),
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
             tools: entry.tools.clone(),
             request_timeout: entry.spec.request_timeout,
+            caller_gone,
         };
         let ctx = ServiceCtx {
             service: service.clone(),
@@ -294,8 +297,30 @@ impl SessionHandler for ServiceHost {
                 },
             }
         };
+        let run = async {
+            tokio::select! {
+                r = run => r,
+                never = gone_watch => match never {},
+            }
+        };
         if let Err(e) = self.sessions.track_future(run).await {
             tracing::warn!(peer = %peer.name, %service, "session ended with an error: {e}");
         }
+    }
+}
+
+/// Fires `gone` when the caller stops reading the session's stream (a dialer whose client
+/// went away stops it) or its connection is lost; never resolves itself.
+fn caller_gone_watch(
+    transport: &MeshTransport,
+    gone: CancellationToken,
+) -> impl Future<Output = std::convert::Infallible> + use<> {
+    let stopped = transport.writer().stopped();
+    async move {
+        // `Ok(None)`: this side finished and the caller read everything, an ordinary end.
+        if !matches!(stopped.await, Ok(None)) {
+            gone.cancel();
+        }
+        std::future::pending().await
     }
 }

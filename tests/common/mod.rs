@@ -320,6 +320,12 @@ impl McpSession {
         self.stdin = None;
     }
 
+    /// Stops reading: closes the client's end of the server's output, keeping the process and
+    /// its stdin (returned).
+    pub fn close_stdout(self) -> (Child, Option<ChildStdin>) {
+        (self.child, self.stdin)
+    }
+
     /// Reads one long line (newline included), closing stdin as soon as its first part has
     /// arrived: the client is done sending while the answer is still on its way.
     pub async fn recv_long_closing_stdin_midway(&mut self) -> Vec<u8> {

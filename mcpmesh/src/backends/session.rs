@@ -11,7 +11,7 @@ use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc;
 use mcpmesh_net::pump::{
-    LongLines, Observer, Seen, Verdict, forward_checked, forward_observed, write_run,
+    LongLines, Observer, PumpError, Seen, Verdict, forward_checked, forward_observed, write_run,
 };
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
@@ -51,6 +51,10 @@ pub struct SessionOptions {
     /// How long the server may take over a request: once the caller has closed its side,
     /// the session waits this long at most for the answers still owed.
     pub request_timeout: Duration,
+    /// Fires when the caller is gone (its stream was reset or stopped, its connection lost),
+    /// unlike a caller that only closed its side: nothing owed can reach it any more, so the
+    /// session ends at once.
+    pub caller_gone: CancellationToken,
 }
 
 impl Default for SessionOptions {
@@ -61,6 +65,7 @@ impl Default for SessionOptions {
             max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
             tools: ToolPolicy::default(),
             request_timeout: Duration::from_secs(crate::config::DEFAULT_REQUEST_TIMEOUT_SECS),
+            caller_gone: CancellationToken::new(),
         }
     }
 }
@@ -185,6 +190,8 @@ impl Who {
 /// How a session's pump ended.
 enum End {
     ClientClosed,
+    /// The caller went away: its stream was reset or stopped, or its connection lost.
+    ClientGone,
     ServerClosed,
     Failed(String),
     Shutdown,
@@ -337,17 +344,16 @@ impl Host<'_> {
             end = tokio::select! {
                 r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
                     Ok(()) => End::ClientClosed,
+                    Err(PumpError::Read(_)) => End::ClientGone,
                     Err(e) => End::Failed(e.to_string()),
                 },
                 r = &mut server_side => {
                     server_done = true;
-                    match r {
-                        Ok(()) => End::ServerClosed,
-                        Err(e) => End::Failed(e.to_string()),
-                    }
+                    server_ended(r)
                 },
                 _ = options.shutdown.cancelled() => End::Shutdown,
                 _ = options.sever.cancelled() => End::Severed,
+                _ = options.caller_gone.cancelled() => End::ClientGone,
             };
         }
         // The server's input ends: EOF on a child's stdin, a half-close on a socket.
@@ -363,8 +369,11 @@ impl Host<'_> {
                     false => (tokio::time::Instant::now() + GRACE).min(deadline),
                 };
                 tokio::select! {
-                    _ = &mut server_side => {
+                    r = &mut server_side => {
                         server_done = true;
+                        if let End::ClientGone = server_ended(r) {
+                            end = End::ClientGone;
+                        }
                         break;
                     }
                     _ = tokio::time::sleep_until(until) => break,
@@ -377,13 +386,20 @@ impl Host<'_> {
                         end = End::Severed;
                         break;
                     }
+                    _ = options.caller_gone.cancelled() => {
+                        end = End::ClientGone;
+                        break;
+                    }
                 }
             }
             if !server_done {
                 patience = Duration::ZERO; // it had its time while draining
             }
         }
-        if !server_done {
+        if matches!(end, End::ClientGone) {
+            // Nobody is left to read what the server still sends, nor to wait for it.
+            patience = Duration::ZERO;
+        } else if !server_done {
             stop.cancel();
             // A pump that cannot even end its line (the client reads nothing) is dropped.
             server_done = tokio::time::timeout(GRACE, &mut server_side).await.is_ok();
@@ -404,6 +420,7 @@ impl Host<'_> {
 
         let ended = match &end {
             End::ClientClosed => "client_closed".to_owned(),
+            End::ClientGone => "client_gone".to_owned(),
             End::ServerClosed => "server_closed".to_owned(),
             End::Shutdown => "node_shutdown".to_owned(),
             End::Severed => "severed".to_owned(),
@@ -421,6 +438,16 @@ impl Host<'_> {
             bytes_out,
             ended,
         });
+    }
+}
+
+/// How a session ends when its server's side stopped first: a failed write goes to the mesh
+/// stream, so it means the caller is gone.
+fn server_ended(r: Result<(), PumpError>) -> End {
+    match r {
+        Ok(()) => End::ServerClosed,
+        Err(PumpError::Write(_)) => End::ClientGone,
+        Err(e) => End::Failed(e.to_string()),
     }
 }
 

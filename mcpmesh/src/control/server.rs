@@ -1,6 +1,7 @@
 //! The daemon's side of the control socket: accept, check the peer's uid, dispatch.
 
 use std::future::Future;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -212,12 +213,15 @@ async fn attach_local(
 ) -> std::io::Result<LocalSide> {
     match attach {
         Attach::Stream => {
+            // The opener shuts down its writing side when its client's input ends; a closed
+            // connection means the opener itself is gone.
+            let gone = proxy::hung_up(stream.as_fd().try_clone_to_owned()?);
             let (input, output) = stream.into_split();
             Ok(LocalSide {
                 input: Box::new(input),
                 output: Box::new(output),
                 leftover,
-                gone: Box::pin(std::future::pending()),
+                gone: Box::pin(gone),
                 report: None,
             })
         }
@@ -225,15 +229,22 @@ async fn attach_local(
             let (input, output) = tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
                 .await
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            let output_closed = proxy::hung_up(output.try_clone()?);
             let (mut alive, report) = stream.into_split();
             Ok(LocalSide {
                 input: proxy::input_from(input)?,
                 output: proxy::output_from(output)?,
                 leftover,
                 gone: Box::pin(async move {
-                    // The opener writes nothing more; EOF (or an error) means it is gone.
+                    // The opener writes nothing more; EOF (or an error) means it is gone. So
+                    // does a client that closed the output it was reading.
                     let mut buf = [0u8; 64];
-                    while matches!(alive.read(&mut buf).await, Ok(n) if n > 0) {}
+                    let opener_gone =
+                        async { while matches!(alive.read(&mut buf).await, Ok(n) if n > 0) {} };
+                    tokio::select! {
+                        () = opener_gone => {}
+                        () = output_closed => {}
+                    }
                 }),
                 report: Some(Box::new(report)),
             })
