@@ -1637,3 +1637,57 @@ async fn a_gateway_beyond_loopback_needs_tls_and_says_how_and_bad_pem_files_are_
     let err = refusal(&["gateway", "--tls-cert", &cert]).await;
     assert!(err.contains("--tls-key"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessionless_requests_with_the_same_progress_token_each_get_their_own_progress() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-same-token"));
+    let gateway = Gateway::start_env(
+        &bob,
+        &[],
+        &[("MCPMESH_TEST_GATEWAY_REGISTER_DELAY_MS", "300")],
+    )
+    .await;
+    let (url, http) = (gateway.url("alice/svc"), gateway.client());
+    // The stub reports progress under the request's token before it answers.
+    let call = |id: u32, text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}},"_meta":{{"progressToken":"p\u0031","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
+        )
+    };
+    let post = |body: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            r.text().await.unwrap()
+        }
+    };
+    let first = tokio::time::timeout(ANSWER_TIMEOUT, post(call(1, "first")))
+        .await
+        .expect("an answer in time");
+    assert!(first.contains("first"), "{first}");
+
+    let (a, b) = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        futures_util::future::join(post(call(2, "from A")), post(call(3, "from B"))),
+    )
+    .await
+    .expect("both answered in time");
+    for (body, mine) in [(&a, "from A"), (&b, "from B")] {
+        assert!(body.contains(mine), "{body}");
+        assert_eq!(
+            body.matches("notifications/progress").count(),
+            1,
+            "one progress notification, its own: {body}"
+        );
+        assert!(body.contains(r#""progressToken":"p\u0031""#), "{body}");
+    }
+}

@@ -50,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 use crate::control::Attach;
 use crate::control::client::ControlClient;
 use crate::paths::Profile;
-use routes::{Refused, Routes, with_id};
+use routes::{Refused, Routes, with_id, with_id_and_token, with_progress_token};
 
 const SESSION_ID: &str = "mcp-session-id";
 /// Messages queued toward one HTTP stream before the mesh session waits for its reader.
@@ -513,10 +513,14 @@ impl Session {
         id: &RawValue,
         token: Option<&RawValue>,
         cap: usize,
-    ) -> Result<(String, mpsc::Receiver<Bytes>), Refused> {
+    ) -> Result<(Box<RawValue>, mpsc::Receiver<Bytes>), Refused> {
         let mut routes = self.routes();
-        let ours = format!("\"mcpmesh-gateway:{}\"", routes.next);
-        let rx = routes.insert(ours.clone(), token, Some(id.to_owned()), cap)?;
+        // The same name serves as its progress token: both are unique in the session.
+        let ours = RawValue::from_string(format!("\"mcpmesh-gateway:{}\"", routes.next))
+            .map_err(|_| Refused::Full)?;
+        let client = (id.to_owned(), token.map(ToOwned::to_owned));
+        let ours_token = token.map(|_| &*ours);
+        let rx = routes.insert(ours.get().to_owned(), ours_token, Some(client), cap)?;
         Ok((ours, rx))
     }
 
@@ -566,6 +570,10 @@ impl Session {
             && let Some(key) = routes.tokens.get(&token)
             && let Some(w) = routes.waiting.get(key)
         {
+            let line = match &w.client_token {
+                Some(t) => with_progress_token(&line, t).unwrap_or(line),
+                None => line,
+            };
             return Some((w.tx.clone(), false, line));
         }
         if let Some(get) = routes.get.as_ref().filter(|g| !g.is_closed()) {
@@ -864,10 +872,7 @@ impl Sent<'_> {
             Ok(registered) => registered,
             Err(refused) => return self.refused(refused),
         };
-        let Some(line) = RawValue::from_string(ours)
-            .ok()
-            .and_then(|ours| with_id(self.line, &ours))
-        else {
+        let Some(line) = with_id_and_token(self.line, &ours, &ours) else {
             return rpc_error(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidRequest,

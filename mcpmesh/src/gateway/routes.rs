@@ -36,6 +36,8 @@ pub(super) struct Waiter {
     token: Option<String>,
     /// The id the client wrote, when the server was sent another: the answer gets it back.
     pub(super) client_id: Option<Box<RawValue>>,
+    /// Likewise its progress token: its progress notifications get it back.
+    pub(super) client_token: Option<Box<RawValue>>,
 }
 
 /// Why a request was not registered.
@@ -48,12 +50,13 @@ pub(super) enum Refused {
 }
 
 impl Routes {
-    /// Registers a request under `key`; `client_id` when that is not the id the client wrote.
+    /// Registers a request under `key`; `client`: the id and progress token the client wrote,
+    /// when the server is sent others.
     pub(super) fn insert(
         &mut self,
         key: String,
         token: Option<&RawValue>,
-        client_id: Option<Box<RawValue>>,
+        client: Option<(Box<RawValue>, Option<Box<RawValue>>)>,
         cap: usize,
     ) -> Result<mpsc::Receiver<Bytes>, Refused> {
         if let Some(w) = self.waiting.get(&key) {
@@ -86,6 +89,7 @@ impl Routes {
             self.tokens.insert(t.clone(), key.clone());
         }
         self.order.insert(seq, key.clone());
+        let (client_id, client_token) = client.map_or((None, None), |(id, t)| (Some(id), t));
         self.waiting.insert(
             key,
             Waiter {
@@ -93,6 +97,7 @@ impl Routes {
                 seq,
                 token,
                 client_id,
+                client_token,
             },
         );
         Ok(rx)
@@ -121,14 +126,53 @@ impl Routes {
 /// `line` (one JSON-RPC message) with its `id` member's value replaced by `id`; every other
 /// byte stays as it was. `None` when it has no id.
 pub(super) fn with_id(line: &[u8], id: &RawValue) -> Option<Bytes> {
-    let old = jsonrpc::peek(line)?.id?.get();
+    let old = jsonrpc::peek(line)?.id?;
+    Some(replaced(line, old, id))
+}
+
+/// A request `line` with its id and its `params._meta.progressToken` (when it has one)
+/// replaced; every other byte stays as it was.
+pub(super) fn with_id_and_token(line: &[u8], id: &RawValue, token: &RawValue) -> Option<Bytes> {
+    #[derive(serde::Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, rename = "progressToken")]
+        token: Option<&'a RawValue>,
+    }
+    let with_id = with_id(line, id)?;
+    let request: Request<'_> = serde_json::from_slice(&with_id).ok()?;
+    match request.params.and_then(|p| p.meta?.token) {
+        Some(old) => Some(replaced(&with_id, old, token)),
+        None => Some(with_id.clone()),
+    }
+}
+
+/// A `notifications/progress` line with its `params.progressToken` replaced by `token`.
+pub(super) fn with_progress_token(line: &[u8], token: &RawValue) -> Option<Bytes> {
+    let peek = jsonrpc::peek(line)?;
+    let old = peek.progress_token()?;
+    Some(replaced(line, old, token))
+}
+
+/// `line` with the value `old` (a slice of it) replaced by `new`.
+fn replaced(line: &[u8], old: &RawValue, new: &RawValue) -> Bytes {
+    let old = old.get();
     let start = old.as_ptr() as usize - line.as_ptr() as usize;
     let end = start + old.len();
-    let mut out = Vec::with_capacity(line.len() - old.len() + id.get().len());
+    let mut out = Vec::with_capacity(line.len() - old.len() + new.get().len());
     out.extend_from_slice(&line[..start]);
-    out.extend_from_slice(id.get().as_bytes());
+    out.extend_from_slice(new.get().as_bytes());
     out.extend_from_slice(&line[end..]);
-    Some(out.into())
+    out.into()
 }
 
 #[cfg(test)]
@@ -148,6 +192,26 @@ mod tests {
             br#"{ "result" : {"id":1}, "id" :"a\u0062" ,"jsonrpc":"2.0"}"#
         );
         assert!(with_id(br#"{"method":"n"}"#, &raw("1")).is_none());
+    }
+
+    #[test]
+    fn a_progress_token_is_replaced_both_ways_and_every_other_byte_kept() {
+        let line =
+            br#"{"id":7,"method":"m","params":{"x":1,"_meta":{"progressToken": "p\u0031"}}}"#;
+        let out = with_id_and_token(line, &raw(r#""g:1""#), &raw(r#""g:1""#)).unwrap();
+        assert_eq!(
+            &out[..],
+            br#"{"id":"g:1","method":"m","params":{"x":1,"_meta":{"progressToken": "g:1"}}}"#
+        );
+        let bare = with_id_and_token(br#"{"id":7,"method":"m"}"#, &raw("8"), &raw("9")).unwrap();
+        assert_eq!(&bare[..], br#"{"id":8,"method":"m"}"#);
+        let note =
+            br#"{"method":"notifications/progress","params":{"progressToken":"g:1","progress":0}}"#;
+        let back = with_progress_token(note, &raw(r#""p\u0031""#)).unwrap();
+        assert_eq!(
+            &back[..],
+            br#"{"method":"notifications/progress","params":{"progressToken":"p\u0031","progress":0}}"#
+        );
     }
 
     #[test]
