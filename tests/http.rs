@@ -23,11 +23,17 @@ struct Gateway {
 
 impl Gateway {
     async fn start(node: &TestNode, extra: &[&str]) -> Self {
+        Gateway::start_env(node, extra, &[]).await
+    }
+
+    /// As [`Gateway::start`], with `envs` set for the gateway (the test-only knobs).
+    async fn start_env(node: &TestNode, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(MCPMESH);
         cmd.arg("--home")
             .arg(node.home())
             .args(["--json", "gateway", "--listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(envs.iter().copied())
             .env_remove("MCPMESH_GATEWAY_TOKEN");
         let (process, ready) = Started::until(&mut cmd, "listening").await;
         let ready: Value = serde_json::from_str(&ready).unwrap();
@@ -1308,4 +1314,377 @@ async fn the_gateways_hub_serves_the_paired_services_with_its_token_and_a_delete
     })
     .await;
     assert!(gone, "the stub still runs: {:?}", procs_with(&m));
+}
+
+/// The answer (the last JSON message) in a response body, SSE or JSON.
+fn last_message(body: &str) -> Value {
+    body.lines()
+        .rev()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l.strip_prefix("data:").unwrap_or(l).trim()).ok()
+        })
+        .unwrap_or_else(|| panic!("no message in {body:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_initializes_never_take_the_gateway_past_its_session_cap() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], Some(16), &marker("gateway-session-cap"));
+    let gateway =
+        Gateway::start_env(&bob, &[], &[("MCPMESH_TEST_GATEWAY_MAX_SESSIONS", "2")]).await;
+    let (url, http) = (gateway.url("alice/svc"), gateway.client());
+
+    // An initialize that fails gives its place back.
+    for _ in 0..3 {
+        let r = mcp_post(
+            &http,
+            &gateway.url("alice/nothing"),
+            &initialize_request(),
+            None,
+        )
+        .send()
+        .await
+        .unwrap();
+        assert!(r.headers().get("mcp-session-id").is_none());
+        let body = r.text().await.unwrap();
+        assert!(body.contains("-32054"), "{body}");
+    }
+
+    let initialize = || async {
+        let r = mcp_post(&http, &url, &initialize_request(), None)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let sid = r
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (status, sid, r.text().await.unwrap())
+    };
+    let answers = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        futures_util::future::join_all((0..6).map(|_| initialize())),
+    )
+    .await
+    .expect("every initialize answered in time");
+    let opened: Vec<&String> = answers
+        .iter()
+        .filter_map(|(_, sid, _)| sid.as_ref())
+        .collect();
+    assert_eq!(
+        opened.len(),
+        2,
+        "sessions opened past a cap of 2: {answers:?}"
+    );
+    for (status, sid, body) in &answers {
+        if sid.is_none() {
+            assert_eq!(*status, 503, "{body}");
+            let e = last_message(body);
+            assert_eq!(e["error"]["code"], -32053, "{body}");
+            assert_eq!(e["error"]["data"]["source"], "mcpmesh", "{body}");
+        }
+    }
+
+    // Ending a session makes room for a new one.
+    let r = http
+        .delete(&url)
+        .header("mcp-session-id", opened[0].as_str())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, sid, body) = initialize().await;
+    assert!(status == 200 && sid.is_some(), "{status} {body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessionless_requests_with_the_same_id_each_get_their_own_answer_under_their_own_id() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-same-id"));
+    // The gateway pauses between finding the shared session and registering a request there,
+    // so both requests are on their way at once.
+    let gateway = Gateway::start_env(
+        &bob,
+        &[],
+        &[("MCPMESH_TEST_GATEWAY_REGISTER_DELAY_MS", "300")],
+    )
+    .await;
+    let (url, http) = (gateway.url("alice/svc"), gateway.client());
+    // The same id, spelled with an escape: each caller must get it back exactly as it wrote it.
+    let call = |text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":"a\u0062","method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
+        )
+    };
+    let post = |body: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http
+                .post(&url)
+                .header("accept", "application/json")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.headers().get("mcp-session-id").is_none());
+            r.text().await.unwrap()
+        }
+    };
+    // The first request opens the service's shared mesh session.
+    let first = tokio::time::timeout(ANSWER_TIMEOUT, post(call("first")))
+        .await
+        .expect("an answer in time");
+    assert!(first.contains("first"), "{first}");
+
+    let (a, b) = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        futures_util::future::join(post(call("from A")), post(call("from B"))),
+    )
+    .await
+    .expect("both answered in time");
+    for (body, mine, theirs) in [(&a, "from A", "from B"), (&b, "from B", "from A")] {
+        assert!(body.contains(mine) && !body.contains(theirs), "{body}");
+        assert!(body.contains(r#""id":"a\u0062""#), "{body}");
+    }
+    assert!(first.contains(r#""id":"a\u0062""#), "{first}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_past_its_cap_of_requests_in_flight_is_answered_busy() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-pending-cap"));
+    let gateway = Gateway::start_env(&bob, &[], &[("MCPMESH_TEST_GATEWAY_MAX_PENDING", "2")]).await;
+    let (url, http) = (gateway.url("alice/svc"), gateway.client());
+    let r = mcp_post(&http, &url, &initialize_request(), None)
+        .send()
+        .await
+        .unwrap();
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    let post = |body: Value| mcp_post(&http, &url, &body, Some(&sid)).send();
+
+    // Two slow calls in flight: their streams are open once the gateway has them.
+    let sleep = |id: u32| {
+        json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": "sleep", "arguments": { "ms": 1500 } } })
+    };
+    let held = [post(sleep(1)).await.unwrap(), post(sleep(2)).await.unwrap()];
+
+    let list = json!({ "jsonrpc": "2.0", "id": "over", "method": "tools/list" });
+    let r = tokio::time::timeout(Duration::from_secs(1), post(list.clone()))
+        .await
+        .expect("refused at once, not queued")
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let e = last_message(&r.text().await.unwrap());
+    assert_eq!(e["id"], "over", "{e}");
+    assert_eq!(e["error"]["code"], -32053, "{e}");
+    assert_eq!(e["error"]["data"]["source"], "mcpmesh", "{e}");
+    assert!(
+        e["error"]["data"]["retry_after_ms"].as_u64().is_some(),
+        "{e}"
+    );
+
+    // The calls in flight are answered as ever, and then there is room again.
+    for (n, r) in held.into_iter().enumerate() {
+        let body = tokio::time::timeout(ANSWER_TIMEOUT, r.text())
+            .await
+            .expect("answered in time")
+            .unwrap();
+        let answer = last_message(&body);
+        assert_eq!(answer["id"], n + 1, "{body}");
+        assert!(body.contains("slept 1500 ms"), "{body}");
+    }
+    let body = post(list).await.unwrap().text().await.unwrap();
+    assert!(last_message(&body)["result"]["tools"].is_array(), "{body}");
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, written as PEM files into `dir`:
+/// `(cert path, key path, cert PEM)`.
+fn self_signed(dir: &std::path::Path) -> (String, String, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let made =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    let cert = made.cert.pem();
+    let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_path, &cert).unwrap();
+    std::fs::write(&key_path, made.signing_key.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let shown = |p: std::path::PathBuf| p.display().to_string();
+    (shown(cert_path), shown(key_path), cert)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_serves_https_with_a_given_certificate_and_bounds_the_handshake() {
+    use tokio::io::AsyncReadExt;
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-tls"));
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, cert_pem) = self_signed(dir.path());
+    let gateway = Gateway::start_env(
+        &bob,
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[("MCPMESH_TEST_HTTP_TIMEOUT_MS", "1500")],
+    )
+    .await;
+    assert!(
+        gateway.base.starts_with("https://127.0.0.1:"),
+        "{}",
+        gateway.ready
+    );
+    let url = gateway.url("alice/svc");
+
+    // A TLS client that trusts only that certificate.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let token = gateway.token.clone().unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {token}").parse().unwrap(),
+    );
+    let https = reqwest::Client::builder()
+        .default_headers(headers)
+        .tls_certs_only([reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+    let r = mcp_post(&https, &url, &initialize_request(), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    assert!(r.text().await.unwrap().contains("serverInfo"));
+    let call = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "echo", "arguments": { "text": "over tls" } } });
+    let body = mcp_post(&https, &url, &call, Some(&sid))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("over tls"), "{body}");
+
+    // A client that does not trust the certificate gets no answer, nor does plain HTTP.
+    assert!(
+        mcp_post(&gateway.client(), &url, &initialize_request(), None)
+            .send()
+            .await
+            .is_err()
+    );
+    let plain = url.replacen("https://", "http://", 1);
+    assert!(
+        mcp_post(&gateway.client(), &plain, &initialize_request(), None)
+            .send()
+            .await
+            .map_or(true, |r| r.status() != 200)
+    );
+
+    // A connection that never starts its handshake is closed after the header timeout.
+    let addr = gateway.base.trim_start_matches("https://");
+    let addr = addr.split('/').next().unwrap();
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut sink = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), idle.read_to_end(&mut sink))
+        .await
+        .expect("the silent connection was closed")
+        .ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_beyond_loopback_needs_tls_and_says_how_and_bad_pem_files_are_refused() {
+    let node = TestNode::start("solo");
+    let refusal = |args: &[&str]| {
+        let mut cmd = Command::new(MCPMESH);
+        cmd.arg("--home")
+            .arg(node.home())
+            .args(args)
+            .env_remove("MCPMESH_GATEWAY_TOKEN")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        async move {
+            let out = tokio::time::timeout(ANSWER_TIMEOUT, cmd.output())
+                .await
+                .expect("refused, not started")
+                .unwrap();
+            assert!(!out.status.success());
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        }
+    };
+    let err = refusal(&["gateway", "--listen", "0.0.0.0:0", "--allow-remote"]).await;
+    assert!(
+        err.contains("not a loopback address")
+            && err.contains("--tls-cert")
+            && err.contains("--tls-key"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let missing = dir.path().join("missing.pem").display().to_string();
+    let err = refusal(&["gateway", "--tls-cert", &missing, "--tls-key", &key]).await;
+    assert!(err.contains("missing.pem"), "{err}");
+    let err = refusal(&["gateway", "--tls-cert", &key, "--tls-key", &key]).await;
+    assert!(err.contains("no certificate"), "{err}");
+    let err = refusal(&["gateway", "--tls-cert", &cert, "--tls-key", &cert]).await;
+    assert!(err.contains("no private key"), "{err}");
+    let err = refusal(&["gateway", "--tls-cert", &cert]).await;
+    assert!(err.contains("--tls-key"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessionless_requests_with_the_same_progress_token_each_get_their_own_progress() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("svc", &["bob"], None, &marker("gateway-same-token"));
+    let gateway = Gateway::start_env(
+        &bob,
+        &[],
+        &[("MCPMESH_TEST_GATEWAY_REGISTER_DELAY_MS", "300")],
+    )
+    .await;
+    let (url, http) = (gateway.url("alice/svc"), gateway.client());
+    // The stub reports progress under the request's token before it answers.
+    let call = |id: u32, text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}},"_meta":{{"progressToken":"p\u0031","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}}}}"#
+        )
+    };
+    let post = |body: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let r = http
+                .post(&url)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            r.text().await.unwrap()
+        }
+    };
+    let first = tokio::time::timeout(ANSWER_TIMEOUT, post(call(1, "first")))
+        .await
+        .expect("an answer in time");
+    assert!(first.contains("first"), "{first}");
+
+    let (a, b) = tokio::time::timeout(
+        ANSWER_TIMEOUT,
+        futures_util::future::join(post(call(2, "from A")), post(call(3, "from B"))),
+    )
+    .await
+    .expect("both answered in time");
+    for (body, mine) in [(&a, "from A"), (&b, "from B")] {
+        assert!(body.contains(mine), "{body}");
+        assert_eq!(
+            body.matches("notifications/progress").count(),
+            1,
+            "one progress notification, its own: {body}"
+        );
+        assert!(body.contains(r#""progressToken":"p\u0031""#), "{body}");
+    }
 }

@@ -257,17 +257,25 @@ pub enum Command {
     /// Serve every mountable PEER/SERVICE as a Streamable HTTP MCP endpoint at
     /// http://LISTEN/mcp/PEER/SERVICE, for clients that speak HTTP (runs in the foreground).
     /// Every request must carry this node's gateway token (`Authorization: Bearer …`; `mcpmesh
-    /// use PEER/SERVICE` prints it).
+    /// use PEER/SERVICE` prints it). Beyond loopback it serves HTTPS only (--tls-cert,
+    /// --tls-key), so the token never crosses the network in the clear.
     #[command(
-        after_help = "Examples:\n  mcpmesh gateway\n  mcpmesh gateway --listen 127.0.0.1:9000 --allow-origin https://app.example"
+        after_help = "Examples:\n  mcpmesh gateway\n  mcpmesh gateway --listen 127.0.0.1:9000 --allow-origin https://app.example\n  mcpmesh gateway --listen 0.0.0.0:8484 --allow-remote --tls-cert cert.pem --tls-key key.pem"
     )]
     Gateway {
         /// Where to listen: loopback unless --allow-remote.
         #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
         listen: std::net::SocketAddr,
-        /// Allow a non-loopback address (never with --no-token).
+        /// Allow a non-loopback address (never with --no-token; needs --tls-cert and --tls-key).
         #[arg(long)]
         allow_remote: bool,
+        /// Serve HTTPS with this certificate chain (PEM, leaf first); required beyond
+        /// loopback.
+        #[arg(long, value_name = "PEM", requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+        #[arg(long, value_name = "PEM", requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
         /// The bearer token clients must send, instead of this node's own (minted once and
         /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
         /// out of process listings.

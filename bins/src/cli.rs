@@ -166,8 +166,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             allowed_origins,
             allowed_hosts,
             idle,
+            tls_cert,
+            tls_key,
         } => {
-            use mcpmesh::gateway::TokenChoice;
+            use mcpmesh::gateway::{TlsFiles, TokenChoice};
             let token = match (token, no_token) {
                 (_, true) => TokenChoice::Waived,
                 (Some(t), false) => TokenChoice::Given(t),
@@ -182,9 +184,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     profile: profile.clone(),
                     exe: exe.clone(),
                     idle: std::time::Duration::from_secs(idle),
+                    tls: None,
                 },
                 allow_remote,
                 token,
+                tls_cert
+                    .zip(tls_key)
+                    .map(|(cert, key)| TlsFiles { cert, key }),
                 &out,
             )
         }
@@ -903,11 +909,21 @@ fn gateway(
     mut config: mcpmesh::gateway::GatewayConfig,
     allow_remote: bool,
     token: mcpmesh::gateway::TokenChoice,
+    tls: Option<mcpmesh::gateway::TlsFiles>,
     out: &Output,
 ) -> Result<(), Failure> {
     use mcpmesh::gateway::{self, TokenChoice};
     let failed = |e: gateway::GatewayError| Failure::new(codes::INVALID_PARAMS, e.to_string());
-    gateway::check_bind(config.listen, allow_remote, &token).map_err(failed)?;
+    gateway::check_bind(config.listen, allow_remote, &token, tls.is_some()).map_err(failed)?;
+    config.tls = match &tls {
+        Some(files) => Some(
+            files
+                .load()
+                .map_err(|e| failed(gateway::GatewayError::Tls(e)))?,
+        ),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // Where the token is, for people and scripts; never the token itself.
     let token_file = (token == TokenChoice::Profile)
         .then(|| config.profile.gateway_token_file().display().to_string());
@@ -930,7 +946,7 @@ fn gateway(
     runtime.block_on(async {
         let listener = gateway::bind(&config).await.map_err(failed)?;
         let addr = listener.local_addr().context("the gateway's address")?;
-        let base = format!("http://{addr}/mcp");
+        let base = format!("{scheme}://{addr}/mcp");
         let mut ready = json!({ "listening": addr.to_string(), "url": base, "token_required": token_required });
         if let Some(file) = &token_file {
             ready["token_file"] = json!(file);

@@ -12,11 +12,15 @@
 //! Every request carries the profile's bearer token (see [`token`]): the gateway opens sessions
 //! as this node, and without it any local user could, past the control socket's same-uid
 //! check. It listens on loopback unless told otherwise, and checks `Host` and `Origin` against
-//! DNS rebinding.
+//! DNS rebinding. Beyond loopback it serves TLS only (see [`tls`]), so the token never
+//! crosses a network in the clear.
 
 pub(crate) mod guard;
+mod routes;
+pub mod tls;
 pub mod token;
 
+pub use tls::{GatewayTls, TlsFiles};
 pub use token::{TokenChoice, check_bind, resolve_token};
 
 use std::collections::{HashMap, VecDeque};
@@ -46,16 +50,26 @@ use tokio_util::sync::CancellationToken;
 use crate::control::Attach;
 use crate::control::client::ControlClient;
 use crate::paths::Profile;
+use routes::{Refused, Routes, with_id, with_id_and_token, with_progress_token};
 
 const SESSION_ID: &str = "mcp-session-id";
 /// Messages queued toward one HTTP stream before the mesh session waits for its reader.
-const STREAM_QUEUE: usize = 64;
+pub(crate) const STREAM_QUEUE: usize = 64;
 /// How much of a body past the frame cap is read and discarded before the refusal.
 const DRAIN: usize = 64 << 20;
 /// Server-initiated messages held while no stream is open to carry them.
 const BACKLOG: usize = 1024;
 /// HTTP sessions the gateway holds at once; past it, `initialize` is answered 503.
 const MAX_SESSIONS: usize = 1024;
+/// Test-only knobs: the session cap, the cap on one session's requests in flight, and a pause
+/// between finding a sessionless request's shared session and registering the request there
+/// (the suites widen that window to show that concurrent requests cannot cross).
+pub const TEST_MAX_SESSIONS_ENV: &str = "MCPMESH_TEST_GATEWAY_MAX_SESSIONS";
+pub const TEST_MAX_PENDING_ENV: &str = "MCPMESH_TEST_GATEWAY_MAX_PENDING";
+pub const TEST_REGISTER_DELAY_MS_ENV: &str = "MCPMESH_TEST_GATEWAY_REGISTER_DELAY_MS";
+/// Requests one HTTP session (or the shared sessionless one of a service) may have in flight;
+/// past it, a request is answered `-32053`.
+const MAX_PENDING: usize = 1024;
 /// By default, a session with no request in flight and no open stream for this long is
 /// ended: clients that go away without `DELETE` must not hold a server for long.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(300);
@@ -82,14 +96,22 @@ pub struct GatewayConfig {
     pub exe: PathBuf,
     /// A session with no request in flight and no open stream for this long is ended.
     pub idle: Duration,
+    /// The certificate and key to serve TLS with (required beyond loopback).
+    pub tls: Option<GatewayTls>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error(
-        "{0} is not a loopback address: a gateway reachable from other machines needs --allow-remote and a bearer token (--no-token is for loopback only)"
+        "{0} is not a loopback address: a gateway reachable from other machines needs --allow-remote, a bearer token (--no-token is for loopback only) and TLS (--tls-cert CERT.pem --tls-key KEY.pem)"
     )]
     NotLoopback(SocketAddr),
+    #[error(
+        "{0} is not a loopback address: a gateway reachable from other machines must serve TLS, or every request's token crosses the network in the clear; give --tls-cert CERT.pem --tls-key KEY.pem (a certificate for the name clients use, and its key)"
+    )]
+    NeedsTls(SocketAddr),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error(
         "the gateway token is empty: give one, leave it out to use this node's own, or pass --no-token"
     )]
@@ -126,9 +148,11 @@ pub async fn serve(
     config: GatewayConfig,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
+    let tls = config.tls.clone().map(|t| t.0);
     let gateway = Arc::new(Gateway {
         config,
-        sessions: StdMutex::new(HashMap::new()),
+        bounds: Bounds::from_env(),
+        sessions: StdMutex::new(Sessions::default()),
         stateless: StdMutex::new(HashMap::new()),
     });
     let janitor = tokio::spawn(gateway.clone().expire_idle(shutdown.clone()));
@@ -148,10 +172,11 @@ pub async fn serve(
             guard::guard,
         ))
         .with_state(gateway.clone());
-    crate::http_listener::serve(
+    crate::http_listener::serve_tls(
         listener,
         app,
         crate::http_listener::Limits::gateway(),
+        tls,
         "gateway",
         shutdown.clone(),
     )
@@ -163,9 +188,66 @@ pub async fn serve(
     Ok(())
 }
 
+/// How much the gateway holds at once.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    max_sessions: usize,
+    max_pending: usize,
+    register_delay: Duration,
+}
+
+impl Bounds {
+    fn from_env() -> Self {
+        let knob = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        Bounds {
+            max_sessions: knob(TEST_MAX_SESSIONS_ENV).map_or(MAX_SESSIONS, |n| n as usize),
+            max_pending: knob(TEST_MAX_PENDING_ENV).map_or(MAX_PENDING, |n| n as usize),
+            register_delay: Duration::from_millis(knob(TEST_REGISTER_DELAY_MS_ENV).unwrap_or(0)),
+        }
+    }
+}
+
+/// The HTTP sessions, and the places held for `initialize`s under way: the cap counts both.
+#[derive(Default)]
+struct Sessions {
+    map: HashMap<String, Arc<Session>>,
+    reserved: usize,
+}
+
+/// A place among the gateway's sessions for one `initialize`, taken under the same lock that
+/// checks the cap, so concurrent initializes cannot both pass it; given back when dropped
+/// unfilled (the server refused, the mesh failed, the client went away).
+struct Reservation {
+    gateway: Arc<Gateway>,
+    filled: bool,
+}
+
+impl Reservation {
+    /// The session takes the place.
+    fn fill(mut self, sid: String, session: Arc<Session>) {
+        let mut sessions = self.gateway.sessions();
+        sessions.reserved -= 1;
+        sessions.map.insert(sid, session);
+        self.filled = true;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.gateway.sessions().reserved -= 1;
+        }
+    }
+}
+
 struct Gateway {
     config: GatewayConfig,
-    sessions: StdMutex<HashMap<String, Arc<Session>>>,
+    bounds: Bounds,
+    sessions: StdMutex<Sessions>,
     /// Per `(peer, service)`: one mesh session carrying the requests that come without an
     /// HTTP session (2026-07-28). One server instance answers them all, so a multi-round-trip
     /// result's `requestState` is honoured on the retry.
@@ -173,12 +255,25 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A place for one more session, or `None` at the cap.
+    fn reserve(self: &Arc<Self>) -> Option<Reservation> {
+        let mut sessions = self.sessions();
+        if sessions.map.len() + sessions.reserved >= self.bounds.max_sessions {
+            return None;
+        }
+        sessions.reserved += 1;
+        Some(Reservation {
+            gateway: self.clone(),
+            filled: false,
+        })
+    }
+
     fn take_all(&self) -> Vec<Arc<Session>> {
-        let mut all: Vec<Arc<Session>> = self.sessions().drain().map(|(_, s)| s).collect();
+        let mut all: Vec<Arc<Session>> = self.sessions().map.drain().map(|(_, s)| s).collect();
         all.extend(self.stateless_map().drain().map(|(_, s)| s));
         all
     }
@@ -212,7 +307,7 @@ impl Gateway {
         let Some(id) = headers.get(SESSION_ID).and_then(|v| v.to_str().ok()) else {
             return Lookup::NoHeader;
         };
-        match self.sessions().get(id) {
+        match self.sessions().map.get(id) {
             Some(s) if s.peer == peer && s.service == service && !s.closed.is_cancelled() => {
                 Lookup::Found(s.clone())
             }
@@ -231,7 +326,8 @@ impl Gateway {
                 _ = shutdown.cancelled() => return,
             }
             let mut stale: Vec<Arc<Session>> = {
-                let mut map = self.sessions();
+                let mut sessions = self.sessions();
+                let map = &mut sessions.map;
                 let ids: Vec<String> = map
                     .iter()
                     .filter(|(_, s)| s.closed.is_cancelled() || s.idle_for() > Some(idle))
@@ -257,7 +353,8 @@ impl Gateway {
     /// Takes the HTTP session to `peer/service` that has been idle longest out of the map (so
     /// its id is then unknown); `None` when every one is in use.
     fn take_longest_idle(&self, peer: &str, service: &str) -> Option<Arc<Session>> {
-        let mut map = self.sessions();
+        let mut sessions = self.sessions();
+        let map = &mut sessions.map;
         let id = map
             .iter()
             .filter(|(_, s)| s.peer == peer && s.service == service && !s.closed.is_cancelled())
@@ -343,19 +440,6 @@ enum Lookup {
     Found(Arc<Session>),
 }
 
-/// Where the server's messages go.
-#[derive(Default)]
-struct Routes {
-    /// Request id (as an id key) → the stream answering that POST.
-    waiting: HashMap<String, mpsc::Sender<Bytes>>,
-    /// Progress token (as a key) → request id key.
-    tokens: HashMap<String, String>,
-    /// Request ids in the order their POSTs arrived (for unrelated messages with no GET).
-    order: VecDeque<String>,
-    get: Option<mpsc::Sender<Bytes>>,
-    backlog: VecDeque<Bytes>,
-}
-
 struct Session {
     peer: String,
     service: String,
@@ -381,7 +465,7 @@ impl Session {
     fn idle_for(&self) -> Option<Duration> {
         let routes = self.routes();
         let in_use = routes.get.as_ref().is_some_and(|g| !g.is_closed())
-            || routes.waiting.values().any(|w| !w.is_closed());
+            || routes.waiting.values().any(|w| !w.tx.is_closed());
         drop(routes);
         if in_use {
             // Idle time counts from when the session was last seen in use.
@@ -408,26 +492,36 @@ impl Session {
     async fn close(&self) {
         self.closed.cancel();
         let _ = self.writer.lock().await.shutdown().await;
-        let mut routes = self.routes();
-        routes.waiting.clear();
-        routes.get = None;
-    }
-
-    fn is_waiting(&self, id: &RawValue) -> bool {
-        self.routes().waiting.contains_key(&jsonrpc::id_key(id))
+        self.routes().clear();
     }
 
     /// Registers the stream that answers request `id` (and carries its progress).
-    fn expect(&self, id: &RawValue, token: Option<&RawValue>) -> mpsc::Receiver<Bytes> {
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let key = jsonrpc::id_key(id);
+    fn expect(
+        &self,
+        id: &RawValue,
+        token: Option<&RawValue>,
+        cap: usize,
+    ) -> Result<mpsc::Receiver<Bytes>, Refused> {
+        self.routes().insert(jsonrpc::id_key(id), token, None, cap)
+    }
+
+    /// As [`Session::expect`], under an id of the gateway's own, unique in this session: the
+    /// id to send the server instead of `id`, which the answer gets back. Requests of
+    /// independent clients that happen to use the same id can then share the session.
+    fn expect_remapped(
+        &self,
+        id: &RawValue,
+        token: Option<&RawValue>,
+        cap: usize,
+    ) -> Result<(Box<RawValue>, mpsc::Receiver<Bytes>), Refused> {
         let mut routes = self.routes();
-        if let Some(t) = token {
-            routes.tokens.insert(jsonrpc::id_key(t), key.clone());
-        }
-        routes.order.push_back(key.clone());
-        routes.waiting.insert(key, tx);
-        rx
+        // The same name serves as its progress token: both are unique in the session.
+        let ours = RawValue::from_string(format!("\"mcpmesh-gateway:{}\"", routes.next))
+            .map_err(|_| Refused::Full)?;
+        let client = (id.to_owned(), token.map(ToOwned::to_owned));
+        let ours_token = token.map(|_| &*ours);
+        let rx = routes.insert(ours.get().to_owned(), ours_token, Some(client), cap)?;
+        Ok((ours, rx))
     }
 
     /// Reads the server's lines from the mesh and routes each to its stream.
@@ -439,7 +533,7 @@ impl Session {
                 _ = self.closed.cancelled() => break,
             };
             let Ok(Some(line)) = line else { break };
-            if let Some((tx, done)) = self.target_of(&line)
+            if let Some((tx, done, line)) = self.target_of(line.clone())
                 && tx.send(line.clone()).await.is_err()
                 && !done
             {
@@ -450,46 +544,51 @@ impl Session {
         // The mesh session ended (the node answered whatever was outstanding first).
         self.closed.cancel();
         self.ended.cancel();
-        let mut routes = self.routes();
-        routes.waiting.clear();
-        routes.get = None;
+        self.routes().clear();
     }
 
-    /// Picks the stream for one server line: `(sender, is_final)`, or `None` when it was
-    /// held in the backlog.
-    fn target_of(&self, line: &Bytes) -> Option<(mpsc::Sender<Bytes>, bool)> {
+    /// Picks the stream for one server line: `(sender, is_final, line)`, the line with the
+    /// client's own id when it answers a remapped request; `None` when it was held in the
+    /// backlog.
+    fn target_of(&self, line: Bytes) -> Option<(mpsc::Sender<Bytes>, bool, Bytes)> {
         let mut routes = self.routes();
-        let peek = jsonrpc::peek(line);
+        let peek = jsonrpc::peek(&line);
         let kind = peek.as_ref().map(jsonrpc::Peek::kind);
         if kind == Some(Kind::Response) {
             if let Some(key) = peek.as_ref().and_then(|p| p.id).map(jsonrpc::id_key)
-                && let Some(tx) = routes.waiting.remove(&key)
+                && let Some(w) = routes.remove(&key)
             {
-                routes.order.retain(|k| k != &key);
-                routes.tokens.retain(|_, v| v != &key);
-                return Some((tx, true));
+                let line = match &w.client_id {
+                    Some(id) => with_id(&line, id).unwrap_or(line),
+                    None => line,
+                };
+                return Some((w.tx, true, line));
             }
         } else if let Some(token) = peek
             .as_ref()
             .and_then(|p| p.progress_token().map(jsonrpc::id_key))
             && let Some(key) = routes.tokens.get(&token)
-            && let Some(tx) = routes.waiting.get(key)
+            && let Some(w) = routes.waiting.get(key)
         {
-            return Some((tx.clone(), false));
+            let line = match &w.client_token {
+                Some(t) => with_progress_token(&line, t).unwrap_or(line),
+                None => line,
+            };
+            return Some((w.tx.clone(), false, line));
         }
         if let Some(get) = routes.get.as_ref().filter(|g| !g.is_closed()) {
-            return Some((get.clone(), false));
+            return Some((get.clone(), false, line));
         }
         let newest = routes
             .order
-            .iter()
-            .rev()
-            .find_map(|k| routes.waiting.get(k));
-        if let Some(tx) = newest {
-            return Some((tx.clone(), false));
+            .values()
+            .next_back()
+            .and_then(|k| routes.waiting.get(k));
+        if let Some(w) = newest {
+            return Some((w.tx.clone(), false, line));
         }
         drop(routes);
-        self.hold(line.clone());
+        self.hold(line);
         None
     }
 
@@ -501,6 +600,23 @@ impl Session {
         }
         routes.backlog.push_back(line);
     }
+}
+
+/// `-32053` as an HTTP 503 with `Retry-After`: the gateway holds as much as it may.
+fn busy(id: Option<&RawValue>, message: &str) -> Response {
+    let frame = ErrorFrame::new(ErrorCode::Busy)
+        .id(id)
+        .message(message)
+        .retry_after_ms(1000);
+    let mut r = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::CONTENT_TYPE, "application/json")],
+        frame.to_line(),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 fn plain(status: StatusCode, message: &str) -> Response {
@@ -623,27 +739,15 @@ async fn post(
                 "unknown or ended session: initialize a new one",
             );
         }
-        Lookup::NoHeader if initialize && gateway.sessions().len() >= MAX_SESSIONS => {
-            let frame = ErrorFrame::new(ErrorCode::Busy)
-                .id(id.as_deref())
-                .message("the gateway holds as many sessions as it may; end one (DELETE) first")
-                .retry_after_ms(1000);
-            let mut r = (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [(header::CONTENT_TYPE, "application/json")],
-                frame.to_line(),
-            )
-                .into_response();
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return r;
-        }
-        Lookup::NoHeader if initialize && id.is_none() => {
-            return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
-        }
         Lookup::NoHeader if initialize => {
             let Some(id) = id.as_deref() else {
                 return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
+            };
+            let Some(place) = gateway.reserve() else {
+                return busy(
+                    Some(id),
+                    "the gateway holds as many sessions as it may; end one (DELETE) first",
+                );
             };
             let sent = Sent {
                 line: &line,
@@ -651,7 +755,7 @@ async fn post(
                 token: token.as_deref(),
                 headers: &headers,
             };
-            return sent.initialize(&gateway, &peer, &service).await;
+            return sent.initialize(&gateway, &peer, &service, place).await;
         }
         Lookup::NoHeader if stateless => {
             let Some(rid) = id.as_deref() else {
@@ -661,10 +765,8 @@ async fn post(
                 Ok(s) => s,
                 Err((code, message)) => return open_failed(code, id.as_deref(), &message),
             };
-            if shared.is_waiting(rid) {
-                // Another client's request with the same id is in flight there: this one
-                // gets a mesh session of its own rather than a rewritten id.
-                return one_shot(&gateway, &peer, &service, line, id, &headers).await;
+            if !gateway.bounds.register_delay.is_zero() {
+                tokio::time::sleep(gateway.bounds.register_delay).await;
             }
             let sent = Sent {
                 line: &line,
@@ -672,7 +774,7 @@ async fn post(
                 token: token.as_deref(),
                 headers: &headers,
             };
-            return sent.over(&shared, None, StatusCode::OK).await;
+            return sent.remapped(&shared, gateway.bounds.max_pending).await;
         }
         Lookup::NoHeader => {
             return rpc_error(
@@ -692,7 +794,7 @@ async fn post(
                 token: token.as_deref(),
                 headers: &headers,
             };
-            sent.over(&session, None, StatusCode::NOT_FOUND).await
+            sent.over(&session, gateway.bounds.max_pending).await
         }
         _ => match session.send(&line).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
@@ -751,11 +853,44 @@ struct Sent<'a> {
 }
 
 impl Sent<'_> {
-    /// Sends the request into `session` and answers with the stream that will carry its
-    /// answer; if the mesh session is gone, `-32055` with HTTP status `lost`.
-    async fn over(self, session: &Session, sid: Option<&str>, lost: StatusCode) -> Response {
-        let rx = session.expect(self.id, self.token);
-        if session.send(self.line).await.is_err() {
+    /// Sends the request into an HTTP session and answers with the stream that will carry
+    /// its answer; if the mesh session is gone, 404 with `-32055`.
+    async fn over(self, session: &Session, cap: usize) -> Response {
+        let rx = match session.expect(self.id, self.token, cap) {
+            Ok(rx) => rx,
+            Err(refused) => return self.refused(refused),
+        };
+        self.send(session, self.line, rx, StatusCode::NOT_FOUND)
+            .await
+    }
+
+    /// Sends a sessionless request into its service's shared mesh session under an id of the
+    /// gateway's own, so that it never meets another client's request with the same id; the
+    /// answer carries the client's id again, exactly as it was written.
+    async fn remapped(self, session: &Session, cap: usize) -> Response {
+        let (ours, rx) = match session.expect_remapped(self.id, self.token, cap) {
+            Ok(registered) => registered,
+            Err(refused) => return self.refused(refused),
+        };
+        let Some(line) = with_id_and_token(self.line, &ours, &ours) else {
+            return rpc_error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest,
+                Some(self.id),
+                "the request could not be read",
+            );
+        };
+        self.send(session, &line, rx, StatusCode::OK).await
+    }
+
+    async fn send(
+        &self,
+        session: &Session,
+        line: &[u8],
+        rx: mpsc::Receiver<Bytes>,
+        lost: StatusCode,
+    ) -> Response {
+        if session.send(line).await.is_err() {
             session.close().await;
             return rpc_error(
                 lost,
@@ -764,7 +899,22 @@ impl Sent<'_> {
                 "the mesh session ended",
             );
         }
-        respond(rx, self.headers, sid)
+        respond(rx, self.headers, None)
+    }
+
+    fn refused(&self, refused: Refused) -> Response {
+        match refused {
+            Refused::Full => busy(
+                Some(self.id),
+                "this session has as many requests in flight as it may; retry when one is answered",
+            ),
+            Refused::Duplicate => rpc_error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidRequest,
+                Some(self.id),
+                "a request with this id is already in flight in this session",
+            ),
+        }
     }
 }
 
@@ -772,7 +922,13 @@ impl Sent<'_> {
     /// Opens a mesh session for an `initialize` and answers it. The HTTP session exists (and
     /// its id is given) only once the server accepted; when the service refuses because it is
     /// at its session limit, this service's longest-idle HTTP session gives way first.
-    async fn initialize(self, gateway: &Arc<Gateway>, peer: &str, service: &str) -> Response {
+    async fn initialize(
+        self,
+        gateway: &Arc<Gateway>,
+        peer: &str,
+        service: &str,
+        place: Reservation,
+    ) -> Response {
         let mut gave_way = false;
         let mut delay = Duration::from_millis(50);
         let mut attempts = 0;
@@ -783,7 +939,11 @@ impl Sent<'_> {
             };
             // A client that goes away before the answer takes the mesh session with it.
             let armed = session.closed.clone().drop_guard();
-            let mut rx = session.expect(self.id, self.token);
+            let Ok(mut rx) = session.expect(self.id, self.token, 1) else {
+                // A fresh session waits for nothing else.
+                session.close().await;
+                return open_failed(ErrorCode::Unreachable.code(), Some(self.id), "no room");
+            };
             if session.send(self.line).await.is_err() {
                 session.close().await;
                 return rpc_error(
@@ -826,7 +986,7 @@ impl Sent<'_> {
                         return open_failed(ErrorCode::Unreachable.code(), Some(self.id), &message);
                     }
                 };
-                gateway.sessions().insert(sid.clone(), session);
+                place.fill(sid.clone(), session);
                 return replay(lines, self.headers, Some(&sid));
             };
             session.close().await;
@@ -901,49 +1061,6 @@ fn open_failed(code: i64, id: Option<&RawValue>, message: &str) -> Response {
     rpc_error(StatusCode::OK, code, id, message)
 }
 
-/// A 2026-07-28 request with no session: a mesh session of its own, ended after the answer.
-async fn one_shot(
-    gateway: &Arc<Gateway>,
-    peer: &str,
-    service: &str,
-    line: Bytes,
-    id: Option<Box<RawValue>>,
-    headers: &HeaderMap,
-) -> Response {
-    let stream = match gateway.open(peer, service).await {
-        Ok(s) => s,
-        Err((code, message)) => return open_failed(code, id.as_deref(), &message),
-    };
-    let (reader, mut writer) = stream.into_split();
-    if writer
-        .write_all(&[&line[..], b"\n"].concat())
-        .await
-        .is_err()
-    {
-        return rpc_error(
-            StatusCode::OK,
-            ErrorCode::Unreachable,
-            id.as_deref(),
-            "the mesh session failed",
-        );
-    }
-    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-    let key = id.as_deref().map(jsonrpc::id_key);
-    tokio::spawn(async move {
-        let mut reader = FrameReader::new(reader, MAX_FRAME);
-        while let Ok(Some(line)) = reader.next_line().await {
-            let done = jsonrpc::peek_response(&line)
-                .and_then(|p| p.answers().map(jsonrpc::id_key))
-                .is_some_and(|k| Some(k) == key);
-            if tx.send(line).await.is_err() || done {
-                break;
-            }
-        }
-        let _ = writer.shutdown().await;
-    });
-    respond(rx, headers, None)
-}
-
 async fn get(
     State(gateway): State<Arc<Gateway>>,
     Path((peer, service)): Path<(String, String)>,
@@ -989,7 +1106,7 @@ async fn delete(
     match gateway.session(&headers, &peer, &service) {
         Lookup::Found(session) => {
             if let Some(id) = headers.get(SESSION_ID).and_then(|v| v.to_str().ok()) {
-                gateway.sessions().remove(id);
+                gateway.sessions().map.remove(id);
             }
             session.close().await;
             StatusCode::OK.into_response()

@@ -11,6 +11,9 @@
 //! - a request body must arrive whole within [`Limits::body_read`] of its head. A request
 //!   without a body (the SSE `GET`s) is not timed: its response may stream for as long as the
 //!   client stays, counted against the cap.
+//!
+//! A listener that serves TLS ([`serve_tls`]) holds each connection to the same cap, and its
+//! handshake to the head's timeout: a connection that never completes one is closed then.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -78,6 +81,23 @@ pub async fn serve(
     what: &'static str,
     stop: CancellationToken,
 ) {
+    serve_tls(listener, app, limits, None, what, stop).await;
+}
+
+/// A connection's bytes, in the clear or through TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// As [`serve`], each connection through TLS when `tls` is given.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    what: &'static str,
+    stop: CancellationToken,
+) {
     let body_read = limits.body_read;
     let app = app.layer(axum::middleware::from_fn(
         move |request: Request, next: axum::middleware::Next| async move {
@@ -113,10 +133,22 @@ pub async fn serve(
         let Ok(permit) = open.clone().try_acquire_owned() else {
             continue;
         };
-        let connection = http.serve_connection(TokioIo::new(stream), service.clone());
-        let stop = stop.clone();
+        let (http, service, stop, tls) = (http.clone(), service.clone(), stop.clone(), tls.clone());
+        let handshake = limits.header_read;
         connections.spawn(async move {
             let _permit = permit;
+            let io: Box<dyn Io> = match tls {
+                None => Box::new(stream),
+                Some(tls) => match tokio::time::timeout(handshake, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => Box::new(stream),
+                    Ok(Err(e)) => {
+                        tracing::debug!("{what}: a TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                },
+            };
+            let connection = http.serve_connection(TokioIo::new(io), service);
             tokio::pin!(connection);
             tokio::select! {
                 _ = &mut connection => {}

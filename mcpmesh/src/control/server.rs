@@ -55,6 +55,10 @@ pub trait ControlHandler: Send + Sync + 'static {
 
     /// A `hello` result's node id.
     fn node_id(&self) -> String;
+
+    /// How long the node gives one dial of a peer: a `hello` result's `dial_timeout_secs`, so
+    /// that clients wait on a dialing method a little longer than the node itself does.
+    fn dial_timeout(&self) -> std::time::Duration;
 }
 
 /// Serves the control socket until `stop` fires. Connections from other users are dropped.
@@ -122,7 +126,7 @@ async fn connection<H: ControlHandler>(
             }
         };
         let outcome = if req.method == methods::HELLO {
-            hello(&req.params, &handler.node_id()).map(|v| {
+            hello(&req.params, &handler.node_id(), handler.dial_timeout()).map(|v| {
                 greeted = true;
                 Reply::Value(v)
             })
@@ -252,7 +256,11 @@ async fn attach_local(
     }
 }
 
-fn hello(params: &Value, node_id: &str) -> Result<Value, ControlError> {
+fn hello(
+    params: &Value,
+    node_id: &str,
+    dial_timeout: std::time::Duration,
+) -> Result<Value, ControlError> {
     let api = params
         .get("api")
         .and_then(Value::as_u64)
@@ -269,5 +277,6 @@ fn hello(params: &Value, node_id: &str) -> Result<Value, ControlError> {
         "api": API_VERSION,
         "version": env!("CARGO_PKG_VERSION"),
         "id": node_id,
+        "dial_timeout_secs": dial_timeout.as_secs(),
     }))
 }

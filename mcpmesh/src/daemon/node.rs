@@ -639,4 +639,8 @@ impl ControlHandler for Node {
     fn node_id(&self) -> String {
         self.endpoint.id().to_string()
     }
+
+    fn dial_timeout(&self) -> std::time::Duration {
+        self.settings().dial_timeout
+    }
 }

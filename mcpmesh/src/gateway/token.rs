@@ -85,12 +85,12 @@ pub enum TokenChoice {
 }
 
 /// Checks the bind policy: a token (a given one at least [`MIN_GIVEN_LEN`] characters) unless
-/// waived on loopback; beyond loopback, `--allow-remote`
-/// and a token.
+/// waived on loopback; beyond loopback, `--allow-remote`, a token and TLS.
 pub fn check_bind(
     listen: SocketAddr,
     allow_remote: bool,
     token: &TokenChoice,
+    tls: bool,
 ) -> Result<(), GatewayError> {
     if matches!(token, TokenChoice::Given(t) if t.is_empty()) {
         return Err(GatewayError::EmptyToken);
@@ -98,10 +98,16 @@ pub fn check_bind(
     if matches!(token, TokenChoice::Given(t) if t.len() < MIN_GIVEN_LEN) {
         return Err(GatewayError::ShortToken);
     }
-    if listen.ip().is_loopback() || (allow_remote && *token != TokenChoice::Waived) {
+    if listen.ip().is_loopback() {
         return Ok(());
     }
-    Err(GatewayError::NotLoopback(listen))
+    if !allow_remote || *token == TokenChoice::Waived {
+        return Err(GatewayError::NotLoopback(listen));
+    }
+    if !tls {
+        return Err(GatewayError::NeedsTls(listen));
+    }
+    Ok(())
 }
 
 /// The token requests must carry: given, or the profile's (minted if it has none yet); `None`
@@ -186,24 +192,30 @@ mod tests {
         let lo6: SocketAddr = "[::1]:0".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:0".parse().unwrap();
         let given = || Given("a-user-chosen-token-long-enough".into());
-        for (listen, allow_remote, token, ok) in [
-            (lo, false, Profile, true),
-            (lo, false, given(), true),
-            (lo6, false, Waived, true),
-            (lo, false, Given(String::new()), false),
-            (any, false, Profile, false),
-            (any, false, given(), false),
-            (any, true, Waived, false),
-            (any, true, Given(String::new()), false),
-            (any, true, Profile, true),
-            (any, true, given(), true),
+        for (listen, allow_remote, token, tls, ok) in [
+            (lo, false, Profile, false, true),
+            (lo, false, given(), false, true),
+            (lo6, false, Waived, false, true),
+            (lo, false, Given(String::new()), false, false),
+            (any, false, Profile, true, false),
+            (any, false, given(), true, false),
+            (any, true, Waived, true, false),
+            (any, true, Given(String::new()), true, false),
+            (any, true, Profile, false, false),
+            (any, true, given(), false, false),
+            (any, true, Profile, true, true),
+            (any, true, given(), true, true),
         ] {
-            let verdict = check_bind(listen, allow_remote, &token);
+            let verdict = check_bind(listen, allow_remote, &token, tls);
             assert_eq!(
                 verdict.is_ok(),
                 ok,
-                "{listen} {allow_remote} {token:?}: {verdict:?}"
+                "{listen} {allow_remote} {token:?} {tls}: {verdict:?}"
             );
+            if let Err(GatewayError::NeedsTls(_)) = &verdict {
+                let e = verdict.unwrap_err().to_string();
+                assert!(e.contains("--tls-cert") && e.contains("--tls-key"), "{e}");
+            }
         }
     }
 
@@ -211,7 +223,7 @@ mod tests {
     fn a_given_token_shorter_than_128_bits_is_refused_clearly() {
         let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
         for short in ["t", "s3cret-t0ken", "abcdefghijklmnopqrstu"] {
-            let e = check_bind(lo, false, &TokenChoice::Given(short.into()))
+            let e = check_bind(lo, false, &TokenChoice::Given(short.into()), false)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("too short") && e.contains("22"), "{e}");
@@ -221,7 +233,7 @@ mod tests {
             );
         }
         let just_enough = "abcdefghijklmnopqrstuv";
-        assert!(check_bind(lo, false, &TokenChoice::Given(just_enough.into())).is_ok());
+        assert!(check_bind(lo, false, &TokenChoice::Given(just_enough.into()), false).is_ok());
     }
 
     #[test]
