@@ -6,7 +6,7 @@
 //! dial a peer wait longer than the node's own dial bound; a stream (`watch`, a session) is
 //! timed only until its opening answer.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
