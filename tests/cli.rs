@@ -385,7 +385,7 @@ async fn a_server_that_cannot_start_is_explained_to_the_owner_and_briefly_to_the
     alice.trust(&bob);
     bob.trust(&alice);
     let script = alice.home().join("notes-server.sh");
-    std::fs::write(&script, format!("#!/bin/sh\nexec {STUB}\n")).unwrap();
+    std::fs::write(&script, format!("#!/bin/sh\nexec {}\n", stub())).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     alice.serve("notes", &["bob"], &["--", script.to_str().unwrap()]);
     std::fs::remove_file(&script).unwrap();
@@ -872,7 +872,7 @@ async fn the_node_log_is_plain_text_bounded_in_size_and_named_by_doctor() {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ni=0\nwhile [ $i -lt 300 ]; do echo \"chatty line $i of a server that says a lot\" >&2; i=$((i+1)); done\nexec {STUB}\n"
+            "#!/bin/sh\ni=0\nwhile [ $i -lt 300 ]; do echo \"chatty line $i of a server that says a lot\" >&2; i=$((i+1)); done\nexec {}\n", stub()
         ),
     )
     .unwrap();

@@ -256,7 +256,7 @@ async fn two_peers_services_are_listed_prefixed_from_the_cache_without_a_session
     ];
 
     // Every tool each server lists directly, under peer__service__tool.
-    let stub = direct_tools(&[STUB.to_owned()]).await;
+    let stub = direct_tools(&[stub().to_owned()]).await;
     let everything = direct_tools(&["node".into(), everything_index(), "stdio".into()]).await;
     assert_eq!(stub, STUB_TOOLS.iter().map(|t| t.to_string()).collect());
     assert!(

@@ -278,7 +278,17 @@ async fn a_server_that_ignores_eof_and_sigterm_is_ended_with_its_group_within_a_
     // sh ignores SIGTERM (so does the `sleep` it leaves running, holding stdout open).
     let script = "trap '' TERM; \"$0\" \"$@\"; sleep 30";
     alice.json(&[
-        "serve", "svc", "--allow", "bob", "--", "sh", "-c", script, STUB, "--marker", &m,
+        "serve",
+        "svc",
+        "--allow",
+        "bob",
+        "--",
+        "sh",
+        "-c",
+        script,
+        stub(),
+        "--marker",
+        &m,
     ]);
     let mut s = bob.connect("alice/svc");
     s.initialize().await;
@@ -950,7 +960,7 @@ async fn one_service_filling_the_connection_is_refused_32053_and_another_service
     let (alice, bob) = two_nodes();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("server.sock");
-    let mut cmd = tokio::process::Command::new(STUB);
+    let mut cmd = tokio::process::Command::new(stub());
     cmd.arg("--socket").arg(&sock);
     let (_server, _) = Started::until(&mut cmd, "listening").await;
     let sock = sock.to_str().unwrap();

@@ -20,8 +20,6 @@ use common::*;
 use mcpmesh::pairing::Invite;
 use serde_json::{Value, json};
 
-const RELAY: &str = env!("CARGO_BIN_EXE_mcpmesh-test-relay");
-const DNS: &str = env!("CARGO_BIN_EXE_mcpmesh-test-dns");
 /// Where scripts/netns puts the relay and the two nodes.
 const INFRA_IP: &str = "10.77.0.1";
 const A_IP: &str = "10.77.0.2";
@@ -156,7 +154,8 @@ impl Net {
     /// UDP DNS), its packets kept under `dir`; returns it with its pkarr URL and DNS address.
     async fn dns_server(&self, dir: &std::path::Path) -> (Started, String, String) {
         let mut cmd = tokio::process::Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns("infra"), DNS, INFRA_IP])
+        let dns = kit_bin("mcpmesh-test-dns");
+        cmd.args(["netns", "exec", &self.ns("infra"), &dns, INFRA_IP])
             .arg(dir);
         let (server, line) = Started::until(&mut cmd, "pkarr=").await;
         let field = |key: &str| {
@@ -199,7 +198,8 @@ impl Drop for Net {
 /// iroh's relay server in namespace `ns` on `addr`; returns it with its URL as it printed it.
 async fn relay_in(ns: &str, addr: &str) -> (Started, String) {
     let mut cmd = tokio::process::Command::new("ip");
-    cmd.args(["netns", "exec", ns, RELAY]).arg(addr);
+    cmd.args(["netns", "exec", ns, &kit_bin("mcpmesh-test-relay")])
+        .arg(addr);
     let (relay, line) = Started::until(&mut cmd, "http://").await;
     (relay, line.trim().to_owned())
 }

@@ -764,7 +764,7 @@ fn a_damaged_pairing_or_used_join_line_is_refused_with_one_json_error_line() {
         "{damaged}"
     );
 
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let pairing = alice.json(&["invite", "notes"])["invite"]
         .as_str()
         .unwrap()
@@ -1128,7 +1128,7 @@ async fn a_socket_service_sees_the_members_user_and_groups_in_meta() {
     join(&alice, &bob, "eng");
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("server.sock");
-    let mut cmd = tokio::process::Command::new(STUB);
+    let mut cmd = tokio::process::Command::new(stub());
     cmd.arg("--socket").arg(&sock);
     // It says so on stderr once it listens.
     let (_server, _) = Started::until(&mut cmd, "listening").await;

@@ -80,7 +80,7 @@ async fn serve_invite_pair_connect_reaches_the_child_as_the_redeemer() {
 #[test]
 fn used_expired_and_tampered_invites_are_refused() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let (bob, carol) = (TestNode::start("bob"), TestNode::start("carol"));
 
     let line = invite(&alice, &["notes"]);
@@ -123,7 +123,7 @@ fn used_expired_and_tampered_invites_are_refused() {
 #[test]
 fn a_wrong_secret_is_refused_and_does_not_burn_the_invite() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let bob = TestNode::start("bob");
     let line = invite(&alice, &["notes"]);
     let mut forged = Invite::decode(&line).unwrap();
@@ -298,8 +298,8 @@ fn every_verb_prints_one_json_value() {
         vec![
             s(&["id"]),
             s(&["up"]),
-            s(&["serve", "notes", "--", STUB]),
-            s(&["serve", "spare", "--", STUB]),
+            s(&["serve", "notes", "--", stub()]),
+            s(&["serve", "spare", "--", stub()]),
             s(&["status"]),
             s(&["doctor"]),
             s(&["audit", "verify"]),
@@ -420,7 +420,7 @@ async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
     for (round, delay_ms) in [20u64, 40, 60, 70, 80, 90, 100, 120].iter().enumerate() {
         let alice = TestNode::start("alice");
         let bob = TestNode::start("bob");
-        alice.json(&["serve", "notes", "--", STUB]);
+        alice.json(&["serve", "notes", "--", stub()]);
         let line = invite(&alice, &["notes"]);
         let victim = if round % 2 == 0 { &alice } else { &bob };
         let pair = bob
@@ -477,7 +477,7 @@ async fn killing_either_side_during_a_pairing_leaves_both_or_neither() {
 async fn renaming_a_peer_keeps_its_grants_by_key_and_by_name() {
     let m = marker("rename");
     let (alice, bob, _) = paired(&m); // bob holds notes and calc by key (eid:)
-    alice.json(&["serve", "byname", "--allow", "bob", "--", STUB]);
+    alice.json(&["serve", "byname", "--allow", "bob", "--", stub()]);
     let renamed = alice.json(&["peers", "rename", "bob", "robert"]);
     assert_eq!(renamed["peer"], "robert");
     let status = alice.json(&["status"]);
@@ -518,7 +518,7 @@ async fn serving_again_changes_the_command_and_keeps_grants_and_settings() {
         "--allow",
         "carol",
         "--",
-        STUB,
+        stub(),
         "--marker",
         &m2,
     ]);
@@ -649,9 +649,9 @@ async fn a_nickname_an_allow_list_names_gets_a_free_name_and_nothing_that_list_g
 #[test]
 fn the_redeemer_never_names_the_inviter_after_an_allow_entry() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let bob = TestNode::start("bob");
-    bob.json(&["serve", "mine", "--allow", "peer:alice", "--", STUB]);
+    bob.json(&["serve", "mine", "--allow", "peer:alice", "--", stub()]);
 
     let chosen = refused(&bob.cli(&[
         "--json",
@@ -681,7 +681,7 @@ fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
     let alice = TestNode::start("alice");
     let bob = TestNode::start("bob");
     alice.trust(&bob);
-    alice.json(&["serve", "a", "--allow", "bob", "--", STUB]);
+    alice.json(&["serve", "a", "--allow", "bob", "--", stub()]);
     alice.json(&[
         "serve",
         "b",
@@ -690,7 +690,7 @@ fn renames_and_removals_follow_every_spelling_of_a_peers_name() {
         "--allow",
         "group:bob",
         "--",
-        STUB,
+        stub(),
     ]);
     alice.json(&["peers", "rename", "bob", "robert"]);
     assert_eq!(allow_of(&alice, "a"), [json!("peer:robert")]);
@@ -711,7 +711,7 @@ async fn doctor_warns_of_allow_entries_that_match_nobody() {
     let bob = TestNode::start("bob");
     let carol = TestNode::start("carol");
     alice.trust(&bob);
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     carol.json(&["pair", &invite(&alice, &["notes"])]);
     alice.json(&[
         "serve",
@@ -725,7 +725,7 @@ async fn doctor_warns_of_allow_entries_that_match_nobody() {
         "--allow",
         "user:u1",
         "--",
-        STUB,
+        stub(),
     ]);
     let warned = |alice: &TestNode| -> Vec<String> {
         let report = alice.json(&["doctor"]);
@@ -768,7 +768,7 @@ async fn doctor_warns_of_allow_entries_that_match_nobody() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redeem_refused_at_commit_leaves_no_grant() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let line = invite(&alice, &["notes"]);
     let parsed = Invite::decode(&line).unwrap();
     let secret = parsed.secret_bytes().unwrap();
@@ -803,7 +803,7 @@ fn bob_pairs(line: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn attempts_with_an_unknown_invite_write_nothing_and_a_wrong_secret_counts() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     let line = invite(&alice, &["notes"]);
     let real = Invite::decode(&line).unwrap();
     // Minting the invite is audited, and each audit batch moves the log's high-water mark in

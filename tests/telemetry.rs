@@ -158,14 +158,14 @@ fn listening_sockets(pid: u32) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_known_sequence_of_calls_and_refusals_is_counted_exactly_on_both_nodes() {
     let (alice_port, bob_port) = (free_port(), free_port());
-    let m = marker("telemetry");
+    let (m, stub) = (marker("telemetry"), stub());
     let alice = TestNode::start_with(
         "alice",
         &format!(
             "[limits]\nrate_limit_per_min = 6\nmax_in_flight = 2\n\n{}\n\
-             [services.svc]\nrun = [{STUB:?}, \"--marker\", {m:?}]\nallow = [\"bob\"]\n\n\
+             [services.svc]\nrun = [{stub:?}, \"--marker\", {m:?}]\nallow = [\"bob\"]\n\n\
              [[services.svc.tools]]\nwho = [\"peer:bob\"]\nallow = [\"*\"]\ndeny = [\"whoami\"]\n\n\
-             [services.one]\nrun = [{STUB:?}, \"--marker\", {m:?}]\nallow = [\"bob\"]\nmax_sessions = 1\n",
+             [services.one]\nrun = [{stub:?}, \"--marker\", {m:?}]\nallow = [\"bob\"]\nmax_sessions = 1\n",
             metrics_config(alice_port)
         ),
         &[],

@@ -288,7 +288,7 @@ async fn a_traced_clients_request_is_one_trace_across_both_nodes_and_the_sdk_ser
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
     let collector = Collector::start().await;
-    let (alice, bob) = traced_nodes(&collector.url, &format!("[{STUB:?}]"));
+    let (alice, bob) = traced_nodes(&collector.url, &format!("[{:?}]", stub()));
 
     let mut s = bob.connect("alice/svc");
     assert!(s.initialize().await.get("result").is_some());
@@ -346,7 +346,7 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
 async fn a_collector_that_is_not_there_fails_no_call_and_is_reported() {
     // A port nothing listens on.
     let gone = format!("http://127.0.0.1:{}", free_port());
-    let (alice, bob) = traced_nodes(&gone, &format!("[{STUB:?}]"));
+    let (alice, bob) = traced_nodes(&gone, &format!("[{:?}]", stub()));
 
     let mut s = bob.connect("alice/svc");
     assert!(s.initialize().await.get("result").is_some());

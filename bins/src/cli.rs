@@ -148,7 +148,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Init { loopback, nickname } => init(&ctx, loopback, nickname.as_deref()),
         Command::Daemon { notify, .. } => daemon(profile.clone(), notify, out.json),
         Command::DemoServer => {
-            crate::stub_server::serve_stdio("mcpmesh-demo", false).context("demo server")?;
+            crate::demo_server::serve_stdio("mcpmesh-demo").context("demo server")?;
             Ok(())
         }
         Command::Demo => demo(&ctx),

@@ -5,13 +5,13 @@
 
 mod args;
 mod cli;
+mod demo_server;
 mod doctor;
 mod exec_shim;
 mod mount;
 mod org;
 mod output;
 mod render;
-mod stub_server;
 
 use std::process::ExitCode;
 

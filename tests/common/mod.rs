@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use mcpmesh_net::transport::FrameReader;
@@ -12,7 +13,39 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 pub const MCPMESH: &str = env!("CARGO_BIN_EXE_mcpmesh");
-pub const STUB: &str = env!("CARGO_BIN_EXE_echo_mcp_stub");
+
+/// The test kit's MCP server, `echo_mcp_stub` (see [`kit_bin`]).
+pub fn stub() -> &'static str {
+    static STUB: OnceLock<String> = OnceLock::new();
+    STUB.get_or_init(|| kit_bin("echo_mcp_stub"))
+}
+
+/// A binary of the test kit (`tests/kit`, package `mcpmesh-testkit`). Cargo tells a package's
+/// tests where its own binaries are, not another package's; every binary of the workspace
+/// lands in one directory per profile, so this looks there as assert_cmd does: beside this
+/// test executable (`target/PROFILE/deps/`), then one level up (`target/PROFILE/`). A missing
+/// one fails the test with the command that builds it.
+pub fn kit_bin(name: &str) -> String {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let found = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file());
+    match found {
+        Some(path) => path
+            .into_os_string()
+            .into_string()
+            .expect("a target directory with a UTF-8 path"),
+        None => panic!(
+            "the test kit's `{name}` is neither beside {} nor one directory up: build it \
+             first with `cargo build -p mcpmesh-testkit --bins` (with the profile of these \
+             tests, e.g. `--release`, if not the default)",
+            exe.display()
+        ),
+    }
+}
 
 /// Longest any single answer may take before a test fails instead of hanging.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -152,7 +185,7 @@ impl TestNode {
         if let Some(n) = &n {
             backend.extend(["--max-sessions", n.as_str()]);
         }
-        backend.extend(["--", STUB, "--marker", marker]);
+        backend.extend(["--", stub(), "--marker", marker]);
         self.serve(service, allow, &backend);
     }
 
@@ -229,7 +262,7 @@ impl McpSession {
 
     /// The served stub run directly, for comparisons against the mesh.
     pub fn direct_stub() -> Self {
-        let mut cmd = tokio::process::Command::new(STUB);
+        let mut cmd = tokio::process::Command::new(stub());
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -482,7 +515,7 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 }
 
 pub fn stub_path() -> PathBuf {
-    PathBuf::from(STUB)
+    PathBuf::from(stub())
 }
 
 impl TestNode {
@@ -786,7 +819,7 @@ pub struct SocketServer {
 impl SocketServer {
     pub async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = tokio::process::Command::new(STUB);
+        let mut cmd = tokio::process::Command::new(stub());
         cmd.arg("--socket")
             .arg(dir.path().join("server.sock"))
             .arg("--record")

@@ -1,6 +1,6 @@
-//! A tiny, fast stdio MCP server answering from memory: the demo's built-in tool
-//! (`mcpmesh demo-server`) and the suites' and benchmarks' child server (`echo_mcp_stub`).
-//! Blocking std I/O only, so it starts fast and adds nothing to what it measures.
+//! `echo_mcp_stub`'s MCP server: tiny and fast, answering from memory, the suites' and
+//! benchmarks' child server. Blocking std I/O only, so it starts fast and adds nothing to what
+//! it measures.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
@@ -11,20 +11,20 @@ use serde_json::{Value, json};
 /// Serves MCP over stdio until stdin closes. Tools: `echo` (also the default for a call
 /// without a name; reports the caller's `MCPMESH_PEER_NAME` as `peer_name`), `whoami` (the
 /// identity env the node set, the request's `_meta["mcpmesh/peer"]`, and the server's pid),
-/// `blob` (a text of `bytes` bytes). With `test_tools`, also `crash` (exits mid-call), `size`
-/// (the length of `text`), `sleep` (answers after `ms`) and `trickle` (a long text, slowly).
-pub fn serve_stdio(name: &str, test_tools: bool) -> std::io::Result<()> {
+/// `blob` (a text of `bytes` bytes), `crash` (exits mid-call), `size` (the length of `text`),
+/// `sleep` (answers after `ms`), `trickle` (a long text, slowly) and `ask` (a request to the
+/// client before the answer).
+pub fn serve_stdio(name: &str) -> std::io::Result<()> {
     // Says hello on stderr, where a node sends it to its log (never into the MCP stream).
     eprintln!("{name}: ready (pid {})", std::process::id());
     let stdin = BufReader::with_capacity(256 * 1024, std::io::stdin().lock());
     let stdout = BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
-    serve(stdin, stdout, name, test_tools, None)
+    serve(stdin, stdout, name, None)
 }
 
 /// Serves MCP on a Unix socket, one session per connection (each on its own thread), until
 /// killed: a long-running server for the `socket` backend. With `record`, every line each
 /// session receives is appended to that file as it arrived.
-#[allow(dead_code)] // the demo server only speaks stdio
 pub fn serve_socket(path: &Path, name: &str, record: Option<&Path>) -> std::io::Result<()> {
     let listener = std::os::unix::net::UnixListener::bind(path)?;
     eprintln!(
@@ -46,7 +46,7 @@ pub fn serve_socket(path: &Path, name: &str, record: Option<&Path>) -> std::io::
         let (name, record) = (name.to_owned(), record.clone());
         std::thread::spawn(move || {
             let reader = BufReader::new(conn.try_clone()?);
-            serve(reader, BufWriter::new(conn), &name, true, record.as_deref())
+            serve(reader, BufWriter::new(conn), &name, record.as_deref())
         });
     }
     Ok(())
@@ -56,7 +56,6 @@ fn serve(
     mut reader: impl BufRead,
     mut out: impl Write,
     name: &str,
-    test_tools: bool,
     record: Option<&std::sync::Mutex<std::fs::File>>,
 ) -> std::io::Result<()> {
     let mut line = Vec::new();
@@ -90,19 +89,13 @@ fn serve(
             out.flush()?;
         }
         // `ask` puts a question to the client (a server→client request) before answering.
-        if test_tools
-            && method == "tools/call"
-            && params.get("name").and_then(Value::as_str) == Some("ask")
-        {
+        if method == "tools/call" && params.get("name").and_then(Value::as_str) == Some("ask") {
             let ask = json!({ "jsonrpc": "2.0", "id": "ask-1", "method": "roots/list" });
             serde_json::to_writer(&mut out, &ask)?;
             out.write_all(b"\n")?;
             out.flush()?;
         }
-        if test_tools
-            && method == "tools/call"
-            && params.get("name").and_then(Value::as_str) == Some("trickle")
-        {
+        if method == "tools/call" && params.get("name").and_then(Value::as_str) == Some("trickle") {
             trickle(
                 &mut out,
                 id,
@@ -117,37 +110,34 @@ fn serve(
                 "serverInfo": { "name": name, "version": env!("CARGO_PKG_VERSION") },
             })),
             "ping" => Ok(json!({})),
-            "tools/list" => Ok(json!({ "tools": tool_list(test_tools) })),
-            "tools/call" => call_tool(&params, test_tools),
+            "tools/list" => Ok(json!({ "tools": tool_list() })),
+            "tools/call" => call_tool(&params),
             _ => Err((-32601, format!("method not found: {method}"))),
         };
         respond(&mut out, id, result)?;
     }
 }
 
-fn tool_list(test_tools: bool) -> Vec<Value> {
+fn tool_list() -> Vec<Value> {
     let text_schema = json!({ "type": "object", "properties": { "text": { "type": "string" } } });
-    let mut tools = vec![
+    vec![
         json!({ "name": "echo", "description": "Echoes `text` back.", "inputSchema": text_schema }),
         json!({ "name": "whoami", "description": "Who the mesh says is calling.", "inputSchema": { "type": "object" } }),
         json!({ "name": "blob", "description": "Returns a text of `bytes` bytes.",
                 "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" } } } }),
-    ];
-    if test_tools {
-        tools.push(json!({ "name": "crash", "description": "Exits without answering.", "inputSchema": { "type": "object" } }));
-        tools.push(json!({ "name": "size", "description": "Returns the length of `text` in bytes.",
-                           "inputSchema": { "type": "object", "properties": { "text": { "type": "string" } } } }));
-        tools.push(json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
-                           "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }));
-        tools.push(json!({ "name": "trickle", "description": "Returns a text of `bytes` bytes, 64 KiB every `ms` milliseconds.",
-                           "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" }, "ms": { "type": "integer" } } } }));
-        tools.push(json!({ "name": "ask", "description": "Asks the client for its roots (id \"ask-1\"), then answers.",
-                           "inputSchema": { "type": "object" } }));
-    }
-    tools
+        json!({ "name": "crash", "description": "Exits without answering.", "inputSchema": { "type": "object" } }),
+        json!({ "name": "size", "description": "Returns the length of `text` in bytes.",
+                "inputSchema": { "type": "object", "properties": { "text": { "type": "string" } } } }),
+        json!({ "name": "sleep", "description": "Answers after `ms` milliseconds.",
+                "inputSchema": { "type": "object", "properties": { "ms": { "type": "integer" } } } }),
+        json!({ "name": "trickle", "description": "Returns a text of `bytes` bytes, 64 KiB every `ms` milliseconds.",
+                "inputSchema": { "type": "object", "properties": { "bytes": { "type": "integer" }, "ms": { "type": "integer" } } } }),
+        json!({ "name": "ask", "description": "Asks the client for its roots (id \"ask-1\"), then answers.",
+                "inputSchema": { "type": "object" } }),
+    ]
 }
 
-fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
+fn call_tool(params: &Value) -> Result<Value, (i64, String)> {
     let args = params.get("arguments").cloned().unwrap_or(Value::Null);
     let text_result = |text: String| json!({ "content": [{ "type": "text", "text": text }] });
     match params.get("name").and_then(Value::as_str).unwrap_or("echo") {
@@ -182,12 +172,12 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
                 .min(64 << 20) as usize;
             Ok(text_result("x".repeat(n)))
         }
-        "crash" if test_tools => std::process::exit(3),
-        "size" if test_tools => {
+        "crash" => std::process::exit(3),
+        "size" => {
             let n = args.get("text").and_then(Value::as_str).map_or(0, str::len);
             Ok(text_result(n.to_string()))
         }
-        "sleep" if test_tools => {
+        "sleep" => {
             let ms = args
                 .get("ms")
                 .and_then(Value::as_u64)
@@ -196,7 +186,7 @@ fn call_tool(params: &Value, test_tools: bool) -> Result<Value, (i64, String)> {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(text_result(format!("slept {ms} ms")))
         }
-        "ask" if test_tools => Ok(text_result("asked".to_owned())),
+        "ask" => Ok(text_result("asked".to_owned())),
         other => Err((-32602, format!("unknown tool: {other}"))),
     }
 }

@@ -23,8 +23,7 @@ use mcpmesh_net::session::{ALPN_MCP, Preamble};
 use mcpmesh_net::transport::FrameReader;
 use serde_json::{Value, json};
 
-#[path = "../bench_util.rs"]
-mod bench_util;
+use mcpmesh_testkit::bench;
 
 struct Args {
     peers: usize,
@@ -38,7 +37,7 @@ fn parse_args() -> anyhow::Result<Args> {
         sessions: 10,
         calls: 20,
     };
-    bench_util::numeric_flags(
+    bench::numeric_flags(
         std::env::args().skip(1),
         &mut [
             ("peers", &mut args.peers, 1),
@@ -52,7 +51,7 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
+    let (mcpmesh, stub) = bench::sibling_binaries()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -161,7 +160,7 @@ async fn run(args: Args, mcpmesh: PathBuf, stub: PathBuf) -> anyhow::Result<()> 
         "\nmcpmesh-scale: {} peers x {} sessions = {total} sessions on one node, loopback, {}",
         args.peers,
         args.sessions,
-        bench_util::build_label(&node.mcpmesh)
+        bench::build_label(&node.mcpmesh)
     );
     println!(
         "opened {total} sessions (spawn + initialize each) in {open_secs:.2} s; {children} children running"
@@ -263,16 +262,16 @@ impl Node {
     }
 
     fn pid(&self) -> anyhow::Result<u32> {
-        bench_util::daemon_pid(&self.home).context("the node's pid")
+        bench::daemon_pid(&self.home).context("the node's pid")
     }
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    bench_util::status_kib(pid, "VmRSS:")
+    bench::status_kib(pid, "VmRSS:")
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
-    bench_util::status_kib(pid, "VmHWM:")
+    bench::status_kib(pid, "VmHWM:")
 }
 
 /// The node's live children (one server per session).

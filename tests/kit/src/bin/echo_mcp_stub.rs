@@ -14,8 +14,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-#[path = "../stub_server.rs"]
-mod stub_server;
+use mcpmesh_testkit::stub_server;
 
 fn main() -> std::io::Result<()> {
     let all: Vec<String> = std::env::args().skip(1).collect();
@@ -37,7 +36,7 @@ fn main() -> std::io::Result<()> {
     }
     match socket {
         Some(path) => stub_server::serve_socket(&path, "echo-stub", record.as_deref()),
-        None => stub_server::serve_stdio("echo-stub", true),
+        None => stub_server::serve_stdio("echo-stub"),
     }
 }
 

@@ -53,7 +53,8 @@ pub fn build_label(mcpmesh: &std::path::Path) -> String {
     format!("{kind} {}", mcpmesh.display())
 }
 
-/// `mcpmesh` and `echo_mcp_stub` from the same build as this binary.
+/// `mcpmesh` and `echo_mcp_stub` from the same build as this binary: one workspace, one target
+/// directory, so the product's binary sits beside the kit's.
 pub fn sibling_binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
     let dir = std::env::current_exe()?
         .parent()
@@ -63,7 +64,7 @@ pub fn sibling_binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
     for b in [&mcpmesh, &stub] {
         if !b.exists() {
             bail!(
-                "{} not found: run `cargo build --release` first",
+                "{} not found: build the workspace first (`cargo build --release`, or the profile measured)",
                 b.display()
             );
         }

@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-#[path = "../bench_util.rs"]
-mod bench_util;
+use mcpmesh_testkit::bench;
 
 const PIPELINE: usize = 16;
 const BIG: usize = 8 << 20;
@@ -93,7 +92,7 @@ fn parse_args() -> anyhow::Result<Args> {
         telemetry,
         json,
     };
-    bench_util::numeric_flags(
+    bench::numeric_flags(
         rest,
         &mut [
             ("rounds", &mut args.rounds, 1),
@@ -106,7 +105,7 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
+    let (mcpmesh, stub) = bench::sibling_binaries()?;
     let mesh = Mesh::start(&mcpmesh, &stub, "")?;
     // The same two nodes again, keeping metrics (each on a port of its own) and sending
     // traces to a collector of this binary's.
@@ -236,7 +235,7 @@ fn main() -> anyhow::Result<()> {
         "\nmcpmesh-bench: {} rounds, {} sequential calls each, loopback, {}",
         args.rounds,
         args.calls,
-        bench_util::build_label(&mcpmesh)
+        bench::build_label(&mcpmesh)
     );
     println!(
         "{:<24} {:>12} {:>12} {:>10} {:>12} {:>9}",
@@ -952,15 +951,15 @@ impl Mesh {
     fn cpu_ticks(&self) -> u64 {
         [&self.alice, &self.bob]
             .iter()
-            .filter_map(|h| bench_util::daemon_pid(h))
+            .filter_map(|h| bench::daemon_pid(h))
             .map(cpu_ticks_of)
             .sum()
     }
 
     fn pids(&self) -> Vec<(&'static str, Option<u32>)> {
         vec![
-            ("alice", bench_util::daemon_pid(&self.alice)),
-            ("bob", bench_util::daemon_pid(&self.bob)),
+            ("alice", bench::daemon_pid(&self.alice)),
+            ("bob", bench::daemon_pid(&self.bob)),
         ]
     }
 
@@ -971,7 +970,7 @@ impl Mesh {
             .map(|(who, h)| {
                 (
                     who,
-                    bench_util::daemon_pid(h).map_or(0, |pid| bench_util::status_kib(pid, key)),
+                    bench::daemon_pid(h).map_or(0, |pid| bench::status_kib(pid, key)),
                 )
             })
             .collect()
@@ -997,7 +996,7 @@ impl Mesh {
     /// Starts each daemon's peak RSS (VmHWM) over from its current RSS (`clear_refs` 5).
     fn reset_peaks(&self) {
         for h in [&self.alice, &self.bob] {
-            if let Some(pid) = bench_util::daemon_pid(h) {
+            if let Some(pid) = bench::daemon_pid(h) {
                 let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
             }
         }

@@ -33,8 +33,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-#[path = "../bench_util.rs"]
-mod bench_util;
+use mcpmesh_testkit::bench;
 
 /// Longest one answer may take before the session counts as failed.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,7 +54,7 @@ fn parse_args() -> anyhow::Result<Args> {
         parallel: 8,
         sync_secs: 120,
     };
-    bench_util::numeric_flags(
+    bench::numeric_flags(
         std::env::args().skip(1),
         &mut [
             ("nodes", &mut args.nodes, 2),
@@ -69,7 +68,7 @@ fn parse_args() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
-    let (mcpmesh, stub) = bench_util::sibling_binaries()?;
+    let (mcpmesh, stub) = bench::sibling_binaries()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -86,7 +85,7 @@ async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
     let n = fleet.nodes.len();
     println!(
         "\nmcpmesh-fleet: {n} nodes on one machine, loopback, {}",
-        bench_util::build_label(&fleet.mcpmesh)
+        bench::build_label(&fleet.mcpmesh)
     );
     let formed = Instant::now();
     fleet.form_org().await?;
@@ -218,7 +217,7 @@ impl Fleet {
                 .as_str()
                 .context("the node's id")?
                 .to_owned();
-            node.pid = bench_util::daemon_pid(&node.home).context("the daemon's pid")?;
+            node.pid = bench::daemon_pid(&node.home).context("the daemon's pid")?;
         }
         println!(
             "{} daemons up in {:.1} s",
@@ -239,7 +238,7 @@ impl Fleet {
     fn rss_kib(&self) -> Vec<u64> {
         self.pids()
             .into_iter()
-            .map(|p| bench_util::status_kib(p, "VmRSS:"))
+            .map(|p| bench::status_kib(p, "VmRSS:"))
             .collect()
     }
 
@@ -590,7 +589,7 @@ impl RssSampler {
             let mut peak = vec![0u64; pids.len()];
             while !flag.load(Ordering::Relaxed) {
                 for (p, pid) in peak.iter_mut().zip(&pids) {
-                    *p = (*p).max(bench_util::status_kib(*pid, "VmRSS:"));
+                    *p = (*p).max(bench::status_kib(*pid, "VmRSS:"));
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
