@@ -959,12 +959,12 @@ fn name_of(node: &TestNode, id: &str) -> String {
 #[test]
 fn a_dotted_peer_name_is_the_rosters_chosen_ones_are_refused_and_suggested_ones_lose_the_dot() {
     let alice = TestNode::start("alice");
-    alice.json(&["serve", "notes", "--", STUB]);
+    alice.json(&["serve", "notes", "--", stub()]);
     // Both sides suggest a `USER.DEVICE`-shaped nickname: each side names the other without it.
     let bob = TestNode::start("u5.o5");
-    bob.json(&["serve", "mine", "--", STUB]);
+    bob.json(&["serve", "mine", "--", stub()]);
     let carol = TestNode::start("u6.o6");
-    carol.json(&["serve", "theirs", "--", STUB]);
+    carol.json(&["serve", "theirs", "--", stub()]);
     let paired = bob.json(&["pair", &invite(&alice, &["notes"])]);
     assert_eq!(paired["peer"], "alice", "{paired}");
     assert_eq!(name_of(&alice, &bob.id), "u5-o5");
