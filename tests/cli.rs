@@ -1083,3 +1083,136 @@ fn init_starts_no_node_so_the_config_can_be_edited_first() {
     assert_eq!(id["id"], made["id"]);
     assert!(run(&["down"]).status.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_env_reaches_the_server_command_and_only_its_key_is_audited() {
+    let m = marker("serve-env");
+    let (alice, bob) = two_nodes();
+    // The server learns its marker from the variable alone: found with it, it had the env.
+    let script = format!("exec {} --marker \"$MARK\"", stub());
+    let served = alice.json(&[
+        "serve",
+        "envd",
+        "--allow",
+        "bob",
+        "--env",
+        &format!("MARK={m}"),
+        "--env",
+        "LEVEL=2",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(served, json!({ "service": "envd", "serving": true }));
+    let config = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert!(config.contains(&format!("MARK = \"{m}\"")), "{config}");
+
+    let mut s = bob.connect("alice/envd");
+    let init = s.initialize_as("2025-11-25").await;
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    let who = s.call("whoami", json!({})).await;
+    let pid = who["result"]["structuredContent"]["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{who}"));
+    assert!(
+        procs_with(&m).iter().any(|(p, _)| u64::from(*p) == pid),
+        "the server was not started with MARK from --env"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
+
+    // Bad pairs and reserved names are refused, and nothing is written.
+    for bad in ["NOEQUALS", "MCPMESH_PEER_EID=x"] {
+        let out = alice.cli(&[
+            "--json",
+            "serve",
+            "envd",
+            "--replace",
+            "--env",
+            bad,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let error = error_line(&out);
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(bad.split('=').next().unwrap()),
+            "{error}"
+        );
+    }
+    let after = std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    assert_eq!(after, config, "a refused serve wrote nothing");
+
+    let records = alice.stop_and_audit();
+    let env: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "policy_changed" && r["what"] == "env")
+        .collect();
+    assert_eq!(env.len(), 1, "{env:?}");
+    assert_eq!(env[0]["after"], json!(["LEVEL", "MARK"]), "{:?}", env[0]);
+    assert_eq!(env[0]["by"], "command");
+    let text = serde_json::to_string(&records).unwrap();
+    assert!(!text.contains(&m), "an env value reached the audit log");
+}
+
+#[test]
+fn grant_takes_any_principal_says_when_it_matches_nobody_and_refuses_an_unknown_kind() {
+    let alice = TestNode::start("alice");
+    alice.serve(
+        "notes",
+        &[],
+        &["--", stub(), "--marker", &marker("grant-kinds")],
+    );
+    let error = error_line(&alice.cli(&["--json", "grant", "team:eng", "notes"]));
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("team:eng") && message.contains("org:NAME"),
+        "{error}"
+    );
+    let error = error_line(&alice.cli(&["--json", "grant", "nobody", "notes"]));
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no peer named"),
+        "{error}"
+    );
+
+    // Outside an org, a roster principal is written but matches nobody yet: said so.
+    for principal in ["group:eng", "user:bob", "org:acme"] {
+        let granted = alice.json(&["grant", principal, "notes"]);
+        assert_eq!(granted["principal"], principal, "{granted}");
+        let warning = granted["warning"].as_str().unwrap_or_default();
+        assert!(
+            warning.contains("until this node joins an org"),
+            "{granted}"
+        );
+    }
+    let key = format!("eid:{}", "ab".repeat(32));
+    let granted = alice.json(&["grant", &key, "notes", "--tools", "echo"]);
+    assert_eq!(granted["principal"], key.as_str(), "{granted}");
+    assert_eq!(
+        granted["tools"],
+        json!({ "allow": ["echo"], "deny": [] }),
+        "{granted}"
+    );
+    let human = String::from_utf8(alice.cli(&["grant", "group:ops", "notes"]).stdout).unwrap();
+    assert!(
+        human.contains("group:ops may now use notes") && human.contains("warning:"),
+        "{human}"
+    );
+    let status = alice.json(&["status"]);
+    assert_eq!(
+        status["services"][0]["allow"],
+        json!(["group:eng", "user:bob", "org:acme", key, "group:ops"]),
+        "{status}"
+    );
+    let revoked = alice.json(&["revoke", "org:acme", "notes"]);
+    assert_eq!(revoked["granted"], false, "{revoked}");
+    assert_eq!(revoked["principal"], "org:acme", "{revoked}");
+}

@@ -214,10 +214,8 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
     let restarted = std::time::Instant::now();
     assert_eq!(alice.json(&["id"])["id"], alice.id);
     let mut again = bob.connect("alice/svc");
-    assert_eq!(
-        again.initialize().await["result"]["serverInfo"]["name"],
-        "echo-stub"
-    );
+    let init = again.initialize().await;
+    assert_eq!(init["result"]["serverInfo"]["name"], "echo-stub", "{init}");
     eprintln!(
         "a connect right after the restart answered in {:?} (restart included)",
         restarted.elapsed()

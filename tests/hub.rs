@@ -14,111 +14,13 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout};
 
-/// Longest one driver step may take (the driver bounds each step itself at 60 s).
-const STEP_TIMEOUT: Duration = Duration::from_secs(90);
 /// Longest the serving nodes may take to show a change of their sessions or children.
 const SETTLE: Duration = Duration::from_secs(15);
 /// The stub's tools (it serves its test tools too).
 const STUB_TOOLS: [&str; 8] = [
     "echo", "whoami", "blob", "crash", "size", "sleep", "trickle", "ask",
 ];
-
-/// The SDK client of one hub (`hub_client.py`), driven one step at a time.
-struct HubClient {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl HubClient {
-    /// `mcpmesh --home <node> hub ARGS…` under the SDK client, initialized.
-    async fn hub(node: &TestNode, args: &[&str]) -> Self {
-        let mut command = vec![
-            MCPMESH.to_owned(),
-            "--home".into(),
-            node.home().display().to_string(),
-            "hub".into(),
-        ];
-        command.extend(args.iter().map(|a| a.to_string()));
-        Self::start(&command).await
-    }
-
-    /// The SDK client of any stdio MCP server `command`, initialized.
-    async fn start(command: &[String]) -> Self {
-        let mut child = tokio::process::Command::new(python())
-            .arg(interop_script("hub_client.py"))
-            .arg("--")
-            .args(command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut client = HubClient {
-            child,
-            stdin,
-            lines,
-        };
-        let ready = client.next().await;
-        assert!(ready.get("ready").is_some(), "{ready}");
-        client
-    }
-
-    async fn next(&mut self) -> Value {
-        let line = tokio::time::timeout(STEP_TIMEOUT, self.lines.next_line())
-            .await
-            .expect("the driver answers in time")
-            .unwrap()
-            .expect("the driver answers before it exits");
-        let answer: Value = serde_json::from_str(&line).unwrap();
-        assert!(answer.get("fatal").is_none(), "the driver failed: {answer}");
-        answer
-    }
-
-    async fn step(&mut self, command: Value) -> Value {
-        let mut line = serde_json::to_vec(&command).unwrap();
-        line.push(b'\n');
-        let stdin = self.stdin.as_mut().expect("the driver's stdin is open");
-        stdin.write_all(&line).await.unwrap();
-        stdin.flush().await.unwrap();
-        self.next().await
-    }
-
-    /// Every tool listed, as (name, description).
-    async fn tools(&mut self) -> Vec<(String, String)> {
-        let listed = self.step(json!({ "op": "list" })).await;
-        listed["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                let text = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
-                (text("name"), text("description"))
-            })
-            .collect()
-    }
-
-    async fn call(&mut self, name: &str, arguments: Value) -> Value {
-        self.step(json!({ "op": "call", "name": name, "arguments": arguments }))
-            .await
-    }
-
-    /// Ends the session (the SDK closes the hub's stdin) and waits for the driver to exit.
-    async fn close(mut self) {
-        self.stdin = None;
-        let status = tokio::time::timeout(STEP_TIMEOUT, self.child.wait())
-            .await
-            .expect("the driver exits in time")
-            .unwrap();
-        assert!(status.success(), "the driver exited {status}");
-    }
-}
 
 /// `mcpmesh --home <node> hub ARGS…` driven with raw JSON-RPC.
 fn raw_hub(node: &TestNode, args: &[&str]) -> McpSession {
@@ -872,7 +774,10 @@ async fn use_hub_prints_a_stdio_command_that_runs_the_hub_over_what_pairings_sha
     let used = bob.json(&["use", "hub"]);
     assert_eq!(used["services"], json!([]), "{used}");
     let warning = used["warning"].as_str().unwrap_or_default();
-    assert!(warning.contains("no peer shared a service"), "{used}");
+    assert!(
+        warning.contains("no peer offers this node a service"),
+        "{used}"
+    );
     drop((alice, bob));
 
     let (alice, bob) = paired_alice_and_bob("hub-use").await;
@@ -1852,4 +1757,216 @@ async fn ids_that_are_not_strings_or_integers_are_refused_by_the_hub_and_bad_ids
     );
     hub.close_stdin();
     hub.wait_eof().await;
+}
+
+/// `mcpmesh org ARGS…` on `node`, answered in JSON.
+fn org_cli(node: &TestNode, args: &[&str]) -> Value {
+    let mut all = vec!["org"];
+    all.extend(args);
+    node.json(&all)
+}
+
+/// What `services --refresh` lists on `node`: mount → (admitted_by, tools).
+fn catalog_of(node: &TestNode) -> Vec<(String, String, Value)> {
+    let listed = node.json(&["services", "--refresh"]);
+    listed["services"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no services: {listed}"))
+        .iter()
+        .map(|e| {
+            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (text("mount"), text("admitted_by"), e["tools"].clone())
+        })
+        .collect()
+}
+
+/// Lists `hub`'s tools until `done` holds, waiting for `list_changed` between tries.
+async fn tools_once_changed(
+    hub: &mut HubClient,
+    done: impl Fn(&BTreeSet<String>) -> bool,
+) -> BTreeSet<String> {
+    let mut listed = names(&hub.tools().await);
+    for _ in 0..5 {
+        if done(&listed) {
+            break;
+        }
+        hub.step(json!({ "op": "wait_list_changed" })).await;
+        listed = names(&hub.tools().await);
+    }
+    listed
+}
+
+/// The team a new lead sets up, end to end through the CLI and the hub, with the official
+/// Python SDK as every member's AI client: alice (the admin) creates org `acme` with bob and
+/// carol in `eng` and dave in `sales`; she serves `notes` (the stub) to the whole org and
+/// server-everything to `eng`, and lets `sales` use only `echo` of `notes`. Nobody is told a
+/// service name: each member finds what it may use, its hub presents exactly that, a service
+/// carol serves later appears in bob's running hub, and dave's call to a tool sales may not use
+/// is refused by alice's node, which records it. The steps are printed as a transcript.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_through_the_hub() {
+    let [alice, bob, carol, dave] = ["alice", "bob", "carol", "dave"].map(TestNode::start);
+    let say = |who: &str, what: &str| println!("[{who}] {what}");
+    let created = org_cli(&alice, &["create", "acme"]);
+    say("alice", &format!("$ mcpmesh org create acme → {created}"));
+    for (node, group) in [(&bob, "eng"), (&carol, "eng"), (&dave, "sales")] {
+        let invite = org_cli(&alice, &["invite", &node.name, "--groups", group]);
+        let line = invite["invite"].as_str().expect("an invite line");
+        let joined = node.json(&["join", line]);
+        assert_eq!(joined["user"], node.name.as_str(), "{joined}");
+        say(
+            &node.name,
+            &format!(
+                "$ mcpmesh join <invite> → user {}, groups {}, serial {}",
+                joined["user"], joined["groups"], joined["serial"]
+            ),
+        );
+    }
+
+    let served = alice.json(&[
+        "serve",
+        "notes",
+        "--allow",
+        "org:acme",
+        "--description",
+        "The team's notes",
+        "--",
+        stub(),
+    ]);
+    assert_eq!(served["serving"], true, "{served}");
+    let index = everything_index();
+    let marker = marker("team-of-four");
+    alice.serve(
+        "everything",
+        &["group:eng"],
+        &["--", "node", &index, "stdio", &marker],
+    );
+    say(
+        "alice",
+        "$ mcpmesh serve notes --allow org:acme; serve everything --allow group:eng",
+    );
+    // The first tool rule warns that a caller no rule names may use no tool; eng gets all.
+    let granted = alice.json(&["grant", "group:eng", "notes", "--tools", "*"]);
+    say(
+        "alice",
+        &format!("$ mcpmesh grant group:eng notes --tools '*' → {granted}"),
+    );
+    assert!(
+        granted["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("no tool rules")),
+        "{granted}"
+    );
+    let granted = alice.json(&["grant", "group:sales", "notes", "--tools", "echo"]);
+    say(
+        "alice",
+        &format!("$ mcpmesh grant group:sales notes --tools echo → {granted}"),
+    );
+    assert_eq!(granted["tools"]["allow"], json!(["echo"]), "{granted}");
+
+    // Discovery: each member sees what it may use, and why.
+    let bobs = catalog_of(&bob);
+    say("bob", &format!("$ mcpmesh services → {bobs:?}"));
+    let mounts = |c: &[(String, String, Value)]| -> Vec<String> {
+        c.iter().map(|(m, _, _)| m.clone()).collect()
+    };
+    assert_eq!(mounts(&bobs), ["alice/everything", "alice/notes"]);
+    assert_eq!(bobs[0].1, "group:eng");
+    assert_eq!(bobs[1].1, "org:acme");
+    let daves = catalog_of(&dave);
+    say("dave", &format!("$ mcpmesh services → {daves:?}"));
+    assert_eq!(mounts(&daves), ["alice/notes"], "sales sees notes only");
+    let used = dave.json(&["use", "alice/notes"]);
+    assert!(used.get("warning").is_none(), "no false warning: {used}");
+
+    // Each member's hub presents exactly what its user may use.
+    let mut bobs_hub = HubClient::hub(&bob, &[]).await;
+    let bob_tools = names(&bobs_hub.tools().await);
+    say(
+        "bob",
+        &format!("hub (no arguments) lists {} tools", bob_tools.len()),
+    );
+    for tool in STUB_TOOLS {
+        assert!(
+            bob_tools.contains(&format!("alice__notes__{tool}")),
+            "{bob_tools:?}"
+        );
+    }
+    assert!(
+        bob_tools.contains("alice__everything__echo"),
+        "{bob_tools:?}"
+    );
+    let mut daves_hub = HubClient::hub(&dave, &[]).await;
+    let dave_tools = names(&daves_hub.tools().await);
+    say("dave", &format!("hub (no arguments) lists {dave_tools:?}"));
+    assert_eq!(
+        dave_tools,
+        BTreeSet::from(["alice__notes__echo".to_owned()])
+    );
+    // Once listed, each member's catalog counts the tools its own rules leave it.
+    let (daves, bobs) = (catalog_of(&dave), catalog_of(&bob));
+    say("dave", &format!("$ mcpmesh services → {daves:?}"));
+    assert_eq!(daves[0].2, json!(1), "{daves:?}");
+    assert_eq!(bobs[1].2, json!(STUB_TOOLS.len()), "{bobs:?}");
+    let echoed = daves_hub
+        .call("alice__notes__echo", json!({ "text": "quarterly numbers" }))
+        .await;
+    say(
+        "dave",
+        &format!("calls alice__notes__echo → {}", text(&echoed)),
+    );
+    assert_eq!(text(&echoed), "quarterly numbers");
+    let who = bobs_hub.call("alice__notes__whoami", json!({})).await;
+    say(
+        "bob",
+        &format!("calls alice__notes__whoami → {}", text(&who)),
+    );
+    assert!(text(&who).contains("bob"), "{who}");
+
+    // A tool sales may not use, named anyway: alice's node refuses it and records it.
+    let denied = daves_hub.call("alice__notes__whoami", json!({})).await;
+    say("dave", &format!("calls alice__notes__whoami → {denied}"));
+    assert_eq!(denied["error"]["code"], -32054, "{denied}");
+
+    // Carol serves a service later; bob's running hub presents it, announced.
+    let later = carol.json(&["serve", "drafts", "--allow", "group:eng", "--", stub()]);
+    assert_eq!(later["serving"], true, "{later}");
+    say("carol", "$ mcpmesh serve drafts --allow group:eng");
+    let bob_tools = tools_once_changed(&mut bobs_hub, |t| t.contains("carol__drafts__echo")).await;
+    say(
+        "bob",
+        &format!(
+            "hub announced tools/list_changed; it lists {} tools, carol__drafts__echo among them",
+            bob_tools.len()
+        ),
+    );
+    assert!(bob_tools.contains("carol__drafts__echo"), "{bob_tools:?}");
+    let drafted = bobs_hub
+        .call("carol__drafts__echo", json!({ "text": "draft 1" }))
+        .await;
+    assert_eq!(text(&drafted), "draft 1");
+    assert!(
+        !names(&daves_hub.tools().await)
+            .iter()
+            .any(|t| t.contains("drafts")),
+        "sales is not offered drafts"
+    );
+    bobs_hub.close().await;
+    daves_hub.close().await;
+
+    let records = alice.stop_and_audit();
+    let refused: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "request" && r["name"] == "whoami" && r["outcome"] == "denied")
+        .collect();
+    say("alice", &format!("audit: {refused:?}"));
+    assert_eq!(refused.len(), 1, "{records:?}");
+    assert_eq!(refused[0]["peer"], "dave", "{}", refused[0]);
+    assert!(
+        records.iter().any(|r| r["event"] == "request"
+            && r["name"] == "whoami"
+            && r["outcome"] == "ok"
+            && r["peer"] == "bob"),
+        "bob's call is recorded as allowed"
+    );
 }

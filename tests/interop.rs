@@ -10,6 +10,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -690,7 +691,7 @@ async fn piped(cmd: &[String], input: &str) -> Vec<Value> {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input.as_bytes()).await.unwrap();
     drop(stdin);
-    let out = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
         .expect("the client's answers come in time")
         .unwrap();
@@ -801,4 +802,37 @@ async fn a_long_call_whose_client_closes_its_input_still_gets_its_answer() {
         frames[1]["result"]["content"][0]["text"], "slept 4000 ms",
         "{frames:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_official_python_sdk_is_told_its_tools_changed_and_lists_what_it_may_use_now() {
+    let m = marker("sdk-list-changed");
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("notes", &["bob"], None, &m);
+    // The SDK (it speaks 2025-11-25) as the client of `mcpmesh connect`, one step a line.
+    let connect = [
+        MCPMESH,
+        "--home",
+        bob.home().to_str().unwrap(),
+        "connect",
+        "alice/notes",
+    ];
+    let mut driver = HubClient::start(&connect.map(str::to_owned)).await;
+    assert_eq!(driver.ready["ready"], "echo-stub", "{}", driver.ready);
+    let names = |tools: Vec<(String, String)>| -> Vec<String> {
+        tools.into_iter().map(|(name, _)| name).collect()
+    };
+    let before = names(driver.tools().await);
+    assert!(before.contains(&"echo".to_owned()), "{before:?}");
+
+    let revoked = alice.json(&["revoke", "bob", "notes", "--tools", "echo"]);
+    assert_eq!(revoked["sessions_ended"], 0, "{revoked}");
+    let changed = driver.step(json!({ "op": "wait_list_changed" })).await;
+    assert_eq!(changed["changed"], true, "{changed}");
+    let after = names(driver.tools().await);
+    let want: Vec<String> = before.iter().filter(|t| *t != "echo").cloned().collect();
+    assert_eq!(after, want);
+    let echo = driver.call("echo", json!({ "text": "hi" })).await;
+    assert_eq!(echo["error"]["code"], -32054, "{echo}");
+    driver.close().await;
 }

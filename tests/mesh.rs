@@ -1136,3 +1136,33 @@ impl CopyingConnect {
         exit_and_stderr(&mut self.child, stderr).await
     }
 }
+
+/// A client that got every answer and closed its input ended the session: however long the
+/// serving node then takes to end its side (here it is stopped for 4 s, as a loaded machine
+/// may stall any process), `connect` exits 0 and says nothing was lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_got_every_answer_and_closed_ends_cleanly_however_slow_the_server_is_to_go() {
+    let m = marker("slow-to-go");
+    let (alice, bob) = pair(&m, None);
+    let (mut s, stderr) = connect_keeping_stderr(&bob, "alice/svc");
+    s.initialize().await;
+    let echo = s.call("echo", json!({ "text": "all of it" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "all of it", "{echo}");
+    alice.signal(rustix::process::Signal::STOP);
+    s.close_stdin();
+    let stalled = tokio::time::sleep(Duration::from_secs(4));
+    let (status, stderr) = tokio::join!(
+        async {
+            s.wait_eof().await;
+            exit_and_stderr(&mut s.child, stderr).await
+        },
+        stalled
+    )
+    .0;
+    alice.signal(rustix::process::Signal::CONT);
+    assert!(
+        status.success(),
+        "connect exited {status} after every answer came; stderr: {stderr}"
+    );
+    assert!(!stderr.contains("lost"), "stderr: {stderr}");
+}

@@ -3,7 +3,9 @@
 //! wins over static trust; forged, replayed, expired and foreign rosters are refused and
 //! audited; a node that was offline catches up from any member; a join killed halfway leaves
 //! the device on both sides or neither; damaged, used and wrong-kind join lines are refused
-//! plainly; an expired roster grants nothing by group and doctor says so.
+//! plainly; an expired roster grants nothing by group and doctor says so; a removed device
+//! learns it from its removal notice, says so and stops dialing, and comes back only when the
+//! admin readmits its key or with a new key; a non-member fetching the roster gets nothing.
 
 mod common;
 
@@ -421,7 +423,10 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
     eprintln!("REMOVAL-TO-CUT: org remove bob → bob's live session on dave ended after {cut:?}");
     if let Some(answer) = &answer {
         assert_eq!(answer["id"], "long", "{answer}");
-        assert_eq!(answer["error"]["code"], -32052, "{answer}");
+        // dave severs it for the trust change (-32052), unless bob's own node, told of its
+        // removal at the same moment, let go of dave first (the session lost: -32055).
+        let code = answer["error"]["code"].as_i64();
+        assert!(matches!(code, Some(-32052 | -32055)), "{answer}");
         s.wait_eof().await;
     }
     assert!(cut < Duration::from_secs(5), "the cut took {cut:?}");
@@ -452,18 +457,21 @@ async fn org_remove_cuts_a_live_session_on_another_node_within_five_seconds() {
         "{members}"
     );
 
-    // Refused at the gate, before any MCP byte: revoked, not merely out of a group; and at
-    // carol too, where revoked wins over her own static trust in bob's key.
-    for target in ["dave/notes", "carol/diary"] {
-        let error = refused_session(&t.bob, target).await;
-        assert_eq!(error["code"], -32054, "{target}: {error}");
-        assert!(
-            error["message"]
-                .as_str()
-                .unwrap()
-                .contains("does not trust"),
-            "{target}: {error}"
-        );
+    // bob's node was told: it no longer knows the members, so it dials none of them.
+    let error = refused_session(&t.bob, "dave/notes").await;
+    assert!(
+        error["message"].as_str().unwrap().contains("no peer named"),
+        "{error}"
+    );
+    // His key is refused at the gate, before any MCP byte: revoked, not merely out of a
+    // group; and at carol too, where revoked wins over her own static trust in bob's key.
+    let bob_key = device_key(&t.bob);
+    for target in [&t.dave, &t.carol] {
+        let (ep, id) = endpoint_as(bob_key.clone(), target).await;
+        let preamble = b"{\"mcpmesh\":1,\"service\":\"notes\"}\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+        let answer = exchange(&ep, id, preamble).await;
+        assert_eq!(answer, None, "{} answered a revoked key", target.name);
+        ep.close().await;
     }
     let robert = peer_entry(&t.carol, &t.bob.id);
     assert!(robert.is_none(), "carol lists a revoked key: {robert:?}");
@@ -900,7 +908,7 @@ async fn an_expired_roster_stops_group_grants_and_doctor_says_so() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_second_device_is_mounted_as_user_dot_device_and_holds_the_users_groups() {
+async fn a_second_device_is_mounted_as_user_dot_device_and_the_next_oldest_takes_the_plain_name() {
     let m = marker("org-device");
     let alice = TestNode::start("alice");
     let bob = TestNode::start("bob");
@@ -920,21 +928,31 @@ async fn a_second_device_is_mounted_as_user_dot_device_and_holds_the_users_group
     let again = alice.cli(&["--json", "org", "invite", "bob"]);
     assert_eq!(refused(&again)["error"]["code"], 1005);
 
-    let members = org(&alice, &["members"]);
-    let bob_entry = members["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["user"] == "bob")
-        .cloned()
-        .unwrap();
-    let mounts: Vec<&str> = bob_entry["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["mount"].as_str().unwrap())
-        .collect();
-    assert_eq!(mounts, ["bob.bob", "bob.laptop"], "{members}");
+    // The first device keeps the plain name; the second is bob.laptop.
+    let mounts = |node: &TestNode| -> Vec<String> {
+        let members = org(node, &["members"]);
+        let bob_entry = members["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["user"] == "bob")
+            .cloned()
+            .unwrap();
+        bob_entry["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["mount"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(mounts(&alice), ["bob", "bob.laptop"]);
+    assert_eq!(peer_name(&alice, &bob.id), "bob");
+    assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
+
+    // `use` knows from alice's catalog that she offers notes to this device: no warning.
+    let mount = laptop.json(&["use", "alice/notes"]);
+    assert!(mount.get("warning").is_none(), "{mount}");
+    assert_eq!(mount["known_grant"], true, "{mount}");
 
     let mut s = laptop.connect("alice/notes");
     s.initialize().await;
@@ -942,6 +960,17 @@ async fn a_second_device_is_mounted_as_user_dot_device_and_holds_the_users_group
     assert_eq!(env["MCPMESH_PEER_USER"], "bob", "{env}");
     assert_eq!(env["MCPMESH_PEER_GROUPS"], "eng", "{env}");
     assert_eq!(env["MCPMESH_PEER_NAME"], "bob.laptop", "{env}");
+    s.close_stdin();
+    s.wait_eof().await;
+
+    // The oldest device leaves: the laptop, next oldest, takes the plain name.
+    org(&alice, &["remove", "bob", "--device", "bob"]);
+    assert_eq!(mounts(&alice), ["bob"]);
+    assert_eq!(peer_name(&alice, &laptop.id), "bob");
+    let mut s = laptop.connect("alice/notes");
+    s.initialize().await;
+    let env = whoami(&mut s).await;
+    assert_eq!(env["MCPMESH_PEER_NAME"], "bob", "{env}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -973,6 +1002,91 @@ async fn a_group_change_cuts_the_sessions_the_new_groups_no_longer_admit() {
     let error = refused_session(&bob, "dave/notes").await;
     assert_eq!(error["code"], -32054, "{error}");
     assert_eq!(org_summary(&bob)["user"], "bob");
+}
+
+/// Appends `rules` to `node`'s config.toml while its node is down (the next verb starts it).
+fn add_rules_offline(node: &TestNode, rules: &str) {
+    node.json(&["down"]);
+    let config = node.home().join("config.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(rules);
+    std::fs::write(&config, text).unwrap();
+}
+
+/// The tool names of a `tools/list` answer.
+fn tool_names(list: &Value) -> Vec<String> {
+    list["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+const LIST_CHANGED: &str = "notifications/tools/list_changed";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_group_change_reaches_an_open_session_at_its_next_request_and_says_the_list_changed() {
+    let m = marker("live-groups");
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let dave = TestNode::start("dave");
+    // Rules written by hand, as an admin would, read when dave's node starts again (before
+    // any member could find it down).
+    dave.serve_stub("notes", &["group:eng", "group:sales"], None, &m);
+    add_rules_offline(
+        &dave,
+        "\n[[services.notes.tools]]\nwho = [\"group:eng\"]\nallow = [\"*\"]\n\n\
+         [[services.notes.tools]]\nwho = [\"group:sales\"]\nallow = [\"whoami\"]\n",
+    );
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    join(&alice, &dave, "eng");
+    converged(
+        &[&alice, &bob, &dave],
+        org(&alice, &["members"])["serial"].as_u64().unwrap(),
+    )
+    .await;
+
+    let mut s = bob.connect("dave/notes");
+    let init = s.initialize_as("2025-11-25").await;
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    let listed = tool_names(&s.request("tools/list", json!({})).await);
+    assert!(listed.contains(&"echo".to_owned()), "{listed:?}");
+    let echo = s.call("echo", json!({ "text": "hi" })).await;
+    assert!(echo["result"].is_object(), "{echo}");
+
+    // The change is made on the admin's node; dave, serving, learns it from the roster.
+    let started = Instant::now();
+    let changed = org(&alice, &["groups", "bob", "sales"]);
+    let told = s.notified(LIST_CHANGED, CONVERGE).await;
+    let echo = s.call("echo", json!({ "text": "hi" })).await;
+    let took = started.elapsed();
+    eprintln!(
+        "GROUPS-TO-REFUSAL: org groups bob sales (on alice) → {LIST_CHANGED} and a refused echo in bob's open session on dave after {took:?}"
+    );
+    // Whatever the session was told, dave holds the new roster now: the next call is refused.
+    converged(&[&dave], changed["serial"].as_u64().unwrap()).await;
+    let echo = match echo.get("result") {
+        Some(_) => s.call("echo", json!({ "text": "hi" })).await,
+        None => echo,
+    };
+    assert_eq!(
+        echo["error"]["code"], -32054,
+        "bob's open session still used echo once dave held the roster moving bob to sales: {echo}"
+    );
+    assert_eq!(echo["error"]["data"]["source"], "mcpmesh", "{echo}");
+    assert!(told.is_some(), "no {LIST_CHANGED} reached bob's session");
+    // The same session, now as sales: its list and its calls follow.
+    let listed = tool_names(&s.request("tools/list", json!({})).await);
+    assert_eq!(listed, ["whoami"]);
+    let who = s.call("whoami", json!({})).await;
+    assert_eq!(
+        who["result"]["structuredContent"]["MCPMESH_PEER_USER"], "bob",
+        "{who}"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1236,7 +1350,8 @@ async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored
     alice.json(&["up"]);
 
     assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
-    assert_eq!(peer_name(&alice, &bob.id), "bob.bob");
+    // bob's first device is mounted as plain `bob`; `bob.bob` stays its own all the same.
+    assert_eq!(peer_name(&alice, &bob.id), "bob");
     assert_eq!(peer_name(&alice, &in_config), "bob-laptop");
     assert_eq!(peer_name(&alice, &paired), "bob-bob");
     // The call meant for bob's laptop reaches bob's laptop.
@@ -1334,6 +1449,7 @@ async fn a_roster_of_a_foreign_root_is_refused_and_audited_without_letting_its_s
             expires_at: now + DEFAULT_VALIDITY_SECS,
             members: vec![],
             revoked: vec![],
+            removals: vec![],
         },
         &other,
     )
@@ -1391,4 +1507,776 @@ async fn a_roster_of_a_foreign_root_is_refused_and_audited_without_letting_its_s
     assert_eq!(counted.len(), 2, "{counted:?}");
     assert_eq!(counted[1]["count"], AGAIN, "{counted:?}");
     assert_eq!(counted[1]["reason"], "other_org", "{counted:?}");
+}
+
+/// `node`'s device key, read from its profile.
+fn device_key(node: &TestNode) -> iroh::SecretKey {
+    let text = std::fs::read_to_string(node.home().join("device.key")).unwrap();
+    mcpmesh::keys::parse_hex(text.trim()).expect("device.key holds a hex key")
+}
+
+/// The `connections_refused` records in `records` of the key `id`.
+fn refused_connections<'a>(records: &'a [Value], id: &str) -> Vec<&'a Value> {
+    let principal = format!("eid:{id}");
+    records
+        .iter()
+        .filter(|r| r["event"] == "connections_refused" && r["principal"] == principal.as_str())
+        .collect()
+}
+
+/// alice (the admin), bob and carol (eng), carol serving `notes` to group eng, all holding
+/// the same roster.
+async fn team_of_three(m: &str) -> (TestNode, TestNode, TestNode) {
+    let alice = TestNode::start_with("alice", SYNC_FAST, &[]);
+    let bob = TestNode::start_with("bob", SYNC_FAST, &[]);
+    let carol = TestNode::start_with("carol", SYNC_FAST, &[]);
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    join(&alice, &carol, "eng");
+    carol.serve_stub("notes", &["group:eng"], None, m);
+    let serial = org(&alice, &["members"])["serial"].as_u64().unwrap();
+    converged(&[&alice, &bob, &carol], serial).await;
+    (alice, bob, carol)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_removed_while_offline_learns_it_says_so_and_stops_dialing_the_members() {
+    let m = marker("org-removed");
+    let (alice, bob, carol) = team_of_three(&m).await;
+    admitted_session(&bob, "carol/notes").await;
+
+    assert_eq!(bob.json(&["down"])["stopped"], true);
+    let serial = org(&alice, &["remove", "bob"])["serial"].as_u64().unwrap();
+    converged(&[&alice, &carol], serial).await;
+
+    // Back online, bob's node dials the members it knows; they refuse it and hand it the
+    // root's notice of its removal, which it verifies and acts on.
+    bob.json(&["up"]);
+    let learned = eventually(CONVERGE, || org_summary(&bob)["removed"].is_object()).await;
+    assert!(learned, "bob never learned: {}", org_summary(&bob));
+    let summary = org_summary(&bob);
+    assert_eq!(summary["name"], "acme", "{summary}");
+    assert_eq!(summary["removed"]["serial"], serial, "{summary}");
+    assert_eq!(summary["removed"]["user"], "bob", "{summary}");
+    assert!(summary.get("user").is_none(), "{summary}");
+    let shown = String::from_utf8_lossy(&bob.cli(&["status"]).stdout).into_owned();
+    assert!(
+        shown.contains(&format!("removed from org acme (serial {serial})")),
+        "{shown}"
+    );
+    let report: Value = serde_json::from_slice(&bob.cli(&["--json", "doctor"]).stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "org")
+        .cloned()
+        .unwrap_or_else(|| panic!("doctor has no org check: {report}"));
+    assert_eq!(check["status"], "warn", "{check}");
+    let message = check["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("removed from org acme (serial {serial})"))
+            && message.contains("--readmit"),
+        "{check}"
+    );
+    assert!(trust_actions(&bob).iter().any(|a| a == "org_removed"));
+    // It trusts (and offers) the members nothing any more, and org verbs say why.
+    for member in [&alice, &carol] {
+        assert!(peer_entry(&bob, &member.id).is_none(), "{}", member.name);
+    }
+    let members = bob.cli(&["--json", "org", "members"]);
+    let error = refused(&members);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("removed from org acme"),
+        "{error}"
+    );
+
+    // The members counted its refused connections under its user; once it learned, there
+    // are no more: its restart (a roster pull at once), `status` (which checks every peer
+    // it trusts) and `doctor` dial nobody.
+    let records: Vec<Vec<Value>> = [&alice, &carol].map(|n| n.stop_and_audit()).into();
+    let before: Vec<usize> = records
+        .iter()
+        .map(|r| refused_connections(r, &bob.id).len())
+        .collect();
+    let named = records
+        .iter()
+        .flat_map(|r| refused_connections(r, &bob.id))
+        .any(|r| r["user"] == "bob");
+    assert!(named, "no refusal names user bob: {records:?}");
+    alice.json(&["up"]);
+    carol.json(&["up"]);
+    bob.json(&["down"]);
+    bob.json(&["up"]);
+    bob.json(&["status"]);
+    bob.cli(&["doctor"]);
+    let error = refused_session(&bob, "carol/notes").await;
+    assert!(
+        error["message"].as_str().unwrap().contains("no peer named"),
+        "{error}"
+    );
+    let after: Vec<usize> = [&alice, &carol]
+        .map(|n| refused_connections(&n.stop_and_audit(), &bob.id).len())
+        .into();
+    assert_eq!(
+        after, before,
+        "bob kept dialing the members after it learned"
+    );
+
+    // Out of acme, bob's node is in no org: it may start one of its own.
+    let created = org(&bob, &["create", "bobs"]);
+    assert_eq!(created["serial"], 1, "{created}");
+    let summary = org_summary(&bob);
+    assert_eq!(summary["name"], "bobs", "{summary}");
+    assert!(summary.get("removed").is_none(), "{summary}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_device_comes_back_only_when_the_admin_readmits_its_key_or_with_a_new_key() {
+    let m = marker("org-readmit");
+    let (alice, bob, carol) = team_of_three(&m).await;
+
+    // bob is online: the admin's node tells him at once.
+    let removed = org(&alice, &["remove", "bob"])["serial"].as_u64().unwrap();
+    let learned = eventually(CONVERGE, || org_summary(&bob)["removed"].is_object()).await;
+    assert!(learned, "bob never learned: {}", org_summary(&bob));
+    assert_eq!(org_summary(&bob)["removed"]["serial"], removed);
+
+    // A plain invite does not bring the old key back, and the refusal says what does.
+    let invite = org(
+        &alice,
+        &["invite", "bob", "--device", "bob", "--groups", "eng"],
+    );
+    let out = bob.cli(&["--json", "join", invite["invite"].as_str().unwrap()]);
+    let error = refused(&out);
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("removed from org acme (serial {removed})"))
+            && message.contains("mcpmesh org invite bob --device bob --readmit")
+            && message.contains("new key"),
+        "{error}"
+    );
+    assert!(org_summary(&bob)["removed"].is_object());
+
+    // Only a device that was removed can be readmitted.
+    let out = alice.cli(&[
+        "--json",
+        "org",
+        "invite",
+        "bob",
+        "--device",
+        "phone",
+        "--readmit",
+    ]);
+    let error = refused(&out);
+    assert_eq!(error["error"]["code"], 1006, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no removed device named \"phone\""),
+        "{error}"
+    );
+
+    // The admin readmits the key explicitly: a roster that no longer revokes it, recorded
+    // on every node that takes it.
+    let invite = org(
+        &alice,
+        &[
+            "invite",
+            "bob",
+            "--device",
+            "bob",
+            "--groups",
+            "eng",
+            "--readmit",
+        ],
+    );
+    let members = org(&alice, &["members"]);
+    assert!(
+        !members["revoked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k == bob.id.as_str()),
+        "{members}"
+    );
+    for node in [&alice, &carol] {
+        let readmitted = || trust_actions(node).iter().any(|a| a == "org_readmit");
+        assert!(
+            eventually(CONVERGE, readmitted).await,
+            "{}: {:?}",
+            node.name,
+            trust_actions(node)
+        );
+    }
+    // Readmitted is not yet a member: a roster that does not name bob changes nothing on
+    // his node (it would trust the members again) and is refused.
+    let (_, readmitting) = root_and_roster(&alice, "root.json");
+    let (ep, target) = raw_client(&bob, true).await;
+    let sender = format!("eid:{}", ep.id());
+    let (_, seen) = deliver(
+        &ep,
+        target,
+        &readmitting.roster.root,
+        readmitting.roster.serial,
+        &readmitting.text,
+        || {
+            refusals(&bob, "invalid")
+                .iter()
+                .any(|r| r["principal"] == sender.as_str())
+        },
+    )
+    .await;
+    assert!(seen, "{:?}", audit(&bob));
+    assert!(org_summary(&bob)["removed"].is_object());
+    assert!(peer_entry(&bob, &alice.id).is_none());
+
+    let joined = bob.json(&["join", invite["invite"].as_str().unwrap()]);
+    assert_eq!(joined["user"], "bob", "{joined}");
+    assert_eq!(joined["device"], "bob", "{joined}");
+    assert_eq!(org_summary(&bob)["user"], "bob");
+    assert!(org_summary(&bob).get("removed").is_none());
+    let serial = joined["serial"].as_u64().unwrap();
+    converged(&[&alice, &bob, &carol], serial).await;
+    admitted_session(&bob, "carol/notes").await;
+
+    // Removed again, bob comes back from a new key (a new profile) with a plain invite.
+    org(&alice, &["remove", "bob"]);
+    let new_key = TestNode::start("bob");
+    let joined = join(&alice, &new_key, "eng");
+    assert_eq!(joined["user"], "bob", "{joined}");
+    converged(
+        &[&alice, &carol, &new_key],
+        joined["serial"].as_u64().unwrap(),
+    )
+    .await;
+    admitted_session(&new_key, "carol/notes").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_member_fetching_the_roster_gets_nothing_and_a_removed_key_only_its_notice() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    let carol = TestNode::start("carol");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    join(&alice, &carol, "eng");
+    let root = org(&alice, &["status"])["root"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // bob is down first: his node would otherwise hear of the removal (gossip) and ask, and
+    // a revoked key is told once a minute.
+    bob.json(&["down"]);
+    let removed = org(&alice, &["remove", "bob"])["serial"].as_u64().unwrap();
+
+    // One roster exchange as `key` would open it: the answer, or `None` when refused.
+    let ask = |key: iroh::SecretKey| {
+        let root = root.clone();
+        let alice = &alice;
+        async move {
+            let (ep, target) = endpoint_as(key, alice).await;
+            let answer = async {
+                let conn = ep
+                    .connect(target, mcpmesh::roster::sync::ALPN_ROSTER)
+                    .await
+                    .ok()?;
+                let (send, recv) = conn.open_bi().await.ok()?;
+                let mut wire = mcpmesh_net::transport::NdjsonTransport::new(
+                    recv,
+                    send,
+                    mcpmesh::roster::sync::MAX_MESSAGE,
+                );
+                wire.send_value(json!({ "root": root, "serial": 0 }))
+                    .await
+                    .ok()?;
+                let answer = wire.recv_value().await.ok()??;
+                let _ = wire.writer_mut().finish();
+                Some(answer)
+            };
+            let answer = tokio::time::timeout(ANSWER_TIMEOUT, answer).await.ok()?;
+            ep.close().await;
+            answer
+        }
+    };
+
+    // A key nobody knows is refused before anything is said.
+    assert_eq!(ask(iroh::SecretKey::generate()).await, None);
+
+    // A key trusted by pairing alone learns the org's root and serial, not its roster.
+    let paired = iroh::SecretKey::generate();
+    alice.json(&["peers", "add", "stranger", &paired.public().to_string()]);
+    let answer = ask(paired).await.expect("a trusted peer is answered");
+    assert!(answer.get("roster").is_none(), "{answer}");
+    assert!(answer.get("removed").is_none(), "{answer}");
+
+    // bob's removed key gets its own removal notice and nothing else.
+    let bob_key = device_key(&bob);
+    let answer = ask(bob_key.clone())
+        .await
+        .expect("a removed key is told of its removal");
+    let keys: Vec<&str> = answer
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["removed", "root", "serial"], "{answer}");
+    assert_eq!(answer["serial"], removed, "{answer}");
+    let notice: mcpmesh::roster::RemovalNotice =
+        serde_json::from_value(answer["removed"].clone()).unwrap();
+    assert_eq!(
+        (
+            notice.org.as_str(),
+            notice.user.as_str(),
+            notice.eid.as_str()
+        ),
+        ("acme", "bob", bob.id.as_str())
+    );
+    let me: iroh::EndpointId = bob.id.parse().unwrap();
+    let pinned: iroh::PublicKey = root.parse().unwrap();
+    assert_eq!(notice.check(&pinned, &me, removed - 1), Ok(()));
+    let said = answer.to_string();
+    for other in [&alice, &carol] {
+        assert!(!said.contains(other.id.as_str()), "{said}");
+        assert!(
+            other.addrs.iter().all(|a| !said.contains(a.as_str())),
+            "{said}"
+        );
+    }
+    assert!(!said.contains("eng"), "{said}");
+
+    // Asking again at once is refused: a removed key is told once a minute.
+    assert_eq!(ask(bob_key).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_foreign_or_replayed_removal_notice_changes_nothing_but_the_revoking_roster_tells()
+{
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    let held = join(&alice, &bob, "eng")["serial"].as_u64().unwrap();
+    let (root, _) = root_and_roster(&alice, "root.json");
+    let root_hex = root.public().to_string();
+    converged(&[&alice, &bob], held).await;
+
+    let notice = |key: &iroh::SecretKey, eid: &str, serial: u64| {
+        let r = mcpmesh::roster::Removal::sign("acme", key, eid, "bob", "bob", serial).unwrap();
+        serde_json::to_value(r.notice("acme", &root_hex)).unwrap()
+    };
+    let other = TestNode::start("mallory");
+    let cases = [
+        // Signed by a key that is not the org's root.
+        (
+            "bad_signature",
+            notice(&iroh::SecretKey::generate(), &bob.id, held + 1),
+        ),
+        // The root's word about another device.
+        ("invalid", notice(&root, &other.id, held + 1)),
+        // A removal older than the roster bob holds (undone since).
+        ("stale", notice(&root, &bob.id, held)),
+    ];
+    // A member pushing notices to bob, as the admin's node does.
+    let (ep, target) = raw_client(&bob, true).await;
+    let sender = format!("eid:{}", ep.id());
+    for (reason, removed) in cases {
+        let conn = ep
+            .connect(target, mcpmesh::roster::sync::ALPN_ROSTER)
+            .await
+            .unwrap();
+        let (send, recv) = conn.open_bi().await.unwrap();
+        let mut wire = mcpmesh_net::transport::NdjsonTransport::new(
+            recv,
+            send,
+            mcpmesh::roster::sync::MAX_MESSAGE,
+        );
+        wire.send_value(json!({ "root": root_hex, "serial": held + 1, "removed": removed }))
+            .await
+            .unwrap();
+        let _ = wire.writer_mut().finish();
+        let recorded = || {
+            refusals(&bob, reason)
+                .iter()
+                .any(|r| r["principal"] == sender.as_str())
+        };
+        assert!(
+            eventually(ANSWER_TIMEOUT, recorded).await,
+            "no {reason} refusal: {:?}",
+            audit(&bob)
+        );
+        conn.close(0u32.into(), b"done");
+    }
+    let summary = org_summary(&bob);
+    assert_eq!(summary["user"], "bob", "{summary}");
+    assert!(summary.get("removed").is_none(), "{summary}");
+    assert!(peer_entry(&bob, &alice.id).is_some());
+
+    // The roster that revoked bob, handed over by anyone (here while the admin is away),
+    // tells him as well as the notice does.
+    bob.json(&["down"]);
+    let serial = org(&alice, &["remove", "bob"])["serial"].as_u64().unwrap();
+    let (_, revoking) = root_and_roster(&alice, "root-after.json");
+    assert_eq!(revoking.roster.serial, serial);
+    alice.json(&["down"]);
+    bob.json(&["up"]);
+    assert_eq!(
+        serial_of(&bob),
+        Some(held),
+        "bob could not have learned yet"
+    );
+    let (ep, target) = raw_client(&bob, true).await;
+    let (_, seen) = deliver(&ep, target, &root_hex, serial, &revoking.text, || {
+        org_summary(&bob)["removed"].is_object()
+    })
+    .await;
+    assert!(seen, "{}", org_summary(&bob));
+    let summary = org_summary(&bob);
+    assert_eq!(summary["removed"]["serial"], serial, "{summary}");
+    assert_eq!(summary["removed"]["user"], "bob", "{summary}");
+    assert_eq!(summary["removed"]["device"], "bob", "{summary}");
+    assert!(peer_entry(&bob, &alice.id).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_roster_one_member_installed_reaches_the_others_over_gossip_with_the_admin_gone() {
+    // No periodic pull within the test's bound: only the members' re-announcements can
+    // carry the roster from bob to carol and dave.
+    let t = Team::start("");
+    converged(&t.all(), t.serial()).await;
+    let (root, current) = root_and_roster(&t.alice, "root-gossip.json");
+    assert_eq!(t.alice.json(&["down"])["stopped"], true);
+
+    let mut next = successor(&current.roster, unix_now(), DEFAULT_VALIDITY_SECS);
+    for member in &mut next.members {
+        if member.user == "carol" {
+            member.groups = vec!["sales".into(), "eng".into()];
+        }
+    }
+    let serial = next.serial;
+    let text = SignedRoster::sign(next, &root).unwrap().text;
+    // Only bob is given it, by a key he trusts.
+    let (ep, target) = raw_client(&t.bob, true).await;
+    let root_hex = root.public().to_string();
+    let (_, installed_on_bob) = deliver(&ep, target, &root_hex, serial, &text, || {
+        serial_of(&t.bob) == Some(serial)
+    })
+    .await;
+    assert!(installed_on_bob, "bob took the roster");
+    let started = Instant::now();
+    converged(&[&t.carol, &t.dave], serial).await;
+    eprintln!(
+        "GOSSIP: serial {serial} on carol and dave {:?} after bob installed it, the admin down",
+        started.elapsed()
+    );
+    for node in [&t.carol, &t.dave] {
+        let record = installed(node, serial).await;
+        assert_ne!(record["from"], "alice", "{record}");
+    }
+}
+
+/// The org's gossip topic, as every node derives it from the root (hex).
+fn gossip_topic(root: &str) -> iroh_gossip::TopicId {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"mcpmesh org topic 1\0");
+    hasher.update(root.to_ascii_lowercase().as_bytes());
+    iroh_gossip::TopicId::from_bytes(*hasher.finalize().as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_and_flooding_gossip_from_a_member_is_refused_bounded_and_audited() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    org(&alice, &["create", "acme"]);
+    join(&alice, &bob, "eng");
+    let (root, current) = root_and_roster(&alice, "root-flood.json");
+    converged(&[&alice, &bob], current.roster.serial).await;
+
+    // mallory: a member device (the admin signed her in), driven by the test.
+    let key = iroh::SecretKey::generate();
+    let mut next = successor(&current.roster, unix_now(), DEFAULT_VALIDITY_SECS);
+    next.members.push(Member {
+        user: "mallory".into(),
+        groups: vec![],
+        devices: vec![Device {
+            name: "laptop".into(),
+            eid: key.public().to_string(),
+            addrs: vec![],
+            relay: None,
+        }],
+    });
+    let serial = next.serial;
+    let text = SignedRoster::sign(next, &root).unwrap().text;
+    let (ep, target) = raw_client(&bob, true).await;
+    let root_hex = root.public().to_string();
+    let (_, took) = deliver(&ep, target, &root_hex, serial, &text, || {
+        serial_of(&bob) == Some(serial)
+    })
+    .await;
+    assert!(took, "bob holds the roster with mallory");
+
+    let book = iroh::address_lookup::MemoryLookup::new();
+    let mut addr = iroh::EndpointAddr::new(target);
+    for a in &bob.addrs {
+        addr = addr.with_ip_addr(a.parse().unwrap());
+    }
+    book.add_endpoint_info(addr);
+    let config = mcpmesh_net::endpoint::NetworkConfig {
+        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
+        bind: vec!["127.0.0.1:0".parse().unwrap()],
+        discovery: Default::default(),
+    };
+    let alpn = b"mcpmesh/gossip/1";
+    let mallory = mcpmesh_net::endpoint::bind(key, &config, vec![alpn.to_vec()], book)
+        .await
+        .unwrap();
+    let gossip = iroh_gossip::Gossip::builder()
+        .alpn(alpn)
+        .spawn(mallory.clone());
+    let _router = iroh::protocol::Router::builder(mallory.clone())
+        .accept(alpn, gossip.clone())
+        .spawn();
+    let mut topic = gossip
+        .subscribe(gossip_topic(&root_hex), vec![target])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), topic.joined())
+        .await
+        .expect("mallory meets bob on the org's topic")
+        .unwrap();
+
+    // Not a notice; a notice naming a non-member; a newer serial nobody has; then a flood.
+    topic
+        .broadcast(bytes::Bytes::from_static(b"{\"grant\":\"everything\"}"))
+        .await
+        .unwrap();
+    let stranger = iroh::SecretKey::generate().public().to_string();
+    topic
+        .broadcast(format!("{{\"from\":\"{stranger}\",\"roster\":1000}}").into())
+        .await
+        .unwrap();
+    topic
+        .broadcast(format!("{{\"from\":\"{}\",\"roster\":1000}}", mallory.id()).into())
+        .await
+        .unwrap();
+    for i in 0..1500u32 {
+        let notice = format!("{{\"from\":\"{}\",\"catalog\":{i}}}", mallory.id());
+        topic.broadcast(notice.into()).await.unwrap();
+    }
+    let gossip_refusals = || {
+        audit(&bob)
+            .into_iter()
+            .filter(|r| r["event"] == "gossip_refused")
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        eventually(CONVERGE, || !gossip_refusals().is_empty()).await,
+        "bob records the refused gossip: {:?}",
+        audit(&bob)
+    );
+    // A minute's worth of records at most: one for mallory, whatever she sent.
+    let records = gossip_refusals();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        records[0]["principal"],
+        format!("eid:{}", mallory.id()),
+        "{records:?}"
+    );
+    // Nothing she said moved bob's roster, and bob still serves.
+    assert_eq!(serial_of(&bob), Some(serial));
+    assert!(bob.json(&["status"])["id"].is_string());
+    gossip.shutdown().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_served_later_reaches_the_members_catalogs_through_gossip() {
+    let t = Team::start("");
+    converged(&t.all(), t.serial()).await;
+    t.alice.serve("notes", &["group:eng"], &["--", stub()]);
+    let mounts = |node: &TestNode| -> Vec<String> {
+        node.json(&["services"])["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["mount"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Answers are re-asked only after 30 s unless the serving node announces a change (and
+    // bob's `status` calls asked alice's catalog while the team formed).
+    let seen = eventually(Duration::from_secs(10), || {
+        mounts(&t.bob) == ["alice/notes"]
+    })
+    .await;
+    assert!(seen, "{:?}", mounts(&t.bob));
+    assert!(mounts(&t.carol).is_empty(), "sales gets nothing");
+
+    let started = Instant::now();
+    t.alice.serve("calc", &["group:eng"], &["--", stub()]);
+    let reached = eventually(Duration::from_secs(10), || {
+        mounts(&t.bob).contains(&"alice/calc".to_owned())
+    })
+    .await;
+    assert!(reached, "bob's catalog of alice: {:?}", mounts(&t.bob));
+    eprintln!(
+        "CATALOG-GOSSIP: alice/calc in bob's services {:?} after it was served",
+        started.elapsed()
+    );
+    assert!(!mounts(&t.carol).contains(&"alice/calc".to_owned()));
+}
+
+/// The `policy_changed` records of `node` about `what`, oldest first.
+fn policy_changes(node: &TestNode, what: &str) -> Vec<Value> {
+    audit(node)
+        .into_iter()
+        .filter(|r| r["event"] == "policy_changed" && r["what"] == what)
+        .collect()
+}
+
+/// Asserts a request `s` sends now is not served: the session was severed. A caller the
+/// node no longer trusts at all loses its connection, and the request is answered `-32052`
+/// (or the session had already ended); one a service no longer admits sees its session end
+/// as one the service ended (`-32055`), unless a request was pending (`-32052`).
+async fn severed_at_next_request(s: &mut McpSession, who: &str, codes: &[i64]) {
+    match s.next_request_on_severed("whoami").await {
+        None => {}
+        Some(answer) => {
+            let code = answer["error"]["code"].as_i64();
+            assert!(code.is_some_and(|c| codes.contains(&c)), "{who}: {answer}");
+            assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grants_to_the_org_and_to_a_group_with_tools_reach_open_sessions_and_are_audited() {
+    let m = marker("org-grants");
+    let t = Team::start("");
+    t.alice.serve_stub("notes", &[], None, &m);
+    converged(&t.all(), t.serial()).await;
+
+    // org:acme: every current member, whatever their groups.
+    let granted = t.alice.json(&["grant", "org:acme", "notes"]);
+    assert_eq!(granted["principal"], "org:acme", "{granted}");
+    assert_eq!(granted["service"], "notes", "{granted}");
+    assert!(granted.get("warning").is_none(), "{granted}");
+    let mut bob = t.bob.connect("alice/notes");
+    let mut carol = t.carol.connect("alice/notes");
+    for s in [&mut bob, &mut carol] {
+        let init = s.initialize_as("2025-11-25").await;
+        assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+        let all = tool_names(&s.request("tools/list", json!({})).await);
+        assert!(all.len() > 2 && all.contains(&"echo".to_owned()), "{all:?}");
+    }
+    // A group's own rule, first: the service's first rule, so carol (sales, named by no
+    // rule) is left no tool, and the answer says so.
+    let granted = t
+        .alice
+        .json(&["grant", "group:eng", "notes", "--tools", "whoami,echo"]);
+    assert_eq!(
+        granted["tools"],
+        json!({ "allow": ["whoami", "echo"], "deny": [] }),
+        "{granted}"
+    );
+    let warning = granted["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("no rule names"), "{granted}");
+    for (s, who, want) in [
+        (&mut bob, "bob", &["echo", "whoami"][..]),
+        (&mut carol, "carol", &[][..]),
+    ] {
+        let told = s.notified(LIST_CHANGED, ANSWER_TIMEOUT).await;
+        assert!(told.is_some(), "{who} was not told its tools changed");
+        assert_eq!(
+            tool_names(&s.request("tools/list", json!({})).await),
+            want,
+            "{who}"
+        );
+    }
+    let denied = carol.call("whoami", json!({})).await;
+    assert_eq!(denied["error"]["code"], -32054, "{denied}");
+
+    // revoke --tools: a deny in the group's own rule; the grant and the sessions stay.
+    let revoked = t
+        .alice
+        .json(&["revoke", "group:eng", "notes", "--tools", "echo"]);
+    assert_eq!(revoked["granted"], true, "{revoked}");
+    assert_eq!(revoked["sessions_ended"], 0, "{revoked}");
+    assert_eq!(
+        revoked["tools"],
+        json!({ "allow": ["whoami", "echo"], "deny": ["echo"] }),
+        "{revoked}"
+    );
+    assert!(bob.notified(LIST_CHANGED, ANSWER_TIMEOUT).await.is_some());
+    let echo = bob.call("echo", json!({ "text": "hi" })).await;
+    assert_eq!(echo["error"]["code"], -32054, "{echo}");
+    let who = bob.call("whoami", json!({})).await;
+    assert_eq!(
+        who["result"]["structuredContent"]["MCPMESH_PEER_USER"], "bob",
+        "{who}"
+    );
+    // carol's usable tools did not change (none before, none now): nothing to tell her.
+    let ping = carol.request("ping", json!({})).await;
+    assert!(ping["result"].is_object(), "{ping}");
+    assert!(
+        !carol.skipped.iter().any(|m| m["method"] == LIST_CHANGED),
+        "{:?}",
+        carol.skipped
+    );
+
+    // A roster removal: carol is no longer a member, so no longer in org:acme.
+    org(&t.alice, &["remove", "carol"]);
+    severed_at_next_request(&mut carol, "carol", &[-32052]).await;
+    // The org's grant taken back, bob (eng) stays; the group's too, and his session ends.
+    let revoked = t.alice.json(&["revoke", "org:acme", "notes"]);
+    assert_eq!(revoked["granted"], false, "{revoked}");
+    assert_eq!(revoked["sessions_ended"], 0, "{revoked}");
+    let who = bob.call("whoami", json!({})).await;
+    assert!(who["result"].is_object(), "{who}");
+    let revoked = t.alice.json(&["revoke", "group:eng", "notes"]);
+    assert_eq!(revoked["granted"], false, "{revoked}");
+    assert_eq!(revoked["sessions_ended"], 1, "{revoked}");
+    severed_at_next_request(&mut bob, "bob", &[-32052, -32055]).await;
+
+    // Each change is an audit record saying what it was and what it is.
+    let recorded = || policy_changes(&t.alice, "allow").len() >= 4;
+    assert!(eventually(ANSWER_TIMEOUT, recorded).await);
+    let allow = policy_changes(&t.alice, "allow");
+    let steps: Vec<(Value, Value, Value)> = allow
+        .iter()
+        .map(|r| (r["before"].clone(), r["after"].clone(), r["by"].clone()))
+        .collect();
+    let want = [
+        (json!([]), json!(["org:acme"])),
+        (json!(["org:acme"]), json!(["org:acme", "group:eng"])),
+        (json!(["org:acme", "group:eng"]), json!(["group:eng"])),
+        (json!(["group:eng"]), json!([])),
+    ];
+    let want: Vec<(Value, Value, Value)> = want
+        .into_iter()
+        .map(|(before, after)| (before, after, json!("command")))
+        .collect();
+    assert_eq!(steps, want, "{allow:?}");
+    let tools = policy_changes(&t.alice, "tools");
+    assert_eq!(tools.len(), 2, "{tools:?}");
+    assert_eq!(tools[0]["before"], json!([]), "{tools:?}");
+    assert_eq!(
+        tools[0]["after"],
+        json!([{ "who": ["group:eng"], "allow": ["whoami", "echo"], "deny": [] }]),
+        "{tools:?}"
+    );
+    assert_eq!(tools[1]["before"], tools[0]["after"], "{tools:?}");
+    assert_eq!(
+        tools[1]["after"],
+        json!([{ "who": ["group:eng"], "allow": ["whoami", "echo"], "deny": ["echo"] }]),
+        "{tools:?}"
+    );
+    assert!(tools.iter().all(|r| r["service"] == "notes"));
+
+    // Another org's name matches nobody here: written, and said so.
+    let other = t.alice.json(&["grant", "org:globex", "notes"]);
+    let warning = other["warning"].as_str().unwrap_or_default();
+    assert!(warning.contains("this node's org is acme"), "{other}");
 }

@@ -988,3 +988,126 @@ fn a_dotted_peer_name_is_the_rosters_chosen_ones_are_refused_and_suggested_ones_
     let paired = dave.json(&["pair", &line, "--name", "u1-d1"]);
     assert_eq!(paired["peer"], "u1-d1", "{paired}");
 }
+
+/// The checks `node`'s `doctor --offline --json` reports, by name.
+fn doctor_checks(node: &TestNode) -> Vec<(String, String, String)> {
+    let out = node.cli(&["--json", "doctor", "--offline"]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+    report["checks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"))
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (s("check"), s("status"), s("message"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hand_edit_reloaded_at_sighup_reaches_an_open_session_and_is_audited_without_env_values()
+{
+    let m = marker("hand-rules");
+    let (alice, bob, _) = paired(&m);
+    let mut s = bob.connect("alice/notes");
+    let init = s.initialize_as("2025-11-25").await;
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    let listed = s.request("tools/list", json!({})).await;
+    assert!(listed.to_string().contains("\"echo\""), "{listed}");
+    // A second session whose caller never listed the tools has nothing to refresh.
+    let mut quiet = bob.connect("alice/notes");
+    quiet.initialize_as("2025-11-25").await;
+    let clean = doctor_checks(&alice);
+    assert!(
+        !clean.iter().any(|(c, _, _)| c == "config loaded"),
+        "{clean:?}"
+    );
+
+    // By hand: bob may no longer echo, and the service gets a token in its env.
+    let path = alice.home().join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replace(
+        "[services.notes]",
+        "[services.notes]\nenv = { API_TOKEN = \"s3cret-t0ken\" }",
+    ) + "\n[[services.notes.tools]]\nwho = [\"bob\"]\ndeny = [\"echo\"]\n";
+    std::fs::write(&path, edited).unwrap();
+    let waiting = doctor_checks(&alice);
+    let line = waiting
+        .iter()
+        .find(|(c, _, _)| c == "config loaded")
+        .unwrap_or_else(|| panic!("doctor does not say the edit is not loaded: {waiting:?}"));
+    assert_eq!(line.1, "warn", "{line:?}");
+    assert!(
+        line.2.contains("has not loaded") && line.2.contains("kill -HUP"),
+        "{line:?}"
+    );
+    // Until then the session is as it was.
+    let echo = s.call("echo", json!({ "text": "hi" })).await;
+    assert!(echo["result"].is_object(), "{echo}");
+
+    alice.signal(rustix::process::Signal::HUP);
+    let told = s
+        .notified("notifications/tools/list_changed", ANSWER_TIMEOUT)
+        .await;
+    assert!(told.is_some(), "no list_changed reached bob's open session");
+    let echo = s.call("echo", json!({ "text": "hi" })).await;
+    assert_eq!(echo["error"]["code"], -32054, "{echo}");
+    assert!(whoami(&mut s).await["MCPMESH_PEER_NAME"] == "bob");
+    let echo = quiet.call("echo", json!({ "text": "hi" })).await;
+    assert_eq!(echo["error"]["code"], -32054, "{echo}");
+    assert!(quiet.skipped.is_empty(), "{:?}", quiet.skipped);
+    let after = doctor_checks(&alice);
+    assert!(
+        !after.iter().any(|(c, _, _)| c == "config loaded"),
+        "{after:?}"
+    );
+
+    // The reload is audited: what changed, before and after, env by its keys only.
+    let changes = || {
+        alice.json(&["audit", "tail", "-n", "1000"])["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["event"] == "policy_changed" && r["by"] == "reload")
+            .cloned()
+            .collect::<Vec<Value>>()
+    };
+    assert!(eventually(ANSWER_TIMEOUT, || changes().len() >= 2).await);
+    let records = changes();
+    let of = |what: &str| {
+        records
+            .iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no {what} record: {records:?}"))
+            .clone()
+    };
+    let tools = of("tools");
+    assert_eq!(tools["service"], "notes");
+    assert_eq!(tools["before"], json!([]), "{tools}");
+    assert_eq!(
+        tools["after"],
+        json!([{ "who": ["peer:bob"], "allow": [], "deny": ["echo"] }]),
+        "{tools}"
+    );
+    let env = of("env");
+    assert_eq!(
+        (&env["before"], &env["after"]),
+        (&json!([]), &json!(["API_TOKEN"])),
+        "{env}"
+    );
+    assert_eq!(records.len(), 2, "nothing else changed: {records:?}");
+    let log = std::fs::read_dir(alice.home().join("state/audit"))
+        .unwrap()
+        .flatten()
+        .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(
+        log.contains("API_TOKEN"),
+        "the audit log is where it was looked for"
+    );
+    assert!(
+        !log.contains("s3cret-t0ken"),
+        "an env value reached the audit log"
+    );
+}

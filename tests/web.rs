@@ -87,13 +87,21 @@ impl Events {
     }
 
     /// Takes events until one satisfies `cond`; returns it.
+    /// The first event for which `cond` holds; bounded as a whole, since the feed keeps
+    /// sending events whether or not one ever does.
     async fn until(&mut self, cond: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let v = self.next().await;
-            if cond(&v) {
-                return v;
+        let mut last = Value::Null;
+        let found = tokio::time::timeout(ANSWER_TIMEOUT, async {
+            loop {
+                let v = self.next().await;
+                if cond(&v) {
+                    return v;
+                }
+                last = v;
             }
-        }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no such event in {ANSWER_TIMEOUT:?}; the last: {last}"))
     }
 }
 

@@ -75,18 +75,22 @@ pub enum Command {
     /// (`serve NAME -- CMD…`), a long-running server on a Unix socket (`--socket PATH`), or a
     /// Streamable HTTP server (`--url URL`).
     #[command(
-        after_help = "Examples:\n  mcpmesh serve notes -- npx -y @modelcontextprotocol/server-filesystem ~/notes\n  mcpmesh serve notes --allow bob -- ./notes-server --read-only\n  mcpmesh serve tools --socket /run/user/1000/tools.sock\n  mcpmesh serve search --url https://mcp.example.com/mcp --header 'Authorization=Bearer ${SEARCH_TOKEN}'\n  mcpmesh serve notes --replace -- npx -y @modelcontextprotocol/server-filesystem ~/notes/shared"
+        after_help = "Examples:\n  mcpmesh serve notes -- npx -y @modelcontextprotocol/server-filesystem ~/notes\n  mcpmesh serve notes --allow bob -- ./notes-server --read-only\n  mcpmesh serve notes --allow group:eng --env NOTES_READONLY=1 -- ./notes-server\n  mcpmesh serve tools --socket /run/user/1000/tools.sock\n  mcpmesh serve search --url https://mcp.example.com/mcp --header 'Authorization=Bearer ${SEARCH_TOKEN}'\n  mcpmesh serve notes --replace -- npx -y @modelcontextprotocol/server-filesystem ~/notes/shared"
     )]
     Serve {
         /// The service's name, as peers will mount it (`<this node>/<NAME>`).
         name: String,
         /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
-        /// `user:` and `group:` are reserved for a team roster. Repeatable.
+        /// `user:ID`, `group:NAME` and `org:NAME` match members of a team roster. Repeatable.
         #[arg(long = "allow", value_name = "PRINCIPAL")]
         allow: Vec<String>,
         /// Sessions running at once (default 4).
         #[arg(long, value_name = "N")]
         max_sessions: Option<u32>,
+        /// What the service is for, in one line: the peers it admits see it in their
+        /// `mcpmesh services`.
+        #[arg(long, value_name = "TEXT")]
+        description: Option<String>,
         /// Replace the command, socket or URL of a service that already exists; its grants
         /// stay (the answer says who keeps access).
         #[arg(long)]
@@ -103,6 +107,10 @@ pub enum Command {
         /// environment when a session starts (for tokens). Repeatable.
         #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
         headers: Vec<String>,
+        /// An environment variable for the server command, as KEY=VALUE (kept in config.toml;
+        /// other variables of a service that exists stay). Repeatable.
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
         /// The server command and its arguments.
         #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
         cmd: Vec<String>,
@@ -160,41 +168,56 @@ pub enum Command {
         #[command(subcommand)]
         action: OrgAction,
     },
-    /// Let a peer use one of your services (with --tools, only those of its tools).
+    /// Let a peer, a user, a group or the whole org use one of your services (with --tools,
+    /// those of its tools).
     #[command(
-        after_help = "Examples:\n  mcpmesh grant bob notes\n  mcpmesh grant bob files --tools 'read_*,list_*'"
+        after_help = "Examples:\n  mcpmesh grant bob notes\n  mcpmesh grant bob files --tools 'read_*,list_*'\n  mcpmesh grant group:eng files --tools 'read_*'\n  mcpmesh grant org:acme notes"
     )]
     Grant {
-        /// The peer, by the name `mcpmesh peers` shows.
+        /// A peer by the name `mcpmesh peers` shows, or a principal: peer:NAME, eid:HEX,
+        /// user:ID, group:NAME, org:NAME (the last three from the org roster).
+        #[arg(value_name = "PRINCIPAL")]
         peer: String,
         /// One of your services.
         service: String,
-        /// Tool names or globs (`*`, `?`), comma-separated: the peer may use exactly these
-        /// (its own rule in config.toml, placed first; denies of other rules still apply).
+        /// Tool names or globs (`*`, `?`), comma-separated, added to the principal's own rule
+        /// in config.toml (placed first; denies of other rules still apply).
         #[arg(long, value_delimiter = ',', num_args = 1)]
         tools: Option<Vec<String>>,
     },
-    /// Take a peer's access to a service away (its live sessions to it end), or with --tools
-    /// only some of its tools (the grant stays).
+    /// Take a principal's access to a service away (live sessions it no longer admits end),
+    /// or with --tools only some of its tools (the grant stays).
     #[command(
-        after_help = "Examples:\n  mcpmesh revoke bob notes\n  mcpmesh revoke bob files --tools delete_file"
+        after_help = "Examples:\n  mcpmesh revoke bob notes\n  mcpmesh revoke bob files --tools delete_file\n  mcpmesh revoke group:eng files --tools 'write_*'"
     )]
     Revoke {
-        /// The peer, by the name `mcpmesh peers` shows.
+        /// A peer by the name `mcpmesh peers` shows, or a principal (as for `grant`).
+        #[arg(value_name = "PRINCIPAL")]
         peer: String,
         /// One of your services.
         service: String,
-        /// Tool names or globs, comma-separated, the peer may no longer use on the service.
+        /// Tool names or globs, comma-separated, the principal may no longer use there.
         #[arg(long, value_delimiter = ',', num_args = 1)]
         tools: Option<Vec<String>>,
     },
-    /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code.
+    /// Every service this node may mount: what each peer (paired, added by id, or a member of
+    /// your org) answers when asked what this node may use there.
     #[command(
-        after_help = "Examples:\n  mcpmesh use alice/notes\n  mcpmesh use alice/notes --json\n  mcpmesh use hub"
+        after_help = "Examples:\n  mcpmesh services\n  mcpmesh services --refresh\n  mcpmesh services --json"
+    )]
+    Services {
+        /// Ask every reachable peer now instead of answering from what they last said.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code;
+    /// with no argument, list what can be mounted.
+    #[command(
+        after_help = "Examples:\n  mcpmesh use\n  mcpmesh use alice/notes\n  mcpmesh use alice/notes --json\n  mcpmesh use hub"
     )]
     Use {
         /// The peer's service, as PEER/SERVICE; or `hub`, for the hub over all of them.
-        target: String,
+        target: Option<String>,
     },
     /// What this node serves and to whom, its peers, live sessions, recent pairings.
     #[command(
@@ -370,7 +393,7 @@ pub enum OrgAction {
     ///
     /// The line alone goes to stdout, so it can be piped; the notes go to stderr.
     #[command(
-        after_help = "Examples:\n  mcpmesh org invite bob\n  mcpmesh org invite bob --groups eng,ops --device laptop --ttl 7d\n  mcpmesh org invite bob | mail -s 'join acme' bob@example.org"
+        after_help = "Examples:\n  mcpmesh org invite bob\n  mcpmesh org invite bob --groups eng,ops --device laptop --ttl 7d\n  mcpmesh org invite bob --device laptop --readmit\n  mcpmesh org invite bob | mail -s 'join acme' bob@example.org"
     )]
     Invite {
         /// The user the device joins as.
@@ -384,6 +407,10 @@ pub enum OrgAction {
         /// How long it stays valid (e.g. 30m, 24h, 7d; at most 7d).
         #[arg(long, default_value = "24h")]
         ttl: String,
+        /// Let the removed device NAME join again with its old key (signs a roster that no
+        /// longer revokes it); without it, a removed device joins only with a new key.
+        #[arg(long, requires = "device")]
+        readmit: bool,
     },
     /// The roster: every user, their groups and devices, and the revoked keys.
     #[command(after_help = "Examples:\n  mcpmesh org members\n  mcpmesh org members --json")]

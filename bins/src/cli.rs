@@ -227,7 +227,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Pair { invite, name } => pair(&ctx, &invite, name.as_deref()),
         Command::Join { invite, device } => crate::org::join(&ctx, &invite, device.as_deref()),
         Command::Org { action } => crate::org::run(&ctx, action),
-        Command::Use { target } => crate::mount::use_lines(&profile, &exe, &target, &out),
+        Command::Use {
+            target: Some(target),
+        } => crate::mount::use_lines(&profile, &exe, &target, &out),
+        Command::Use { target: None } => crate::mount::mountable(&ctx),
+        Command::Services { refresh } => services_list(&ctx, refresh),
         Command::Status { web: false } => status(&ctx),
         Command::Status { web: true } => status_web(&ctx),
         Command::Doctor { offline } => doctor(&profile, offline, &out),
@@ -237,10 +241,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             name,
             allow,
             max_sessions,
+            description,
             replace,
             socket,
             url,
             headers,
+            env,
             cmd,
         } => {
             let backend = match (socket, url) {
@@ -254,8 +260,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     name,
                     allow,
                     max_sessions,
+                    description,
                     replace,
                     backend,
+                    env,
                 },
             )
         }
@@ -400,6 +408,13 @@ fn peers_list(ctx: &Ctx) -> Result<(), Failure> {
     Ok(())
 }
 
+fn services_list(ctx: &Ctx, refresh: bool) -> Result<(), Failure> {
+    let v = ctx.call(methods::SERVICES_LIST, json!({ "refresh": refresh }))?;
+    ctx.out
+        .print(v.clone(), || crate::render::services(&v["services"]));
+    Ok(())
+}
+
 fn peers_add(ctx: &Ctx, name: &str, id: &str, addrs: &[String]) -> Result<(), Failure> {
     let addrs = resolve_addrs(addrs)?;
     let v = ctx.call(
@@ -484,10 +499,13 @@ fn grant(ctx: &Ctx, peer: &str, service: &str, tools: Option<Vec<String>>) -> Re
     }
     let v = ctx.call(methods::GRANT, params)?;
     let access = crate::render::tool_access(&v["tools"]);
-    let warning = v["warning"].as_str().map(|w| format!("\nwarning: {w}"));
+    let warning = v["warning"]
+        .as_str()
+        .map(|w| format!("\nwarning: {w}"))
+        .unwrap_or_default();
     ctx.out.print(v.clone(), || match tools {
-        Some(_) => format!("{peer} may now use {service}, and of its tools {access}. They mount it with: mcpmesh connect <your name>/{service}{}", warning.unwrap_or_default()),
-        None => format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}"),
+        Some(_) => format!("{peer} may now use {service}, and of its tools {access}. They mount it with: mcpmesh connect <your name>/{service}{warning}"),
+        None => format!("{peer} may now use {service}. They mount it with: mcpmesh connect <your name>/{service}{warning}"),
     });
     Ok(())
 }
@@ -648,8 +666,26 @@ struct Serve {
     name: String,
     allow: Vec<String>,
     max_sessions: Option<u32>,
+    description: Option<String>,
     replace: bool,
     backend: Backend,
+    /// KEY=VALUE, as given.
+    env: Vec<String>,
+}
+
+/// `NAME=VALUE` pairs of a repeatable `flag`, as a JSON object.
+fn pairs(flag: &str, given: &[String]) -> Result<Value, Failure> {
+    let mut map = serde_json::Map::new();
+    for pair in given {
+        let (k, v) = pair.split_once('=').ok_or_else(|| {
+            Failure::new(
+                codes::INVALID_PARAMS,
+                format!("{flag} {pair:?}: expected NAME=VALUE"),
+            )
+        })?;
+        map.insert(k.trim().to_owned(), json!(v));
+    }
+    Ok(Value::Object(map))
 }
 
 fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
@@ -657,11 +693,18 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         name,
         allow,
         max_sessions,
+        description,
         replace,
         backend,
+        env,
     } = serve;
-    let mut params =
-        json!({ "name": name, "allow": allow, "max_sessions": max_sessions, "replace": replace });
+    let mut params = json!({
+        "name": name, "allow": allow, "max_sessions": max_sessions, "replace": replace,
+        "description": description,
+    });
+    if !env.is_empty() {
+        params["env"] = pairs("--env", &env)?;
+    }
     match backend {
         Backend::Socket(path) => {
             let path = std::path::absolute(&path)
@@ -669,18 +712,8 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
             params["socket"] = json!(path);
         }
         Backend::Url(url, headers) => {
-            let mut map = serde_json::Map::new();
-            for h in &headers {
-                let (k, v) = h.split_once('=').ok_or_else(|| {
-                    Failure::new(
-                        codes::INVALID_PARAMS,
-                        format!("--header {h:?}: expected NAME=VALUE"),
-                    )
-                })?;
-                map.insert(k.trim().to_owned(), json!(v));
-            }
             params["url"] = json!(url);
-            params["headers"] = Value::Object(map);
+            params["headers"] = pairs("--header", &headers)?;
         }
         Backend::Run(cmd) => params["run"] = json!(cmd),
     }

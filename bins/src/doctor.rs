@@ -154,6 +154,11 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             _ => check("traces", "ok", format!("{sent} spans sent to {url}")),
         }
     }
+    if let Some(status) = &status
+        && let Some(message) = unloaded_config(&config_file, status)
+    {
+        check("config loaded", "warn", message);
+    }
     // Which org this node is in, if any: only a running node knows.
     let org = status
         .map(|status| status["org"].clone())
@@ -224,9 +229,16 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
                 None
             }
         };
+        if let Some(node) = node.as_mut()
+            && let Ok(catalog) = node.call(methods::SERVICES_LIST, json!({}))
+        {
+            let (status, message) = catalog_check(&catalog);
+            check("catalog", status, message);
+        }
         for svc in &s.services {
             for entry in &svc.allow {
-                if let Some(why) = matches_nobody(entry, peers.as_deref(), org.is_some()) {
+                let in_org = org.as_ref().is_some_and(|o| o.get("removed").is_none());
+                if let Some(why) = matches_nobody(entry, peers.as_deref(), in_org) {
                     check(
                         &format!("service {}", svc.name),
                         "warn",
@@ -374,10 +386,52 @@ fn known_peers(
     Ok(peers)
 }
 
+/// The catalog check: what this node may mount, and which peers did not say.
+fn catalog_check(catalog: &serde_json::Value) -> (&'static str, String) {
+    let services = catalog["services"].as_array().map_or(0, Vec::len);
+    let peers: std::collections::BTreeSet<&str> = catalog["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["peer"].as_str())
+        .collect();
+    let offers = format!(
+        "{services} service(s) from {} peer(s) to mount (mcpmesh services)",
+        peers.len()
+    );
+    let silent: Vec<&str> = catalog["unanswered"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str())
+        .collect();
+    if silent.is_empty() {
+        ("ok", offers)
+    } else {
+        (
+            "warn",
+            format!(
+                "{offers}; {} did not answer what they serve to this node (offline, or they do not trust it)",
+                silent.join(", ")
+            ),
+        )
+    }
+}
+
 /// The org check: a roster past its validity is an error, because every `user:` and
 /// `group:` grant stops matching until the admin's node re-signs it.
 fn org_check(org: &serde_json::Value) -> Option<(&'static str, String)> {
     let name = org["name"].as_str()?;
+    if let Some(removed) = org.get("removed").filter(|r| r.is_object()) {
+        return Some((
+            "warn",
+            format!(
+                "removed from org {name} (serial {}): this device no longer trusts, serves or dials the org's members, and user: and group: grants match nobody; {}",
+                removed["serial"],
+                removed["hint"].as_str().unwrap_or_default()
+            ),
+        ));
+    }
     if let Some(damage) = org["damaged"].as_str() {
         return Some((
             "error",
@@ -405,6 +459,26 @@ fn org_check(org: &serde_json::Value) -> Option<(&'static str, String)> {
     ))
 }
 
+/// What to say when config.toml on disk is not what the running node (its `status`) last
+/// loaded: a hand edit not yet read, which the node does not follow.
+fn unloaded_config(
+    file: &mcpmesh::config::ConfigFile,
+    status: &serde_json::Value,
+) -> Option<String> {
+    let loaded = status["config_loaded"].as_str()?;
+    let on_disk = file.digest_on_disk().ok()?;
+    if on_disk == loaded {
+        return None;
+    }
+    let reload = match status["pid"].as_u64() {
+        Some(pid) => format!("`kill -HUP {pid}` reloads it"),
+        None => "send the node SIGHUP to reload it".to_owned(),
+    };
+    Some(format!(
+        "the running node has not loaded config.toml as it is on disk (edited since the node last read it): {reload}, or `mcpmesh down` and any verb restarts the node with it"
+    ))
+}
+
 /// Why an `allow` entry admits nobody, if it does not (`peers`: the trusted peers, when
 /// known; `in_org`: whether this node holds an org roster).
 fn matches_nobody(
@@ -413,7 +487,7 @@ fn matches_nobody(
     in_org: bool,
 ) -> Option<&'static str> {
     match (entry, peers) {
-        (Principal::User(_) | Principal::Group(_), _) if !in_org => {
+        (Principal::User(_) | Principal::Group(_) | Principal::Org(_), _) if !in_org => {
             Some("matches nobody until this node joins an org roster")
         }
         (Principal::Peer(name), Some(peers)) if !peers.iter().any(|(n, _)| n == name) => {
@@ -451,6 +525,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_catalog_check_names_the_peers_that_did_not_answer() {
+        let all = json!({"services": [{"peer": "alice"}, {"peer": "alice"}], "unanswered": []});
+        assert_eq!(catalog_check(&all).0, "ok");
+        assert!(
+            catalog_check(&all)
+                .1
+                .starts_with("2 service(s) from 1 peer(s)")
+        );
+        let some = json!({"services": [], "unanswered": ["bob"]});
+        let (status, message) = catalog_check(&some);
+        assert_eq!(status, "warn");
+        assert!(message.contains("bob did not answer"), "{message}");
+    }
+
+    #[test]
     fn an_expired_roster_fails_the_check_and_says_what_to_do() {
         let expired = json!({ "name": "acme", "serial": 3, "expires_at": 0, "expired": true });
         let (status, message) = org_check(&expired).unwrap_or_default();
@@ -471,6 +560,14 @@ mod tests {
 
     #[test]
     fn a_damaged_roster_fails_the_check_and_says_it_is_being_fetched_again() {
+        let removed = json!({ "name": "acme", "removed": { "serial": 7, "user": "bob", "device": "laptop", "hint": "ask the admin" } });
+        let (status, message) = org_check(&removed).unwrap_or_default();
+        assert_eq!(status, "warn");
+        assert!(
+            message.starts_with("removed from org acme (serial 7)")
+                && message.ends_with("ask the admin"),
+            "{message}"
+        );
         let damaged = json!({ "name": "acme", "serial": 3, "damaged": "the stored roster of org acme is damaged (x)" });
         let (status, message) = org_check(&damaged).unwrap_or_default();
         assert_eq!(status, "error");

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use crate::cli::call;
 use crate::output::{Failure, Output};
-use crate::render::joined;
 
 /// Where the gateway listens unless told otherwise.
 const GATEWAY: &str = "127.0.0.1:8484";
@@ -31,7 +30,7 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
         ));
     }
     let peers = call(profile, exe, methods::PEERS_LIST, json!({}))?;
-    let known = peers["peers"]
+    peers["peers"]
         .as_array()
         .into_iter()
         .flatten()
@@ -42,19 +41,35 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
                 format!("no peer named {peer:?}; see `mcpmesh peers`"),
             )
         })?;
-    let granted = known["mounts"]
+    // What the peer answered when asked what this node may use there.
+    let catalog = call(profile, exe, methods::SERVICES_LIST, json!({}))?;
+    let offered: Vec<&Value> = catalog["services"]
         .as_array()
-        .is_some_and(|m| m.iter().any(|s| s == service));
-    // Only a pairing tells what a peer offers; nothing can ask it without starting a session.
+        .into_iter()
+        .flatten()
+        .filter(|e| e["peer"] == peer)
+        .collect();
+    let granted = offered.iter().any(|e| e["service"] == service);
     let warning = (!granted).then(|| {
-        if known["source"] == "paired" {
+        let names: Vec<&str> = offered
+            .iter()
+            .filter_map(|e| e["service"].as_str())
+            .collect();
+        let unanswered = catalog["unanswered"]
+            .as_array()
+            .is_some_and(|u| u.iter().any(|p| p == peer));
+        if unanswered {
             format!(
-                "{peer} did not share {service:?} when you paired (it shared: {}); unless it granted it since, the client will be refused",
-                joined(&known["mounts"], ", ", "nothing")
+                "cannot tell whether {peer} serves {service:?} to this node: it did not answer when asked (it may be offline, or not trust this node); the client will be refused if not"
             )
         } else {
             format!(
-                "cannot tell whether {peer} serves {service:?} to this node (it was added by id, not paired); the client will be refused if not"
+                "{peer} does not offer {service:?} to this node (it offers: {}); the client will be refused unless it grants it",
+                if names.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    names.join(", ")
+                }
             )
         }
     });
@@ -76,22 +91,22 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
     Ok(())
 }
 
+/// `mcpmesh use` with no argument: what can be mounted, and how.
+pub fn mountable(ctx: &crate::cli::Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::SERVICES_LIST, json!({}))?;
+    ctx.out
+        .print(v.clone(), || crate::render::services(&v["services"]));
+    Ok(())
+}
+
 /// `mcpmesh use hub`: the same blocks for the hub over every mountable service.
 fn hub_lines(profile: &Profile, exe: &Path, out: &Output) -> Result<(), Failure> {
-    let peers = call(profile, exe, methods::PEERS_LIST, json!({}))?;
-    let services: Vec<String> = peers["peers"]
+    let catalog = call(profile, exe, methods::SERVICES_LIST, json!({}))?;
+    let services: Vec<String> = catalog["services"]
         .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|p| {
-            let peer = p["name"].as_str().unwrap_or_default().to_owned();
-            p["mounts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(move |s| Some(format!("{peer}/{}", s.as_str()?)))
-                .collect::<Vec<_>>()
-        })
+        .filter_map(|e| e["mount"].as_str().map(str::to_owned))
         .collect();
     let mount = Mount {
         target: "hub",
@@ -100,7 +115,7 @@ fn hub_lines(profile: &Profile, exe: &Path, out: &Output) -> Result<(), Failure>
         path: "hub",
     };
     let warning = services.is_empty().then(|| {
-        "no peer shared a service with this node yet (name services explicitly: mcpmesh hub PEER/SERVICE …)".to_owned()
+        "no peer offers this node a service yet; the hub shows them as they appear (see mcpmesh services)".to_owned()
     });
     let mut value = blocks(profile, exe, &mount, out, warning.as_deref());
     value["services"] = json!(services);

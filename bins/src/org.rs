@@ -20,7 +20,15 @@ pub(crate) fn run(ctx: &Ctx, action: OrgAction) -> Result<(), Failure> {
             groups,
             device,
             ttl,
-        } => invite(ctx, &user, groups.as_deref(), device.as_deref(), &ttl),
+            readmit,
+        } => invite(
+            ctx,
+            &user,
+            groups.as_deref(),
+            device.as_deref(),
+            &ttl,
+            readmit,
+        ),
         OrgAction::Members => members(ctx),
         OrgAction::Remove { user, device } => remove(ctx, &user, device.as_deref()),
         OrgAction::Groups { user, groups } => set_groups(ctx, &user, &groups),
@@ -55,9 +63,13 @@ fn invite(
     groups: Option<&str>,
     device: Option<&str>,
     ttl: &str,
+    readmit: bool,
 ) -> Result<(), Failure> {
     let ttl = parse_duration(ttl)?;
     let mut params = json!({ "user": user, "ttl_secs": ttl.as_secs() });
+    if readmit {
+        params["readmit"] = json!(true);
+    }
     if let Some(groups) = groups {
         params["groups"] = json!(group_list(groups));
     }
@@ -133,7 +145,20 @@ fn render_members(v: &Value) -> String {
     }
     let revoked = v["revoked"].as_array().map_or(0, Vec::len);
     if revoked > 0 {
-        s.push_str(&format!("\n{revoked} revoked device key(s)\n"));
+        s.push_str(&format!("\n{revoked} revoked device key(s)"));
+        let removed: Vec<String> = v["removed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{}'s {}", text(&r["user"]), text(&r["device"])))
+            .collect();
+        if !removed.is_empty() {
+            s.push_str(&format!(
+                ", lately: {} (readmit one: mcpmesh org invite USER --device NAME --readmit)",
+                removed.join(", ")
+            ));
+        }
+        s.push('\n');
     }
     s.trim_end().to_owned()
 }
@@ -325,6 +350,7 @@ mod tests {
             groups,
             device,
             ttl,
+            readmit,
         } = org(&["invite", "bob", "--groups", "eng,ops", "--device", "laptop"])
         else {
             panic!("not org invite");
@@ -333,6 +359,16 @@ mod tests {
             (user.as_str(), groups.as_deref(), device.as_deref()),
             ("bob", Some("eng,ops"), Some("laptop"))
         );
+        assert!(!readmit);
+        let OrgAction::Invite { readmit, .. } =
+            org(&["invite", "bob", "--device", "laptop", "--readmit"])
+        else {
+            panic!("not org invite");
+        };
+        assert!(readmit);
+        // Readmitting names the device whose key comes back.
+        let argv = ["mcpmesh", "org", "invite", "bob", "--readmit"];
+        assert!(Cli::try_parse_from(argv).is_err());
         assert_eq!(
             parse_duration(&ttl).ok(),
             Some(std::time::Duration::from_secs(86_400))
@@ -410,6 +446,14 @@ mod tests {
             line.contains("EXPIRED since 1970-01-01 00:00:00 UTC"),
             "{line}"
         );
+        let removed =
+            json!({ "name": "acme", "removed": { "serial": 7, "hint": "ask the admin" } });
+        let line = org_line(&removed).unwrap_or_default();
+        assert!(
+            line.starts_with("removed from org acme (serial 7): ")
+                && line.ends_with("ask the admin"),
+            "{line}"
+        );
         assert_eq!(org_line(&Value::Null), None);
     }
 
@@ -421,9 +465,16 @@ mod tests {
                 { "user": "alice", "groups": [], "devices": [{ "name": "desk", "eid": "ab", "mount": "alice" }] },
                 { "user": "bob", "groups": ["eng", "ops"], "devices": [{ "name": "laptop" }, { "name": "pc" }] }
             ],
-            "revoked": ["cd"]
+            "revoked": ["cd"],
+            "removed": [{ "user": "carol", "device": "pc", "eid": "cd", "serial": 2 }]
         });
         let table = render_members(&v);
+        assert!(
+            table.contains(
+                "lately: carol's pc (readmit one: mcpmesh org invite USER --device NAME --readmit)"
+            ),
+            "{table}"
+        );
         assert!(table.contains("alice"), "{table}");
         assert!(
             table

@@ -36,6 +36,21 @@ pub fn render_record(v: &Value) -> String {
             v["duration_ms"]
         ),
         Some("trust") => format!("trust: {}", s("action")),
+        Some("policy_changed") => format!(
+            "{} changed ({}): {} → {}",
+            s("what"),
+            s("by"),
+            v["before"],
+            v["after"]
+        ),
+        Some("connections_refused") => match v["user"].as_str() {
+            Some(user) => format!(
+                "{} connections refused from {} (a removed device of user {user})",
+                v["count"],
+                s("principal")
+            ),
+            None => format!("{} connections refused from {}", v["count"], s("principal")),
+        },
         Some("session_refused") => match v["reason"].as_str() {
             Some(reason) => format!("session refused ({}): {reason}", v["code"]),
             None => format!("session refused ({})", v["code"]),
@@ -150,6 +165,39 @@ pub fn render_peers(v: &Value) -> String {
     }
     s.push_str(&restricted_tools(&peers, None));
     s.trim_end().to_owned()
+}
+
+/// The services this node may mount, one line each: the mount, the tools it may use there,
+/// who admitted it, and what it is for.
+pub fn services(services: &Value) -> String {
+    let list = services.as_array().map(Vec::as_slice).unwrap_or_default();
+    if list.is_empty() {
+        return "no peer offers this node a service yet. Peers appear here once they serve one to you (mcpmesh serve NAME --allow YOU, or to a group of your org)".into();
+    }
+    let mut s = format!(
+        "{:<28} {:<6} {:<16} {}\n",
+        "mount", "tools", "admitted as", "description"
+    );
+    for e in list {
+        let tools = e["tools"]
+            .as_u64()
+            .map_or_else(|| "?".to_owned(), |n| n.to_string());
+        let mut description = e["description"].as_str().unwrap_or("-").to_owned();
+        if e["reachable"] == false {
+            description = format!("(unreachable; last known) {description}");
+        }
+        let row = format!(
+            "{:<28} {:<6} {:<16} {}",
+            e["mount"].as_str().unwrap_or_default(),
+            tools,
+            e["admitted_by"].as_str().unwrap_or_default(),
+            description
+        );
+        s.push_str(row.trim_end());
+        s.push('\n');
+    }
+    s.push_str("\nMount one with: mcpmesh use PEER/SERVICE (or all of them: mcpmesh use hub). \"?\" tools: not listed through that peer yet.");
+    s
 }
 
 /// Which tools a `{"allow", "deny"}` summary lets a peer use, in words.
@@ -338,6 +386,13 @@ pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
 /// The one line `status` shows about the org this node is in, if it is in one.
 pub(crate) fn org_line(org: &Value) -> Option<String> {
     let name = org["name"].as_str()?;
+    if let Some(removed) = org.get("removed").filter(|r| r.is_object()) {
+        return Some(format!(
+            "removed from org {name} (serial {}): this device no longer trusts, serves or dials its members; {}",
+            removed["serial"],
+            removed["hint"].as_str().unwrap_or_default()
+        ));
+    }
     if let Some(damage) = org["damaged"].as_str() {
         return Some(format!(
             "org {name}: {damage}; fetching it again from the org's members"

@@ -4,9 +4,7 @@ use std::net::SocketAddr;
 
 use iroh::address_lookup::{AddrFilter, DnsAddressLookup, MemoryLookup, PkarrPublisher};
 use iroh::dns::{DnsResolver, NameserverConfig};
-use iroh::endpoint::{
-    AckFrequencyConfig, BindOpts, PortmapperConfig, QuicTransportConfig, presets,
-};
+use iroh::endpoint::{BindOpts, PortmapperConfig, QuicTransportConfig, presets};
 use iroh::{Endpoint, RelayMode, RelayUrl, SecretKey};
 
 /// How the endpoint reaches peers beyond its own addresses.
@@ -67,10 +65,6 @@ const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
 /// vanished mid-call (killed, unplugged) is noticed in about four seconds rather than after
 /// QUIC's usual 30, and three lost keep-alives in a row are still forgiven.
 const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
-/// How long a peer may hold back an acknowledgement (QUIC's default is 25 ms). Opening a session
-/// on a pooled connection waits for the peer to acknowledge the preamble, proof that the peer is
-/// still there; with the default that proof alone cost every session about 30 ms.
-const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Binds an endpoint with `secret` as its identity. `book` is the address source for dialing
 /// by key (filled from persisted address hints); it is consulted in every mode.
@@ -98,11 +92,6 @@ pub async fn bind_on_port(
         .keep_alive_interval(KEEP_ALIVE)
         .default_path_keep_alive_interval(KEEP_ALIVE)
         .default_path_max_idle_timeout(IDLE_TIMEOUT)
-        .ack_frequency_config(Some({
-            let mut acks = AckFrequencyConfig::default();
-            acks.max_ack_delay(Some(MAX_ACK_DELAY));
-            acks
-        }))
         .build();
     let mut builder = match &config.relay {
         RelayPolicy::Default => Endpoint::builder(presets::N0),

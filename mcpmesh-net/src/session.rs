@@ -315,24 +315,48 @@ pub fn close_reason_code(reason: Option<&ConnectionError>) -> ErrorCode {
 
 /// How long a pooled connection gets to show that its peer is still there.
 const LIVENESS_WAIT: Duration = Duration::from_millis(1500);
-
-/// Whether anything arrives on `connection` (past the `heard` datagrams counted before a write
-/// that asks for an acknowledgement) within [`LIVENESS_WAIT`]. A live peer acknowledges within a
-/// round trip and the acknowledgement delay this node asks of it (a millisecond), and sends
+/// Whether anything arrives on `connection` (past the `heard` datagrams counted before the
+/// preamble was written) within [`LIVENESS_WAIT`]. A live peer acknowledges within a round trip:
+/// [`write_preamble_probing`] makes the preamble two packets, which a QUIC receiver acknowledges
+/// at once rather than after its acknowledgement delay (RFC 9000 §13.2.2), and it sends
 /// keep-alives every second anyway.
 async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
     let deadline = tokio::time::Instant::now() + LIVENESS_WAIT;
     loop {
+        // Closed first: what arrived may have been what closed it (the reset a restarted peer
+        // sends for a connection it no longer knows).
+        if connection.close_reason().is_some() {
+            return false;
+        }
         if connection.stats().udp_rx.datagrams > heard {
             return true;
         }
-        if connection.close_reason().is_some() || tokio::time::Instant::now() >= deadline {
+        if tokio::time::Instant::now() >= deadline {
             return false;
         }
         // The transport offers no event for an acknowledgement: look again at the timer's
         // granularity, which is about what a live peer on a fast path takes.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Writes `preamble` as two packets: its first byte, then (once a datagram has left, or after a
+/// millisecond) the rest. Two ack-eliciting packets in a row are acknowledged by the peer
+/// immediately, so a liveness probe costs a round trip rather than the peer's acknowledgement
+/// delay (25 ms); the bytes on the stream are the same either way.
+async fn write_preamble_probing(
+    connection: &Connection,
+    send: &mut SendStream,
+    preamble: &[u8],
+) -> Result<(), iroh::endpoint::WriteError> {
+    let (first, rest) = preamble.split_at(1.min(preamble.len()));
+    let sent = connection.stats().udp_tx.datagrams;
+    send.write_all(first).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
+    while connection.stats().udp_tx.datagrams == sent && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    send.write_all(rest).await
 }
 
 /// Opens sessions to peers by key, over one pooled connection per peer.
@@ -509,17 +533,21 @@ impl Dialer {
                     }
                     continue;
                 };
+                let preamble = Preamble::new(service).to_line();
+                // A pooled connection may lead to a peer that is gone (killed, restarted) without
+                // this side having noticed yet: the peer must answer the preamble (its
+                // acknowledgement is enough) before a session is trusted to it. Having heard from
+                // it moments ago proves nothing: a peer killed and restarted at once fits in any
+                // such window.
                 let heard = connection.stats().udp_rx.datagrams;
-                if send
-                    .write_all(&Preamble::new(service).to_line())
-                    .await
-                    .is_err()
-                {
+                let written = if pooled {
+                    write_preamble_probing(&connection, &mut send, &preamble).await
+                } else {
+                    send.write_all(&preamble).await
+                };
+                if written.is_err() {
                     continue;
                 }
-                // A pooled connection may lead to a peer that is gone (killed, restarted) without
-                // this side having noticed yet: it must answer the preamble (its acknowledgement
-                // is enough) before a session is trusted to it.
                 if pooled && !hears_from_peer(&connection, heard).await {
                     tracing::debug!(peer = %peer.fmt_short(), "the pooled connection is dead; dialing afresh");
                     connection.close(VarInt::from_u32(0), b"no answer");
@@ -541,8 +569,8 @@ impl Dialer {
             .map_err(|_| DialError::Timeout(self.timeout))?
     }
 
-    /// The connection to `peer` (`fresh`: a new one), its session count, and whether it was
-    /// taken from the pool rather than dialed now.
+    /// The connection to `peer` (`fresh`: a new one), its session count, and whether it was taken
+    /// from the pool rather than dialed now.
     async fn connection(
         &self,
         peer: EndpointId,

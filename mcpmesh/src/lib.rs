@@ -13,6 +13,7 @@
 pub mod accept;
 pub mod audit;
 pub mod backends;
+pub mod catalog;
 pub mod config;
 pub mod control;
 pub mod daemon;

@@ -17,6 +17,8 @@ use iroh::{EndpointAddr, EndpointId, RelayUrl};
 use mcpmesh_net::session::valid_service_name;
 use mcpmesh_net::{PeerIdentity, TrustGate};
 
+use crate::principal::{Principal, PrincipalSource, principal_set};
+
 /// A name this node may give a static or paired peer: a valid name with no `.`.
 pub fn valid_peer_name(name: &str) -> bool {
     valid_service_name(name) && !name.contains('.')
@@ -76,6 +78,8 @@ pub struct KnownPeer {
     /// From the roster only.
     pub user: Option<String>,
     pub groups: Vec<String>,
+    /// The org of the roster that names this peer (with its user).
+    pub org: Option<String>,
     pub source: Source,
 }
 
@@ -93,8 +97,14 @@ impl KnownPeer {
             relay: None,
             user: None,
             groups: Vec::new(),
+            org: None,
             source,
         }
+    }
+
+    /// The principals this peer holds here (see [`principal_set`]).
+    pub fn principals(&self) -> Vec<Principal> {
+        principal_set(&self.identity(), self.org.as_deref())
     }
 
     /// The identity the gate resolves this peer to.
@@ -113,21 +123,35 @@ impl KnownPeer {
 pub struct PeerTable {
     peers: Vec<KnownPeer>,
     revoked: HashSet<EndpointId>,
+    /// Each peer's principal set, made once per table: sessions read it at every request.
+    held: HashMap<[u8; 32], Arc<[Principal]>>,
 }
 
 impl PeerTable {
     pub fn new(peers: Vec<KnownPeer>) -> Self {
+        let held = peers
+            .iter()
+            .map(|p| (*p.id.as_bytes(), p.principals().into()))
+            .collect();
         PeerTable {
             peers,
             revoked: HashSet::new(),
+            held,
         }
     }
 
     /// The table with `revoked` keys refused: they leave it, whatever trusted them.
     pub fn with_revoked(mut self, revoked: HashSet<EndpointId>) -> Self {
         self.peers.retain(|p| !revoked.contains(&p.id));
+        let gone: HashSet<[u8; 32]> = revoked.iter().map(|r| *r.as_bytes()).collect();
+        self.held.retain(|id, _| !gone.contains(id));
         self.revoked = revoked;
         self
+    }
+
+    /// The principal set of the peer with key `id`.
+    pub fn principals_of(&self, id: &[u8; 32]) -> Option<Arc<[Principal]>> {
+        self.held.get(id).cloned()
     }
 
     pub fn by_name(&self, name: &str) -> Option<&KnownPeer> {
@@ -187,6 +211,15 @@ impl PeerGate {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .is_revoked(id)
+    }
+}
+
+impl PrincipalSource for PeerGate {
+    fn principals_of(&self, endpoint: &[u8; 32]) -> Option<Arc<[Principal]>> {
+        self.table
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .principals_of(endpoint)
     }
 }
 

@@ -411,6 +411,10 @@ pub async fn tunnel(
                     return client_gone(&mut mesh_r, &mesh_w, reporter).await;
                 }
                 _ if shutdown.is_cancelled() => End::Shutdown,
+                // The client had every answer it was owed and ended the session: a serving
+                // side slow to end its own (a stalled machine) or gone meanwhile cost it
+                // nothing, and the session ended as the client chose.
+                _ if !owed() => End::ClientClosed,
                 _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
             };
             let (code, message) = failure(&end);

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::session::{MeshTransport, SessionHandler, refuse};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -18,8 +18,8 @@ use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
 use crate::backends::url::UrlBackend;
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
-use crate::principal::{is_allowed, principal_set};
-use crate::tool_policy::{ToolAccess, ToolPolicy, access};
+use crate::principal::{Held, Principal, PrincipalSource, is_allowed, principal_set};
+use crate::tool_policy::{ListedTools, ToolAccess, ToolPolicy, access, may_use};
 
 /// A served service with the state that outlives a config reload: its session semaphore and
 /// its rate limiter.
@@ -30,6 +30,8 @@ pub struct ServiceEntry {
     pub limiter: Arc<RateLimiter>,
     /// The service's per-tool rules, as its live sessions read them.
     pub tools: ToolPolicy,
+    /// The tool names its server last listed, kept by its sessions.
+    pub listed: ListedTools,
 }
 
 /// Every served service by name. Rebuilt from config on change, keeping the runtime state of
@@ -50,6 +52,11 @@ impl ServiceTable {
                     None => ToolPolicy::default(),
                 };
                 tools.set(spec.tools.clone());
+                let listed = self
+                    .entries
+                    .get(&spec.name)
+                    .map(|old| old.listed.clone())
+                    .unwrap_or_default();
                 let entry = match self.entries.get(&spec.name) {
                     Some(old)
                         if old.spec.max_sessions == spec.max_sessions
@@ -65,6 +72,7 @@ impl ServiceTable {
                         sessions: Arc::new(Semaphore::new(spec.max_sessions as usize)),
                         limiter: RateLimiter::per_minute_shared(spec.rate_limit_per_min),
                         tools,
+                        listed,
                     },
                 };
                 (spec.name.clone(), entry)
@@ -83,22 +91,48 @@ impl ServiceTable {
         v
     }
 
-    /// For each service `peer` may open, the tools it may use there.
-    pub fn tools_for(&self, peer: &PeerIdentity) -> BTreeMap<String, ToolAccess> {
-        let held = principal_set(peer);
+    /// For each service a caller holding `held` may open, the tools it may use there.
+    pub fn tools_for(&self, held: &[Principal]) -> BTreeMap<String, ToolAccess> {
         self.entries
             .values()
-            .filter(|e| is_allowed(&e.spec.allow, peer))
-            .map(|e| (e.spec.name.clone(), access(&e.spec.tools, &held)))
+            .filter(|e| is_allowed(&e.spec.allow, held))
+            .map(|e| (e.spec.name.clone(), access(&e.spec.tools, held)))
             .collect()
     }
 
-    /// Services `peer` may open.
-    pub fn granted_to(&self, peer: &PeerIdentity) -> Vec<String> {
+    /// The catalog here of a caller holding `held`: every service whose `allow` admits it, by
+    /// name, with the principal that admitted it and the number of tools it may use (from the
+    /// last listing).
+    pub fn catalog_for(&self, held: &[Principal]) -> Vec<crate::catalog::Entry> {
+        let mut entries: Vec<crate::catalog::Entry> = self
+            .entries
+            .values()
+            .filter_map(|e| {
+                let admitted_by = e.spec.allow.iter().find(|p| held.contains(p))?;
+                let rules = e.tools.current();
+                let tools = e.listed.get().map(|names| {
+                    let usable = names.iter().filter(|t| may_use(&rules, held, t)).count();
+                    u32::try_from(usable).unwrap_or(u32::MAX)
+                });
+                Some(crate::catalog::Entry {
+                    service: e.spec.name.clone(),
+                    description: e.spec.description.clone(),
+                    backend: e.spec.backend.kind().to_owned(),
+                    tools,
+                    admitted_by: admitted_by.to_string(),
+                })
+            })
+            .collect();
+        entries.sort_by(|a, b| a.service.cmp(&b.service));
+        entries
+    }
+
+    /// Services a caller holding `held` may open.
+    pub fn granted_to(&self, held: &[Principal]) -> Vec<String> {
         let mut v: Vec<_> = self
             .entries
             .values()
-            .filter(|e| is_allowed(&e.spec.allow, peer))
+            .filter(|e| is_allowed(&e.spec.allow, held))
             .map(|e| e.spec.name.clone())
             .collect();
         v.sort();
@@ -119,6 +153,9 @@ pub struct ServiceHost {
     next_id: std::sync::atomic::AtomicU64,
     /// Starts the servers of `run` services, so that they die with the node.
     launcher: Option<Launcher>,
+    /// Where sessions read their callers' principals at each request (without it, the set
+    /// the gate resolved at open, with no org).
+    principals: Option<Arc<dyn PrincipalSource>>,
 }
 
 /// A session being served.
@@ -130,6 +167,10 @@ pub struct LiveSession {
     /// Unix ms.
     pub since: u64,
     sever: CancellationToken,
+    /// What the caller may use of the service's tools, as it was last told.
+    tools: Arc<std::sync::Mutex<ToolAccess>>,
+    /// Told when that changed: a caller that listed tools is sent `list_changed`.
+    relist: Arc<Notify>,
 }
 
 /// Removes a session from the live set when it ends, however it ends.
@@ -158,7 +199,51 @@ impl ServiceHost {
             live: Default::default(),
             next_id: Default::default(),
             launcher: None,
+            principals: None,
         }
+    }
+
+    /// Sessions read their callers' principals from `source` at each request.
+    pub fn with_principals(mut self, source: Arc<dyn PrincipalSource>) -> Self {
+        self.principals = Some(source);
+        self
+    }
+
+    /// The principal set of the caller `peer`, as it is now.
+    fn held_by(&self, peer: &PeerIdentity) -> Held {
+        match &self.principals {
+            Some(source) => Held::live(source.clone(), peer.endpoint),
+            None => Held::fixed(principal_set(peer, None)),
+        }
+    }
+
+    /// Tells every live session whose caller may now use other tools than before (the
+    /// service's rules or the caller's principals changed) so; returns how many.
+    pub fn tools_changed(&self) -> usize {
+        let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.live_map();
+        let mut told = 0;
+        for s in map.values() {
+            let Some(entry) = table.get(&s.service) else {
+                continue;
+            };
+            // A caller no longer trusted is being severed: nothing to tell it.
+            let Some(held) = self
+                .principals
+                .as_ref()
+                .and_then(|source| source.principals_of(&s.peer))
+            else {
+                continue;
+            };
+            let now = access(&entry.spec.tools, &held);
+            let mut was = s.tools.lock().unwrap_or_else(|p| p.into_inner());
+            if *was != now {
+                *was = now;
+                s.relist.notify_one();
+                told += 1;
+            }
+        }
+        told
     }
 
     /// Starts the servers of `run` services through `launcher`.
@@ -206,9 +291,11 @@ impl ServiceHost {
 
 impl SessionHandler for ServiceHost {
     async fn handle(&self, peer: PeerIdentity, service: String, mut transport: MeshTransport) {
+        let held = self.held_by(&peer);
+        let now = held.current();
         let entry = self
             .entry(&service)
-            .filter(|e| is_allowed(&e.spec.allow, &peer));
+            .filter(|e| is_allowed(&e.spec.allow, &now));
         let Some(entry) = entry else {
             // Unknown and unauthorized look the same to the caller, on purpose.
             tracing::info!(peer = %peer.name, %service, "refused a session: unknown or unauthorized service");
@@ -223,6 +310,7 @@ impl SessionHandler for ServiceHost {
             return;
         };
         let sever = CancellationToken::new();
+        let relist = Arc::new(Notify::new());
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -234,6 +322,8 @@ impl SessionHandler for ServiceHost {
                 service: service.clone(),
                 since: crate::time::unix_ms(),
                 sever: sever.clone(),
+                tools: Arc::new(std::sync::Mutex::new(access(&entry.spec.tools, &now))),
+                relist: relist.clone(),
             },
         );
         let _guard = LiveGuard { host: self, id };
@@ -244,8 +334,11 @@ impl SessionHandler for ServiceHost {
             sever,
             max_in_flight: entry.spec.max_in_flight as usize,
             tools: entry.tools.clone(),
+            listed: entry.listed.clone(),
             request_timeout: entry.spec.request_timeout,
             caller_gone,
+            held: Some(held),
+            relist,
         };
         let ctx = ServiceCtx {
             service: service.clone(),

@@ -57,6 +57,56 @@ impl ToolPolicy {
     }
 }
 
+/// The tool names of the last `tools/list` a service's server answered (its pages joined), as
+/// the catalog counts them: one handle per service, kept across config reloads.
+#[derive(Debug, Clone, Default)]
+pub struct ListedTools(Arc<RwLock<Option<Arc<[String]>>>>);
+
+impl ListedTools {
+    /// The names last listed; `None`: the service was never listed through this node.
+    pub fn get(&self) -> Option<Arc<[String]>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Keeps the names of one page of a listing: a first page replaces what was known, a
+    /// later one (asked with a cursor) adds to it.
+    pub fn record(&self, names: Vec<String>, first_page: bool) {
+        let mut known = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let names: Arc<[String]> = match known.as_deref() {
+            Some(before) if !first_page => {
+                let mut all = before.to_vec();
+                all.extend(names.into_iter().filter(|n| !before.contains(n)));
+                all.into()
+            }
+            _ => names.into(),
+        };
+        *known = Some(names);
+    }
+}
+
+/// The names of the tools in a `tools/list` answer, `None` when `line` is not one.
+pub fn listed_tool_names(line: &[u8]) -> Option<Vec<String>> {
+    #[derive(Deserialize)]
+    struct Answer<'a> {
+        #[serde(borrow)]
+        result: Option<ListResult<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct ListResult<'a> {
+        #[serde(borrow)]
+        tools: Vec<Named<'a>>,
+    }
+    let answer: Answer<'_> = serde_json::from_slice(line).ok()?;
+    Some(
+        answer
+            .result?
+            .tools
+            .into_iter()
+            .map(|t| t.name.into_owned())
+            .collect(),
+    )
+}
+
 /// Whether a caller holding `held` may use `tool` under `rules`.
 pub fn may_use(rules: &[ToolRule], held: &[Principal], tool: &str) -> bool {
     if rules.is_empty() {

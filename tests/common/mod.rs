@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mcpmesh_net::transport::FrameReader;
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 pub const MCPMESH: &str = env!("CARGO_BIN_EXE_mcpmesh");
@@ -245,6 +245,8 @@ pub struct McpSession {
     stdin: Option<ChildStdin>,
     reader: FrameReader<ChildStdout>,
     next_id: i64,
+    /// Frames `request` read past while waiting for its answer (notifications, mostly).
+    pub skipped: Vec<Value>,
 }
 
 impl McpSession {
@@ -257,6 +259,7 @@ impl McpSession {
             stdin,
             reader: FrameReader::new(stdout, 64 << 20),
             next_id: 100,
+            skipped: Vec::new(),
         }
     }
 
@@ -274,6 +277,36 @@ impl McpSession {
         let stdin = self.stdin.as_mut().expect("stdin open");
         stdin.write_all(bytes).await.unwrap();
         stdin.flush().await.unwrap();
+    }
+
+    /// Sends `msg` if the client's side is still open (`false`: the session already ended
+    /// and `connect` with it).
+    pub async fn try_send(&mut self, msg: &Value) -> bool {
+        let mut line = serde_json::to_vec(msg).unwrap();
+        line.push(b'\n');
+        let Some(stdin) = self.stdin.as_mut() else {
+            return false;
+        };
+        stdin.write_all(&line).await.is_ok() && stdin.flush().await.is_ok()
+    }
+
+    /// The answer to a request sent now to a session a trust change is severing: `None` when
+    /// the session had already ended (no answer, end of stream), else what came back.
+    pub async fn next_request_on_severed(&mut self, tool: &str) -> Option<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let call = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": tool, "arguments": {} } });
+        if !self.try_send(&call).await {
+            return None;
+        }
+        loop {
+            let msg = self.recv().await?;
+            if msg["id"] == json!(id) {
+                return Some(msg);
+            }
+            self.skipped.push(msg);
+        }
     }
 
     pub async fn send(&mut self, msg: &Value) {
@@ -307,15 +340,41 @@ impl McpSession {
             if msg["id"] == json!(id) {
                 return msg;
             }
+            self.skipped.push(msg);
+        }
+    }
+
+    /// Waits for a notification `method` (one `request` read past counts), taking it; `None`
+    /// when none came within `limit`, or the stream ended first.
+    pub async fn notified(&mut self, method: &str, limit: Duration) -> Option<Value> {
+        if let Some(at) = self.skipped.iter().position(|m| m["method"] == method) {
+            return Some(self.skipped.remove(at));
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let line = tokio::time::timeout_at(deadline, self.reader.next_line())
+                .await
+                .ok()?
+                .expect("a readable line")?;
+            let msg: Value = serde_json::from_slice(&line).expect("a JSON line");
+            if msg["method"] == method {
+                return Some(msg);
+            }
+            self.skipped.push(msg);
         }
     }
 
     pub async fn initialize(&mut self) -> Value {
+        self.initialize_as("2025-06-18").await
+    }
+
+    /// `initialize` speaking protocol `version`, then `initialized` when it succeeded.
+    pub async fn initialize_as(&mut self, version: &str) -> Value {
         let r = self
             .request(
                 "initialize",
                 json!({
-                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "protocolVersion": version, "capabilities": {},
                     "clientInfo": { "name": "mcpmesh-tests", "version": "0" },
                 }),
             )
@@ -565,10 +624,18 @@ pub async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh
             &key.public().to_string(),
         ]);
     }
+    endpoint_as(key, node).await
+}
+
+/// A bare endpoint with `key` (hermetic, on loopback) that can dial `target` by its addresses.
+pub async fn endpoint_as(
+    key: iroh::SecretKey,
+    target: &TestNode,
+) -> (iroh::Endpoint, iroh::EndpointId) {
     let book = iroh::address_lookup::MemoryLookup::new();
-    let target: iroh::EndpointId = node.id.parse().unwrap();
-    let mut addr = iroh::EndpointAddr::new(target);
-    for a in &node.addrs {
+    let id: iroh::EndpointId = target.id.parse().unwrap();
+    let mut addr = iroh::EndpointAddr::new(id);
+    for a in &target.addrs {
         addr = addr.with_ip_addr(a.parse().unwrap());
     }
     book.add_endpoint_info(addr);
@@ -580,7 +647,7 @@ pub async fn raw_client(node: &TestNode, trusted: bool) -> (iroh::Endpoint, iroh
     let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
         .await
         .unwrap();
-    (ep, target)
+    (ep, id)
 }
 
 /// Opens a stream, writes `bytes`, and returns the first line answered.
@@ -838,5 +905,106 @@ impl SocketServer {
 
     pub fn received(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("received")).unwrap_or_default()
+    }
+}
+
+/// Longest one step of the SDK driver may take (the driver bounds each step itself at 60 s).
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The SDK client of one hub (`hub_client.py`), driven one step at a time.
+pub struct HubClient {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    lines: tokio::io::Lines<tokio::io::BufReader<ChildStdout>>,
+    /// The driver's first line: the server it initialized (`{"ready": NAME}`).
+    pub ready: Value,
+}
+
+impl HubClient {
+    /// `mcpmesh --home <node> hub ARGS…` under the SDK client, initialized.
+    pub async fn hub(node: &TestNode, args: &[&str]) -> Self {
+        let mut command = vec![
+            MCPMESH.to_owned(),
+            "--home".into(),
+            node.home().display().to_string(),
+            "hub".into(),
+        ];
+        command.extend(args.iter().map(|a| a.to_string()));
+        Self::start(&command).await
+    }
+
+    /// The SDK client of any stdio MCP server `command`, initialized.
+    pub async fn start(command: &[String]) -> Self {
+        let mut child = tokio::process::Command::new(python())
+            .arg(interop_script("hub_client.py"))
+            .arg("--")
+            .args(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut client = HubClient {
+            child,
+            stdin,
+            lines,
+            ready: Value::Null,
+        };
+        let ready = client.next().await;
+        assert!(ready.get("ready").is_some(), "{ready}");
+        client.ready = ready;
+        client
+    }
+
+    pub async fn next(&mut self) -> Value {
+        let line = tokio::time::timeout(STEP_TIMEOUT, self.lines.next_line())
+            .await
+            .expect("the driver answers in time")
+            .unwrap()
+            .expect("the driver answers before it exits");
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        assert!(answer.get("fatal").is_none(), "the driver failed: {answer}");
+        answer
+    }
+
+    pub async fn step(&mut self, command: Value) -> Value {
+        let mut line = serde_json::to_vec(&command).unwrap();
+        line.push(b'\n');
+        let stdin = self.stdin.as_mut().expect("the driver's stdin is open");
+        stdin.write_all(&line).await.unwrap();
+        stdin.flush().await.unwrap();
+        self.next().await
+    }
+
+    /// Every tool listed, as (name, description).
+    pub async fn tools(&mut self) -> Vec<(String, String)> {
+        let listed = self.step(json!({ "op": "list" })).await;
+        listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let text = |k: &str| t[k].as_str().unwrap_or_default().to_owned();
+                (text("name"), text("description"))
+            })
+            .collect()
+    }
+
+    pub async fn call(&mut self, name: &str, arguments: Value) -> Value {
+        self.step(json!({ "op": "call", "name": name, "arguments": arguments }))
+            .await
+    }
+
+    /// Ends the session (the SDK closes the hub's stdin) and waits for the driver to exit.
+    pub async fn close(mut self) {
+        self.stdin = None;
+        let status = tokio::time::timeout(STEP_TIMEOUT, self.child.wait())
+            .await
+            .expect("the driver exits in time")
+            .unwrap();
+        assert!(status.success(), "the driver exited {status}");
     }
 }

@@ -95,6 +95,16 @@ pub enum AuditEvent {
         principal: String,
         peer: String,
     },
+    /// A peer's catalog request refused (malformed, or past its rate): at most one record
+    /// per peer a minute.
+    CatalogRefused {
+        principal: String,
+        peer: String,
+        reason: String,
+    },
+    /// Org gossip a member delivered, refused (malformed, naming a non-member) or dropped
+    /// past its rate: at most one record per member a minute.
+    GossipRefused { principal: String, reason: String },
     /// The queue overflowed and this many records were lost.
     RecordsDropped { count: u64 },
     /// A trust change: pair, unpair, grant, revoke, serve, unserve, peer added or removed.
@@ -105,6 +115,21 @@ pub enum AuditEvent {
         #[serde(skip_serializing_if = "Option::is_none", default)]
         service: Option<String>,
     },
+    /// A service's `allow`, tool rules or env changed, by a verb or by a hand edit the node
+    /// reloaded: what it was and what it is. Env by its keys only, never a value.
+    PolicyChanged {
+        service: String,
+        /// `allow`, `tools` or `env`.
+        what: String,
+        before: serde_json::Value,
+        after: serde_json::Value,
+        /// Env keys whose value changed (their values are not recorded).
+        #[serde(skip_serializing_if = "Vec::is_empty", default)]
+        changed: Vec<String>,
+        /// `command` (a verb edited config.toml) or `reload` (config.toml edited by hand,
+        /// read again at SIGHUP).
+        by: String,
+    },
     /// Connections from a key this node does not trust, refused before any byte was read:
     /// one record per key and minute. Past a cap of keys in one minute, the rest are summed
     /// into one record whose `principal` is `"*"`.
@@ -113,6 +138,9 @@ pub enum AuditEvent {
         count: u64,
         /// When the first of them came (Unix ms).
         first_ms: u64,
+        /// The org user whose removed device the key is, when the roster held says so.
+        #[serde(skip_serializing_if = "Option::is_none", default)]
+        user: Option<String>,
     },
     /// At start, the node cut off the end of a month file that was not a whole record (a line
     /// torn by a crash); what was cut is kept as its length and hash.
@@ -165,6 +193,7 @@ impl AuditEvent {
             | AuditEvent::OutgoingOpen { peer, service }
             | AuditEvent::OutgoingClose { peer, service, .. } => (Some(peer), Some(service)),
             AuditEvent::Trust { peer, service, .. } => (peer.as_deref(), service.as_deref()),
+            AuditEvent::PolicyChanged { service, .. } => (None, Some(service)),
             AuditEvent::RecordsDropped { .. }
             | AuditEvent::ConnectionsRefused { .. }
             | AuditEvent::AuditRepaired { .. }
@@ -172,6 +201,8 @@ impl AuditEvent {
             | AuditEvent::AuditPruned { .. }
             | AuditEvent::RosterRefused { .. } => (None, None),
             AuditEvent::RosterInstalled { from, .. } => (Some(from), None),
+            AuditEvent::CatalogRefused { peer, .. } => (Some(peer), None),
+            AuditEvent::GossipRefused { .. } => (None, None),
         }
     }
 }

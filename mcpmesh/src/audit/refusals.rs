@@ -20,8 +20,8 @@ pub struct RefusalTally {
 
 #[derive(Debug, Default)]
 struct Window {
-    /// Principal → (count, first seen).
-    keys: HashMap<String, (u64, u64)>,
+    /// Principal → (count, first seen, the org user whose removed device it is).
+    keys: HashMap<String, (u64, u64, Option<String>)>,
     /// Keys past the cap, together: (count, first seen).
     others: Option<(u64, u64)>,
 }
@@ -36,6 +36,16 @@ impl RefusalTally {
 
     /// Counts one refused connection from `principal` (`eid:<hex>`).
     pub fn refused(&self, principal: impl FnOnce() -> String) {
+        self.refused_from(principal, || None);
+    }
+
+    /// Counts one refused connection from `principal`, naming the org `user` whose removed
+    /// device it is, when it is one.
+    pub fn refused_from(
+        &self,
+        principal: impl FnOnce() -> String,
+        user: impl FnOnce() -> Option<String>,
+    ) {
         if let Some(metrics) = self.sink.metrics() {
             metrics.refused(Refusal::Trust, None);
         }
@@ -45,10 +55,10 @@ impl RefusalTally {
         let now = now_ms();
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
         let principal = principal();
-        if let Some((count, _)) = w.keys.get_mut(&principal) {
+        if let Some((count, _, _)) = w.keys.get_mut(&principal) {
             *count += 1;
         } else if w.keys.len() < KEYS_PER_MINUTE {
-            w.keys.insert(principal, (1, now));
+            w.keys.insert(principal, (1, now, user()));
         } else {
             w.others.get_or_insert((0, now)).0 += 1;
         }
@@ -59,12 +69,13 @@ impl RefusalTally {
     pub fn flush(&self) {
         let window = std::mem::take(&mut *self.window.lock().unwrap_or_else(|p| p.into_inner()));
         let mut keys: Vec<_> = window.keys.into_iter().collect();
-        keys.sort_by_key(|(_, (_, first))| *first);
-        for (principal, (count, first_ms)) in keys {
+        keys.sort_by_key(|(_, (_, first, _))| *first);
+        for (principal, (count, first_ms, user)) in keys {
             self.sink.record(AuditEvent::ConnectionsRefused {
                 principal,
                 count,
                 first_ms,
+                user,
             });
         }
         if let Some((count, first_ms)) = window.others {
@@ -72,6 +83,7 @@ impl RefusalTally {
                 principal: "*".into(),
                 count,
                 first_ms,
+                user: None,
             });
         }
     }

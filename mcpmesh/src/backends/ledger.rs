@@ -19,9 +19,9 @@ use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::limits::RateLimiter;
-use crate::principal::Principal;
+use crate::principal::Held;
 use crate::telemetry::{Side, TraceParent, Traced};
-use crate::tool_policy::{ToolPolicy, filter_tools_list, may_use};
+use crate::tool_policy::{ListedTools, ToolPolicy, filter_tools_list, listed_tool_names, may_use};
 
 /// A caller told "too many requests in flight" is asked to wait this long.
 const RETRY_IN_FLIGHT_MS: u64 = 100;
@@ -39,10 +39,12 @@ pub struct Caller {
     pub service: String,
     pub principal: String,
     pub peer: String,
-    /// The caller's whole principal set, which the rules are evaluated against.
-    pub held: Vec<Principal>,
+    /// The caller's whole principal set, which the rules are evaluated against, read live.
+    pub held: Held,
     /// The service's rules, read live.
     pub tools: ToolPolicy,
+    /// Where the service's tool names are kept when its server lists them (for the catalog).
+    pub listed: ListedTools,
 }
 
 #[derive(Debug)]
@@ -56,8 +58,11 @@ struct Pending {
     bytes_in: u64,
     /// When the caller cancelled it: it stays in flight until its answer, or the grace ends.
     cancelled: Option<Instant>,
-    /// A `tools/list` whose answer is filtered for the caller.
+    /// A `tools/list`, whose answer is read (its names kept for the catalog) and filtered for
+    /// the caller.
     filtered: bool,
+    /// Whether it asked for the first page (no cursor).
+    first_page: bool,
     /// The caller's trace context, read only when the node sends traces.
     parent: Option<TraceParent>,
 }
@@ -75,6 +80,18 @@ pub struct Ledger {
     cancel_grace: Duration,
     /// How many of `pending` are filtered `tools/list`s.
     lists_pending: usize,
+    /// Whether the caller asked for the tool list in this session.
+    listed_tools: bool,
+}
+
+/// Whether a request's `params` carry a `cursor` (a later page of a listing).
+fn has_cursor(params: &RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Paged<'a> {
+        #[serde(borrow, default)]
+        cursor: Option<&'a RawValue>,
+    }
+    serde_json::from_str::<Paged<'_>>(params.get()).is_ok_and(|p| p.cursor.is_some())
 }
 
 impl Ledger {
@@ -93,6 +110,7 @@ impl Ledger {
             throttling_notifications: None,
             cancel_grace: CANCEL_GRACE,
             lists_pending: 0,
+            listed_tools: false,
         }
     }
 
@@ -172,6 +190,7 @@ impl Ledger {
             bytes_in: line.len() as u64 + 1,
             cancelled: None,
             filtered: false,
+            first_page: peek.params.is_none_or(|p| !has_cursor(p)),
             parent: self
                 .audit
                 .traces()
@@ -213,6 +232,7 @@ impl Ledger {
                 Verdict::Answer(frame.id(Some(id)).to_line())
             }
             None => {
+                self.listed_tools |= pending.method == "tools/list";
                 self.lists_pending += usize::from(pending.filtered);
                 self.pending.insert(jsonrpc::id_key(id), pending);
                 Verdict::Forward
@@ -224,19 +244,19 @@ impl Ledger {
     /// whose answer is to be filtered. Rules are read only for those two methods.
     fn tool_refusal(&self, pending: &mut Pending) -> Option<ErrorFrame> {
         let method = pending.method.as_str();
-        if method != "tools/call" && method != "tools/list" {
+        if method == "tools/list" {
+            pending.filtered = true;
+            return None;
+        }
+        if method != "tools/call" {
             return None;
         }
         let rules = self.caller.tools.current();
         if rules.is_empty() {
             return None;
         }
-        if method == "tools/list" {
-            pending.filtered = true;
-            return None;
-        }
         match &pending.name {
-            Some(tool) if may_use(&rules, &self.caller.held, tool) => None,
+            Some(tool) if may_use(&rules, &self.caller.held.current(), tool) => None,
             Some(tool) => Some(ErrorFrame::new(ErrorCode::UnknownService).message(format!(
                 "tool {tool:?} is not available to you on this service"
             ))),
@@ -245,6 +265,12 @@ impl Ledger {
                     .message("a tools/call must name its tool (params.name)"),
             ),
         }
+    }
+
+    /// Whether the caller has asked for the tool list in this session (so a change of what it
+    /// may use is worth telling it).
+    pub fn listed_tools(&self) -> bool {
+        self.listed_tools
     }
 
     /// Whether a filtered `tools/list` is waiting: the server's lines are then held whole and
@@ -259,19 +285,20 @@ impl Ledger {
     pub fn server_line(&mut self, line: &[u8]) -> Option<Vec<u8>> {
         let peek = jsonrpc::peek_response(line)?;
         let id = peek.answers()?;
-        if !self
+        let first_page = self
             .pending
             .get(&jsonrpc::id_key(id))
-            .is_some_and(|p| p.filtered)
-        {
-            return None;
+            .filter(|p| p.filtered)?
+            .first_page;
+        if let Some(names) = listed_tool_names(line) {
+            self.caller.listed.record(names, first_page);
         }
         let rules = self.caller.tools.current();
         if rules.is_empty() {
             return None;
         }
-        let held = &self.caller.held;
-        match filter_tools_list(line, |tool| may_use(&rules, held, tool)) {
+        let held = self.caller.held.current();
+        match filter_tools_list(line, |tool| may_use(&rules, &held, tool)) {
             Ok(edited) => edited,
             Err(e) => {
                 tracing::warn!(service = %self.caller.service, "a tools/list answer was withheld: {e}");
@@ -433,8 +460,9 @@ mod tests {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
-            held: Vec::new(),
+            held: Held::fixed(Vec::new()),
             tools: ToolPolicy::default(),
+            listed: Default::default(),
         };
         Ledger::new(
             caller,
@@ -476,8 +504,9 @@ mod tests {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
-            held: Vec::new(),
+            held: Held::fixed(Vec::new()),
             tools: ToolPolicy::default(),
+            listed: Default::default(),
         };
         Ledger::new(
             caller,
@@ -524,6 +553,16 @@ mod tests {
     }
 
     #[test]
+    fn a_session_has_listed_tools_once_its_caller_asked_for_them() {
+        let mut l = ledger(8);
+        assert!(matches!(l.client_line(&call(1)), Verdict::Forward));
+        assert!(!l.listed_tools());
+        let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+        assert!(matches!(l.client_line(list), Verdict::Forward));
+        assert!(l.listed_tools());
+    }
+
+    #[test]
     fn a_cancelled_request_never_answered_frees_its_slot_after_the_grace() {
         let mut l = ledger(1);
         l.cancel_grace = Duration::ZERO;
@@ -542,8 +581,9 @@ mod tests {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
-            held: held.iter().map(|p| p.parse().unwrap()).collect(),
+            held: Held::fixed(held.iter().map(|p| p.parse().unwrap()).collect()),
             tools: ToolPolicy::new(rules.iter().map(rule).collect()),
+            listed: Default::default(),
         };
         Ledger::new(
             caller,
@@ -613,11 +653,32 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":"L","result":{"tools":[{"name":"add"},{"name":"echo"}]}}"#;
         let other = br#"{"jsonrpc":"2.0","id":"O","result":{"tools":[{"name":"echo"}]}}"#;
 
-        // No rules: nothing is held, nothing rewritten.
+        // No rules: the answer is read (its names kept for the catalog), not rewritten.
         let mut l = ruled(&[], &["peer:bob"]);
         assert!(matches!(l.client_line(list), Verdict::Forward));
-        assert!(!l.holding());
+        assert!(l.holding());
+        assert_eq!(l.server_line(other), None);
+        assert_eq!(
+            l.caller.listed.get(),
+            None,
+            "another answer is not a listing"
+        );
         assert_eq!(l.server_line(answer), None);
+        assert_eq!(
+            l.caller.listed.get().as_deref(),
+            Some(&["add".to_owned(), "echo".to_owned()][..])
+        );
+        l.server_sent(Seen::Lines(&[&answer[..], b"\n"].concat()));
+        assert!(!l.holding());
+        // A later page adds to the listing; a first page replaces it.
+        let page = br#"{"jsonrpc":"2.0","id":"P","method":"tools/list","params":{"cursor":"2"}}"#;
+        assert!(matches!(l.client_line(page), Verdict::Forward));
+        l.server_line(br#"{"jsonrpc":"2.0","id":"P","result":{"tools":[{"name":"sum"}]}}"#);
+        assert_eq!(l.caller.listed.get().unwrap().len(), 3);
+        assert!(matches!(l.client_line(list), Verdict::Forward));
+        l.server_line(other);
+        l.server_line(br#"{"jsonrpc":"2.0","id":"L","result":{"tools":[{"name":"one"}]}}"#);
+        assert_eq!(l.caller.listed.get().unwrap().len(), 1);
 
         let mut l = ruled(&[("peer:bob", &[], &["echo"])], &["peer:bob"]);
         assert!(!l.holding());
@@ -697,12 +758,13 @@ mod tests_support {
             service: "svc".into(),
             principal: "eid:ab".into(),
             peer: "bob".into(),
-            held: vec!["peer:bob".parse().unwrap()],
+            held: Held::fixed(vec!["peer:bob".parse().unwrap()]),
             tools: ToolPolicy::new(vec![crate::tool_policy::ToolRule {
                 who: vec!["peer:bob".parse().unwrap()],
                 allow: vec!["*".into()],
                 deny: vec!["whoami".into()],
             }]),
+            listed: Default::default(),
         };
         Ledger::new(
             caller,

@@ -26,15 +26,19 @@ use crate::backends::BackendError;
 use crate::backends::ledger::{Caller, Ledger};
 use crate::backends::stamp::PeerStamp;
 use crate::limits::RateLimiter;
-use crate::principal::{Principal, principal_set};
+use crate::principal::{Held, principal_set};
 use crate::telemetry::Refusal;
-use crate::tool_policy::ToolPolicy;
+use crate::tool_policy::{ListedTools, ToolPolicy};
 
 /// How long a server that owes no answer gets to finish writing after its input ends; the
 /// spawn backend also gives a child this long after SIGTERM.
 pub(crate) const GRACE: Duration = Duration::from_millis(300);
 /// A caller told "at capacity" is asked to wait this long.
 const RETRY_AT_CAPACITY: Duration = Duration::from_secs(1);
+/// What a caller whose usable tools changed is sent (the node's own frame, the server's
+/// tools being the same).
+const LIST_CHANGED: &[u8] =
+    b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
 
 /// Settings of one session beyond what it is attached to.
 #[derive(Debug, Clone)]
@@ -48,6 +52,8 @@ pub struct SessionOptions {
     pub max_in_flight: usize,
     /// The service's per-tool rules (by default none: every tool).
     pub tools: ToolPolicy,
+    /// Where the tool names the server lists are kept, for the catalog.
+    pub listed: ListedTools,
     /// How long the server may take over a request: once the caller has closed its side,
     /// the session waits this long at most for the answers still owed.
     pub request_timeout: Duration,
@@ -55,6 +61,12 @@ pub struct SessionOptions {
     /// unlike a caller that only closed its side: nothing owed can reach it any more, so the
     /// session ends at once.
     pub caller_gone: CancellationToken,
+    /// The caller's principal set as the node reads it now (by default, the set of the
+    /// identity the session opened with).
+    pub held: Option<Held>,
+    /// Told when what the caller may use of the service's tools changed: if it listed them
+    /// in this session, it is sent `notifications/tools/list_changed`.
+    pub relist: Arc<Notify>,
 }
 
 impl Default for SessionOptions {
@@ -64,8 +76,11 @@ impl Default for SessionOptions {
             sever: CancellationToken::new(),
             max_in_flight: crate::config::DEFAULT_IN_FLIGHT as usize,
             tools: ToolPolicy::default(),
+            listed: ListedTools::default(),
             request_timeout: Duration::from_secs(crate::config::DEFAULT_REQUEST_TIMEOUT_SECS),
             caller_gone: CancellationToken::new(),
+            held: None,
+            relist: Arc::new(Notify::new()),
         }
     }
 }
@@ -88,13 +103,14 @@ impl ServiceCtx {
     pub(crate) async fn admit<R, W>(
         &self,
         identity: &PeerIdentity,
+        options: &SessionOptions,
         transport: &mut NdjsonTransport<R, W>,
     ) -> Option<(Who, OwnedSemaphorePermit)>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let who = Who::of(Some(identity));
+        let who = Who::of(Some(identity), options.held.clone());
         let permit = self.host().admit(&who, None, transport).await?;
         Some((who, permit))
     }
@@ -174,15 +190,18 @@ pub(crate) struct Who {
     pub principal: String,
     pub peer: String,
     /// Empty for a local caller: under tool rules it may use no tool.
-    pub held: Vec<Principal>,
+    pub held: Held,
 }
 
 impl Who {
-    pub fn of(identity: Option<&PeerIdentity>) -> Self {
+    /// The caller `identity`, holding `held` (by default, the principals of `identity`).
+    pub fn of(identity: Option<&PeerIdentity>, held: Option<Held>) -> Self {
         Who {
             principal: identity.map_or_else(|| "local".to_owned(), PeerIdentity::principal),
             peer: identity.map(|i| i.name.clone()).unwrap_or_default(),
-            held: identity.map(principal_set).unwrap_or_default(),
+            held: held.unwrap_or_else(|| {
+                Held::fixed(identity.map(|i| principal_set(i, None)).unwrap_or_default())
+            }),
         }
     }
 }
@@ -285,6 +304,7 @@ impl Host<'_> {
             peer: who.peer.clone(),
             held: who.held.clone(),
             tools: options.tools.clone(),
+            listed: options.listed.clone(),
         };
         let ledger = StdMutex::new(Ledger::new(
             caller,
@@ -354,6 +374,7 @@ impl Host<'_> {
                 _ = options.shutdown.cancelled() => End::Shutdown,
                 _ = options.sever.cancelled() => End::Severed,
                 _ = options.caller_gone.cancelled() => End::ClientGone,
+                never = relist(&options.relist, || account().listed_tools(), &mesh_w) => match never {},
             };
         }
         // The server's input ends: EOF on a child's stdin, a half-close on a socket.
@@ -438,6 +459,22 @@ impl Host<'_> {
             bytes_out,
             ended,
         });
+    }
+}
+
+/// Sends the caller `notifications/tools/list_changed` each time `changed` is told, when it
+/// has listed tools (`listed`) in this session; never ends by itself.
+async fn relist<W: AsyncWrite + Unpin>(
+    changed: &Notify,
+    listed: impl Fn() -> bool,
+    mesh_w: &Mutex<W>,
+) -> std::convert::Infallible {
+    loop {
+        changed.notified().await;
+        if listed() {
+            // A caller that stopped reading ends the session through the other branches.
+            let _ = write_run(mesh_w, LIST_CHANGED).await;
+        }
     }
 }
 

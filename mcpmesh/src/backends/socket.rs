@@ -40,7 +40,7 @@ impl SocketBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let Some((who, _permit)) = self.ctx.admit(&identity, &mut transport).await else {
+        let Some((who, _permit)) = self.ctx.admit(&identity, options, &mut transport).await else {
             return Ok(());
         };
         let host = self.ctx.host();

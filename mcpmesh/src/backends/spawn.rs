@@ -100,7 +100,7 @@ impl SpawnBackend {
             limiter: self.limiter.clone(),
         };
         let host = ctx.host();
-        let who = Who::of(identity.as_ref());
+        let who = Who::of(identity.as_ref(), options.session.held.clone());
         let Some(_permit) = host.admit(&who, first_frame.as_ref(), &mut transport).await else {
             return Ok(());
         };

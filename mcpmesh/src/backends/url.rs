@@ -74,7 +74,7 @@ impl UrlBackend {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let Some((who, _permit)) = self.ctx.admit(&identity, &mut transport).await else {
+        let Some((who, _permit)) = self.ctx.admit(&identity, options, &mut transport).await else {
             return Ok(());
         };
         let host = self.ctx.host();

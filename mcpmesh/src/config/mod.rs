@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iroh::{EndpointId, RelayUrl};
@@ -16,7 +17,7 @@ use serde::Deserialize;
 
 mod tools;
 
-pub use tools::{deny_own_tools, set_own_tools};
+pub use tools::{deny_own_tools, grant_own_tools};
 
 use crate::files::write_atomically;
 use crate::principal::Principal;
@@ -220,6 +221,8 @@ pub struct ServiceConfig {
     pub allow: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// What the service is for, one line, shown to the peers it admits.
+    pub description: Option<String>,
     pub cwd: Option<PathBuf>,
     pub max_sessions: Option<u32>,
     pub rate_limit_per_min: Option<u32>,
@@ -288,6 +291,15 @@ pub enum BackendSpec {
 }
 
 impl BackendSpec {
+    /// `run`, `socket` or `url`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendSpec::Run(_) => "run",
+            BackendSpec::Socket(_) => "socket",
+            BackendSpec::Url { .. } => "url",
+        }
+    }
+
     /// The config key and its value, for display (`run` as a list, `socket` as a path).
     pub fn describe(&self) -> (&'static str, serde_json::Value) {
         match self {
@@ -306,6 +318,8 @@ pub struct ServiceSpec {
     pub backend: BackendSpec,
     pub allow: Vec<Principal>,
     pub env: BTreeMap<String, String>,
+    /// What the service is for, shown in the catalog of the peers it admits.
+    pub description: Option<String>,
     pub cwd: Option<PathBuf>,
     pub max_sessions: u32,
     pub rate_limit_per_min: u32,
@@ -648,6 +662,10 @@ fn validate_service(
         .iter()
         .map(|a| a.parse().map_err(|e| format!("services.{name}.allow: {e}")))
         .collect::<Result<_, _>>()?;
+    if let Some(text) = &svc.description {
+        crate::catalog::valid_description(text)
+            .map_err(|e| format!("services.{name}.description: {e}"))?;
+    }
     let max_sessions = svc.max_sessions.unwrap_or(limits.max_sessions);
     if max_sessions == 0 {
         return Err(format!("services.{name}.max_sessions: must be at least 1"));
@@ -686,6 +704,7 @@ fn validate_service(
         backend,
         allow,
         env: svc.env.clone(),
+        description: svc.description.clone().filter(|d| !d.is_empty()),
         cwd: svc.cwd.clone(),
         max_sessions,
         rate_limit_per_min: rate,
@@ -762,11 +781,34 @@ pub fn parse_endpoint_id(text: &str) -> Option<EndpointId> {
 #[derive(Debug, Clone)]
 pub struct ConfigFile {
     path: PathBuf,
+    /// The digest of the text last loaded or written whole (shared by clones), so that
+    /// `doctor` can tell a hand edit the node has not read.
+    loaded: Arc<Mutex<Option<String>>>,
 }
 
 impl ConfigFile {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        ConfigFile { path: path.into() }
+        ConfigFile {
+            path: path.into(),
+            loaded: Default::default(),
+        }
+    }
+
+    /// The digest of the text this handle last loaded or wrote (`None`: neither yet).
+    pub fn loaded_digest(&self) -> Option<String> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The digest of the file as it is on disk now.
+    pub fn digest_on_disk(&self) -> Result<String, ConfigError> {
+        Ok(digest(&self.read_text()?))
+    }
+
+    fn loaded(&self, text: &str) {
+        *self.loaded.lock().unwrap_or_else(|p| p.into_inner()) = Some(digest(text));
     }
 
     pub fn path(&self) -> &Path {
@@ -791,7 +833,10 @@ impl ConfigFile {
     }
 
     pub fn load(&self) -> Result<Settings, ConfigError> {
-        Config::parse(&self.read_text()?, &self.shown())
+        let text = self.read_text()?;
+        let settings = Config::parse(&text, &self.shown())?;
+        self.loaded(&text);
+        Ok(settings)
     }
 
     /// Applies `change` to the document, validates the result and replaces the file
@@ -817,12 +862,19 @@ impl ConfigFile {
             path: self.shown(),
             source,
         })?;
+        // A hand edit made since the last load is in `text`, and now applied with the rest.
+        self.loaded(&new_text);
         Ok(settings)
     }
 
     fn shown(&self) -> String {
         self.path.display().to_string()
     }
+}
+
+/// A config text's digest (BLAKE3, hex).
+fn digest(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
 /// Sets `[peers.NAME]`.
@@ -846,6 +898,28 @@ pub fn set_peer(
 /// Serves `[services.NAME]` with `backend`. An existing entry is updated in place: its
 /// backend (and `max_sessions`, if given) change, `allow` gains the new principals, and
 /// everything else — grants already made, `env`, `cwd`, limits — stays.
+/// Sets (or, with `None` or an empty text, removes) the description of the service `name`.
+pub fn set_description(
+    doc: &mut toml_edit::DocumentMut,
+    name: &str,
+    description: Option<&str>,
+) -> Result<(), String> {
+    let entry = table(doc, "services")?
+        .get_mut(name)
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .ok_or_else(|| format!("no service named {name:?}"))?;
+    match description.filter(|d| !d.is_empty()) {
+        Some(text) => {
+            crate::catalog::valid_description(text).map_err(|e| format!("description: {e}"))?;
+            entry.insert("description", toml_edit::value(text));
+        }
+        None => {
+            entry.remove("description");
+        }
+    }
+    Ok(())
+}
+
 pub fn set_service(
     doc: &mut toml_edit::DocumentMut,
     name: &str,
@@ -900,6 +974,30 @@ pub fn set_service(
             .parse()
             .map_err(|e| format!("services.{name}.allow: {e}"))?;
         push_allow(doc, name, &principal, entry)?;
+    }
+    Ok(())
+}
+
+/// Sets `env` in `[services.NAME] env` (the service's other variables stay).
+pub fn set_env(
+    doc: &mut toml_edit::DocumentMut,
+    name: &str,
+    env: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    if env.is_empty() {
+        return Ok(());
+    }
+    let entry = table(doc, "services")?
+        .get_mut(name)
+        .and_then(toml_edit::Item::as_table_like_mut)
+        .ok_or_else(|| format!("services.{name}: no such service"))?;
+    let vars = entry
+        .entry("env")
+        .or_insert(toml_edit::value(toml_edit::InlineTable::new()))
+        .as_table_like_mut()
+        .ok_or_else(|| format!("services.{name}.env: expected a table"))?;
+    for (key, value) in env {
+        vars.insert(key, toml_edit::value(value.as_str()));
     }
     Ok(())
 }

@@ -2,17 +2,18 @@
 //! and `revoke --tools` write.
 //!
 //! A principal's *own* rule is one whose `who` names that principal alone (in any spelling).
-//! `grant --tools` makes it the first rule, allowing exactly the given tools, so that it is
-//! the rule that decides for that caller (denies of other rules still apply, as always);
-//! `revoke --tools` adds to its `deny` list, creating it at the end if there is none.
+//! `grant --tools` adds the given tools to its `allow` list (and takes them off its own
+//! `deny`) and makes it the first rule, so that it is the rule that decides for that caller
+//! (denies of other rules still apply, as always); `revoke --tools` adds to its `deny` list,
+//! creating it at the end if there is none.
 
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
 use crate::principal::Principal;
 
-/// Makes `who`'s own rule of `service` the first one, allowing exactly `allow` (its `deny`
-/// list, if it had one, stays).
-pub fn set_own_tools(
+/// Makes `who`'s own rule of `service` the first one, with `allow` added to its `allow` list
+/// and taken off its `deny` list (other patterns there stay).
+pub fn grant_own_tools(
     doc: &mut DocumentMut,
     service: &str,
     who: &Principal,
@@ -24,7 +25,22 @@ pub fn set_own_tools(
         Some(at) => all.remove(at),
         None => new_rule(who),
     };
-    own.insert("allow", toml_edit::value(list(allow)));
+    let mut allowed = patterns(&own, "allow");
+    for a in allow {
+        if !allowed.contains(a) {
+            allowed.push(a.clone());
+        }
+    }
+    own.insert("allow", toml_edit::value(list(&allowed)));
+    let denied = patterns(&own, "deny");
+    if !denied.is_empty() {
+        let kept: Vec<String> = denied.into_iter().filter(|d| !allow.contains(d)).collect();
+        if kept.is_empty() {
+            own.remove("deny");
+        } else {
+            own.insert("deny", toml_edit::value(list(&kept)));
+        }
+    }
     all.insert(0, own);
     rules.clear();
     for mut table in all {
@@ -54,22 +70,26 @@ pub fn deny_own_tools(
     let own = rules
         .get_mut(at)
         .ok_or_else(|| format!("services.{service}.tools: the rule went missing"))?;
-    let mut patterns: Vec<String> = own
-        .get("deny")
+    let mut denied = patterns(own, "deny");
+    for d in deny {
+        if !denied.contains(d) {
+            denied.push(d.clone());
+        }
+    }
+    own.insert("deny", toml_edit::value(list(&denied)));
+    Ok(())
+}
+
+/// The patterns of a rule's `allow` or `deny` list.
+fn patterns(rule: &Table, key: &str) -> Vec<String> {
+    rule.get(key)
         .and_then(Item::as_array)
         .map(|a| {
             a.iter()
                 .filter_map(|v| v.as_str().map(str::to_owned))
                 .collect()
         })
-        .unwrap_or_default();
-    for d in deny {
-        if !patterns.contains(d) {
-            patterns.push(d.clone());
-        }
-    }
-    own.insert("deny", toml_edit::value(list(&patterns)));
-    Ok(())
+        .unwrap_or_default()
 }
 
 /// The service's rules as an array of tables (created empty if absent; an inline list of
@@ -139,12 +159,19 @@ mod tests {
         assert_eq!(rules[1].who, std::slice::from_ref(&bob));
         assert_eq!(rules[1].deny, ["drop", "rm"]);
 
-        set_own_tools(&mut doc, "files", &bob, &["list_*".into()]).unwrap();
+        grant_own_tools(&mut doc, "files", &bob, &["list_*".into(), "rm".into()]).unwrap();
         let rules = rules_of(&doc);
         assert_eq!(rules.len(), 2, "{doc}");
         assert_eq!(rules[0].who, std::slice::from_ref(&bob));
-        assert_eq!(rules[0].allow, ["list_*"]);
-        assert_eq!(rules[0].deny, ["drop", "rm"]);
+        assert_eq!(rules[0].allow, ["list_*", "rm"]);
+        // Granting a tool takes it off the rule's own denies; the others stay.
+        assert_eq!(rules[0].deny, ["drop"]);
+        grant_own_tools(&mut doc, "files", &bob, &["read_*".into(), "rm".into()]).unwrap();
+        assert_eq!(
+            rules_of(&doc)[0].allow,
+            ["list_*", "rm", "read_*"],
+            "added to"
+        );
         assert_eq!(rules[1].allow, ["read_*"]);
         let text = doc.to_string();
         assert!(
@@ -153,7 +180,7 @@ mod tests {
         );
 
         // Another spelling of the same principal is the same rule.
-        set_own_tools(
+        grant_own_tools(
             &mut doc,
             "files",
             &"peer:bob".parse().unwrap(),
@@ -167,11 +194,11 @@ mod tests {
     fn a_service_without_rules_gets_its_first_and_an_unknown_service_is_an_error() {
         let eid: Principal = format!("eid:{}", "ab".repeat(32)).parse().unwrap();
         let mut doc: DocumentMut = "[services.s]\nrun = \"x\"\n".parse().unwrap();
-        set_own_tools(&mut doc, "s", &eid, &["a".into(), "b*".into()]).unwrap();
+        grant_own_tools(&mut doc, "s", &eid, &["a".into(), "b*".into()]).unwrap();
         let rules = rules_of(&doc);
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].who, std::slice::from_ref(&eid));
         assert_eq!(rules[0].allow, ["a", "b*"]);
-        assert!(set_own_tools(&mut doc, "nope", &eid, &[]).is_err());
+        assert!(grant_own_tools(&mut doc, "nope", &eid, &[]).is_err());
     }
 }

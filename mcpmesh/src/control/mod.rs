@@ -22,6 +22,7 @@ pub mod methods {
     pub const NODE_SHUTDOWN: &str = "node.shutdown";
     pub const PEERS_ADD: &str = "peers.add";
     pub const PEERS_LIST: &str = "peers.list";
+    pub const SERVICES_LIST: &str = "services.list";
     pub const PEERS_RENAME: &str = "peers.rename";
     pub const PEERS_REMOVE: &str = "peers.remove";
     pub const GRANT: &str = "grant";

@@ -1,9 +1,12 @@
 //! The node daemon: the composition root. It builds every subsystem, hands each a narrow
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
+mod catalog;
 mod exchange;
+mod gossip;
 mod node;
 mod org;
+mod policy;
 mod reach;
 mod status;
 mod trust;
@@ -175,7 +178,9 @@ pub async fn run(
         None => audit,
     };
     let host = Arc::new(
-        ServiceHost::new(services.clone(), audit.clone(), shutdown.clone()).with_launcher(launcher),
+        ServiceHost::new(services.clone(), audit.clone(), shutdown.clone())
+            .with_launcher(launcher)
+            .with_principals(gate.clone()),
     );
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
@@ -198,6 +203,8 @@ pub async fn run(
         audit: audit.clone(),
         naming: Default::default(),
         outgoing: Default::default(),
+        catalogs: catalog::Catalogs::load(&profile.state_dir),
+        gossip: gossip::OrgGossip::spawn(endpoint.clone()),
         reach: Default::default(),
         held: Default::default(),
         roster_damage: Default::default(),
@@ -218,6 +225,7 @@ pub async fn run(
     let audited = Arc::new(AuditedGate {
         peers: gate.clone(),
         refusals: refusals.clone(),
+        node: Arc::downgrade(&node),
     });
     let router = Router::builder(endpoint.clone())
         .accept(
@@ -225,12 +233,24 @@ pub async fn run(
             MeshProtocol::new(audited.clone(), host.clone(), registry.clone()),
         )
         .accept(ALPN_PING, PingProtocol::new(audited.clone()))
+        .accept(
+            crate::catalog::ALPN_CATALOG,
+            catalog::CatalogProtocol::new(node.clone(), audited.clone()),
+        )
+        .accept(
+            gossip::ALPN_GOSSIP,
+            gossip::GossipProtocol::new(node.clone()),
+        )
         .accept(ALPN_ROSTER, RosterProtocol::new(node.clone(), audited))
         .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
         .accept(ALPN_JOIN, JoinProtocol::new(node.clone()))
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();
+    {
+        let node = node.clone();
+        tokio::spawn(async move { node.gossip_follow_roster(None).await });
+    }
     let upkeep = {
         let (node, stop, refusals) = (node.clone(), shutdown.clone(), refusals.clone());
         tokio::spawn(async move {
@@ -263,7 +283,11 @@ pub async fn run(
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     // The first tick is immediate: a node coming back catches up at once.
-                    _ = every.tick() => node.sync_all().await,
+                    _ = every.tick() => {
+                        // A node left with too few gossip neighbors joins through more.
+                        node.gossip_follow_roster(None).await;
+                        node.sync_all().await;
+                    }
                 }
             }
         })
@@ -272,7 +296,25 @@ pub async fn run(
     let checker = {
         let (node, stop) = (node.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let peers = || node.gate.snapshot().all().iter().map(|p| p.id).collect();
+            // A connection open (either way) is its own witness; an org member is followed
+            // closely only while in use.
+            let peers = || {
+                let incoming = node.registry.connected_peers();
+                node.gate
+                    .snapshot()
+                    .all()
+                    .iter()
+                    .map(|p| {
+                        let connected = node.dialer.is_connected(&p.id) || incoming.contains(&p.id);
+                        let watch = match p.user {
+                            _ if connected => reach::Watch::Connected,
+                            Some(_) => reach::Watch::WhenUsed,
+                            None => reach::Watch::Always,
+                        };
+                        (p.id, watch)
+                    })
+                    .collect()
+            };
             node.reach
                 .keep_checking(node.endpoint.clone(), peers, stop)
                 .await;
@@ -354,11 +396,13 @@ async fn serve_metrics(
     }
 }
 
-/// The peer table's gate, telling the audit log of every key it refuses.
+/// The peer table's gate, telling the audit log of every key it refuses (naming the org
+/// user of a removed device).
 #[derive(Debug)]
 struct AuditedGate {
     peers: Arc<PeerGate>,
     refusals: Arc<RefusalTally>,
+    node: std::sync::Weak<Node>,
 }
 
 impl TrustGate for AuditedGate {
@@ -367,7 +411,10 @@ impl TrustGate for AuditedGate {
     }
 
     fn refused(&self, remote: &EndpointId) {
-        self.refusals.refused(|| format!("eid:{remote}"));
+        self.refusals.refused_from(
+            || format!("eid:{remote}"),
+            || self.node.upgrade()?.removed_user(remote),
+        );
     }
 }
 
@@ -467,7 +514,7 @@ async fn wait_for_stop(stop: &CancellationToken, node: &Node) {
             Some(()) = async { hup.as_mut()?.recv().await } => {
                 match node.config_file.load() {
                     Ok(settings) => {
-                        node.apply(settings);
+                        node.apply_by(settings, "reload");
                         tracing::info!("config reloaded");
                     }
                     Err(e) => tracing::warn!("config not reloaded: {e}"),

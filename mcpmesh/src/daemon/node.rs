@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use iroh::{Endpoint, EndpointId};
-use mcpmesh_net::TrustGate;
 use mcpmesh_net::endpoint::{self, RelayPolicy};
 use mcpmesh_net::gate::CLOSE_SEVERED;
 use mcpmesh_net::ping::ALPN_PING;
@@ -23,7 +22,7 @@ use crate::control::server::{ControlHandler, Reply};
 use crate::control::{ControlError, SessionOpen, codes, methods};
 use crate::pairing::ALPN_PAIR;
 use crate::peers::{KnownPeer, PeerGate, PeerTable, Source, yield_claimed_names};
-use crate::principal::{Principal, is_allowed};
+use crate::principal::{Principal, PrincipalSource, is_allowed};
 use crate::proxy;
 use crate::roster::RosterView;
 use crate::roster::invite::ALPN_JOIN;
@@ -56,6 +55,10 @@ pub(super) struct Node {
     pub(super) naming: tokio::sync::Mutex<()>,
     /// Sessions this node's own clients have open to peers.
     pub(super) outgoing: Outgoing,
+    /// What this node's peers last answered when asked for their catalog.
+    pub(super) catalogs: super::catalog::Catalogs,
+    /// The org's gossip (roster serials, catalog changes).
+    pub(super) gossip: super::gossip::OrgGossip,
     /// What the node last found of each peer's reachability.
     pub(super) reach: Reachability,
     /// The org roster this node holds, if it is in an org.
@@ -135,6 +138,15 @@ impl Node {
     /// admitted to its service (a revoke, an unserve, a hand edit) is severed at once.
     /// Returns how many sessions were severed.
     pub(super) fn apply(&self, settings: Settings) -> usize {
+        self.apply_by(settings, "command")
+    }
+
+    /// [`Node::apply`], auditing each change of a service's `allow`, tool rules or env as
+    /// made `by` a verb (`command`) or a hand edit read again (`reload`).
+    pub(super) fn apply_by(&self, settings: Settings, by: &str) -> usize {
+        for change in super::policy::changes(&self.settings().services, &settings.services, by) {
+            self.audit.record(change);
+        }
         let stored = self.store.peers().unwrap_or_else(|e| {
             tracing::error!("{e}");
             Vec::new()
@@ -159,21 +171,27 @@ impl Node {
         self.gate.replace(new);
         // New peers (and new addresses) are checked at once.
         self.reach.poke();
+        let services_changed = self.settings().services != settings.services;
         let table = {
             let mut table = self.services.write().unwrap_or_else(|p| p.into_inner());
             *table = table.rebuild(&settings.services);
             table.clone()
         };
+        // Members that cached this node's catalog ask for it again.
+        if services_changed && let Some(node) = self.arc() {
+            tokio::spawn(async move { node.announce_catalog().await });
+        }
         *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
-        self.host.sever_where(|s| {
-            let caller = EndpointId::from_bytes(&s.peer)
-                .ok()
-                .and_then(|id| self.gate.resolve(&id));
+        let severed = self.host.sever_where(|s| {
+            let caller = self.gate.principals_of(&s.peer);
             match (caller, table.get(&s.service)) {
-                (Some(caller), Some(entry)) => !is_allowed(&entry.spec.allow, &caller),
+                (Some(held), Some(entry)) => !is_allowed(&entry.spec.allow, &held),
                 _ => true,
             }
-        })
+        });
+        // The sessions that stay learn whether their tool list changed.
+        self.host.tools_changed();
+        severed
     }
 
     /// The node as a shared handle (`None` only while it is being torn down).
@@ -222,7 +240,13 @@ impl Node {
             .store
             .prune_join_invites(crate::time::unix_ms() / 1000)
             .unwrap_or(0);
-        let mut alpns = vec![ALPN_MCP.to_vec(), ALPN_PING.to_vec(), ALPN_ROSTER.to_vec()];
+        let mut alpns = vec![
+            ALPN_MCP.to_vec(),
+            ALPN_PING.to_vec(),
+            ALPN_ROSTER.to_vec(),
+            crate::catalog::ALPN_CATALOG.to_vec(),
+            super::gossip::ALPN_GOSSIP.to_vec(),
+        ];
         if live > 0 {
             alpns.push(ALPN_PAIR.to_vec());
         }
@@ -304,7 +328,13 @@ impl Node {
             headers: std::collections::BTreeMap<String, String>,
             #[serde(default)]
             allow: Vec<String>,
+            /// Variables for the server command, set over those the service has.
+            #[serde(default)]
+            env: std::collections::BTreeMap<String, String>,
             max_sessions: Option<u32>,
+            /// What the service is for, shown to the peers it admits.
+            #[serde(default)]
+            description: Option<String>,
             /// Replacing an existing service (and keeping its grants) must be asked for.
             #[serde(default)]
             replace: bool,
@@ -341,14 +371,24 @@ impl Node {
             ));
         }
         // A replaced service keeps its env and cwd, so its command is looked for with them.
-        let (env, cwd) = existing
+        let (mut env, cwd) = existing
             .as_ref()
             .map(|old| (old.env.clone(), old.cwd.clone()))
             .unwrap_or_default();
+        env.extend(serve.env.clone());
         preflight::check(&backend, &env, cwd.as_deref())
             .map_err(|e| ControlError::invalid_params(e.to_string()))?;
+        if let Some(text) = &serve.description {
+            crate::catalog::valid_description(text)
+                .map_err(|e| ControlError::invalid_params(format!("--description: {e}")))?;
+        }
         self.edit(|doc| {
-            config::set_service(doc, &serve.name, &backend, &serve.allow, serve.max_sessions)
+            config::set_service(doc, &serve.name, &backend, &serve.allow, serve.max_sessions)?;
+            config::set_env(doc, &serve.name, &serve.env)?;
+            match &serve.description {
+                Some(text) => config::set_description(doc, &serve.name, Some(text)),
+                None => Ok(()),
+            }
         })?;
         self.audit.forget_failure(&serve.name);
         self.trust_event("serve", None, Some(&serve.name));
@@ -378,7 +418,7 @@ impl Node {
             .snapshot()
             .all()
             .iter()
-            .filter(|p| is_allowed(allow, &p.identity()))
+            .filter(|p| is_allowed(allow, &p.principals()))
             .map(|p| p.name.clone())
             .collect()
     }
@@ -510,6 +550,7 @@ pub(super) fn peer_table(
             if let Some(known) = peers.iter_mut().find(|p| p.id == seat.id) {
                 known.user = Some(seat.user.clone());
                 known.groups = seat.groups.clone();
+                known.org = Some(roster.roster().org.clone());
                 if known.addrs.is_empty() {
                     known.addrs = seat.addrs.clone();
                 }
@@ -531,6 +572,7 @@ pub(super) fn peer_table(
             known.relay = seat.relay.clone();
             known.user = Some(seat.user.clone());
             known.groups = seat.groups.clone();
+            known.org = Some(roster.roster().org.clone());
             peers.push(known);
         }
     }
@@ -547,6 +589,7 @@ impl ControlHandler for Node {
             methods::NODE_ID => self.node_id_result(),
             methods::PEERS_ADD => self.peers_add(params)?,
             methods::PEERS_LIST => self.peers_list().await,
+            methods::SERVICES_LIST => self.services_list(params_of(params)?).await,
             methods::PEERS_RENAME => self.peers_rename(params)?,
             methods::PEERS_REMOVE => self.peers_remove(params)?,
             methods::GRANT => self.grant(params)?,

@@ -2,6 +2,13 @@
 //! dial) to each, and when. A background task keeps it fresh — peers that answered are checked
 //! now and then, peers that did not are retried every few seconds — so read-only verbs answer
 //! from it at once, and a dial to a peer that just failed fails at once too.
+//!
+//! The schedule is for peers added by hand or by pairing and for org members dialed in the last
+//! ten minutes. A peer with a connection open is not checked on it: the connection's keep-alives
+//! are the witness, and a silent one is gone within seconds. An org member not used lately is
+//! checked only when a read asks (at most every 30 s), so a node's background work does not grow
+//! with the size of its org: each check is a QUIC handshake, and a hundred members each
+//! checking every other would spend the machine on it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -37,6 +44,23 @@ pub(super) const FAIL_FAST: Duration = Duration::from_secs(5);
 const FIRST_CHECK_WAIT: Duration = Duration::from_millis(500);
 /// How often the checker looks for peers that are due.
 const TICK: Duration = Duration::from_secs(1);
+/// A peer dialed within this long is watched as one in use.
+const IN_USE: Duration = Duration::from_secs(600);
+/// A read asks for a peer not watched to be checked again when its last check is this old.
+const ON_DEMAND_UNWATCHED: Duration = Duration::from_secs(30);
+
+/// How closely the checker follows a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Watch {
+    /// On the schedule: a peer added by hand or by pairing, with no connection open.
+    Always,
+    /// A connection to it is open: its keep-alives are the witness (a silent one is gone in
+    /// seconds), so it is checked only when asked about.
+    Connected,
+    /// An org member with no connection open: on the schedule while dialed lately, otherwise
+    /// only when asked about.
+    WhenUsed,
+}
 
 /// The last thing known about one peer's reachability.
 #[derive(Debug, Clone)]
@@ -74,6 +98,8 @@ pub(super) struct Reachability {
     wake: tokio::sync::Notify,
     /// A read asked for fresher results than the schedule gives.
     asked: std::sync::atomic::AtomicBool,
+    /// When each peer was last dialed.
+    dialed: Mutex<HashMap<EndpointId, Instant>>,
 }
 
 impl Default for Reachability {
@@ -83,6 +109,7 @@ impl Default for Reachability {
             rounds: watch::Sender::new(0),
             wake: tokio::sync::Notify::new(),
             asked: Default::default(),
+            dialed: Default::default(),
         }
     }
 }
@@ -95,6 +122,10 @@ impl Reachability {
     /// Records what a dial found. A dial that worked keeps the last ping's RTT and route; one
     /// that failed had the whole dial timeout, so dials fail at once for a while.
     pub(super) fn record(&self, peer: EndpointId, reachable: bool) {
+        self.dialed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer, Instant::now());
         self.record_answer(peer, reachable, reachable, None);
         if !reachable && let Some(seen) = self.lock().get_mut(&peer) {
             seen.misses = seen.misses.max(MISSES_TO_FAIL_FAST);
@@ -177,7 +208,8 @@ impl Reachability {
         if !unknown() {
             return;
         }
-        self.poke();
+        // A read: peers not watched are checked for it too.
+        self.refresh();
         let mut rounds = self.rounds.subscribe();
         let _ = tokio::time::timeout(FIRST_CHECK_WAIT, async {
             while unknown() {
@@ -189,30 +221,58 @@ impl Reachability {
         .await;
     }
 
-    fn due(&self, peer: &EndpointId, asked: bool) -> bool {
+    fn due(&self, peer: &EndpointId, asked: bool, watch: Watch) -> bool {
+        let in_use = || {
+            self.dialed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(peer)
+                .is_some_and(|at| at.elapsed() < IN_USE)
+        };
+        let (scheduled, on_demand) = match watch {
+            Watch::Always => (true, ON_DEMAND),
+            Watch::Connected => (false, ON_DEMAND),
+            Watch::WhenUsed if in_use() => (true, ON_DEMAND),
+            Watch::WhenUsed => (false, ON_DEMAND_UNWATCHED),
+        };
+        let connected = watch == Watch::Connected;
         match self.get(peer) {
-            None => true,
-            Some(s) if s.unmeasured() => true,
-            Some(s) if asked => s.age() >= ON_DEMAND,
+            // A connected peer never checked, or last found down, is checked (on the schedule
+            // of a peer that is down): its connection says it is there.
+            None => scheduled || asked || connected,
+            Some(s) if s.unmeasured() => scheduled || asked,
+            Some(s) if asked => s.age() >= on_demand,
+            Some(s) if connected => !s.reachable && s.age() >= RECHECK_DOWN,
+            Some(_) if !scheduled => false,
             Some(s) if s.reachable => s.age() >= RECHECK_UP,
             Some(s) => s.age() >= RECHECK_DOWN,
         }
     }
 
-    /// Checks the peers `peers()` names whenever they are due, until `stop`.
+    /// Checks the peers `peers()` names, each watched as it says, whenever they are due,
+    /// until `stop`.
     pub(super) async fn keep_checking(
         &self,
         endpoint: Endpoint,
-        peers: impl Fn() -> Vec<EndpointId>,
+        peers: impl Fn() -> Vec<(EndpointId, Watch)>,
         stop: CancellationToken,
     ) {
         loop {
             let all = peers();
             let asked = self.asked.swap(false, std::sync::atomic::Ordering::Relaxed);
-            self.lock().retain(|id, _| all.contains(id));
+            self.lock()
+                .retain(|id, _| all.iter().any(|(peer, _)| peer == id));
+            self.dialed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|_, at| at.elapsed() < IN_USE);
             let mut pings = tokio::task::JoinSet::new();
             let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PINGS));
-            for id in all.into_iter().filter(|id| self.due(id, asked)) {
+            let due = all
+                .into_iter()
+                .filter(|(id, watch)| self.due(id, asked, *watch))
+                .map(|(id, _)| id);
+            for id in due {
                 let endpoint = endpoint.clone();
                 let limit = match self.get(&id) {
                     Some(s) if s.misses > 0 => CONFIRM_TIMEOUT,
@@ -272,6 +332,46 @@ mod tests {
         );
         reach.record_answer(id, false, false, None);
         assert!(reach.recently_down(&id).is_some(), "two misses in a row");
+    }
+
+    #[test]
+    fn an_org_member_not_in_use_is_checked_only_when_asked_and_then_seldom() {
+        let reach = Reachability::default();
+        let id = peer();
+        assert!(reach.due(&id, false, Watch::Always), "a first check");
+        assert!(!reach.due(&id, false, Watch::WhenUsed), "not until asked");
+        assert!(reach.due(&id, true, Watch::WhenUsed), "a read asks");
+        reach.record_answer(id, true, true, Some((Duration::from_millis(1), None)));
+        let aged = |by: Duration| {
+            if let Some(s) = reach.lock().get_mut(&id) {
+                s.at = Instant::now() - by;
+            }
+        };
+        aged(Duration::from_secs(10));
+        assert!(reach.due(&id, true, Watch::Always), "a read asks");
+        assert!(
+            !reach.due(&id, true, Watch::WhenUsed),
+            "a read asks again only after {ON_DEMAND_UNWATCHED:?}"
+        );
+        aged(RECHECK_UP.max(ON_DEMAND_UNWATCHED));
+        assert!(reach.due(&id, false, Watch::Always));
+        assert!(!reach.due(&id, false, Watch::WhenUsed), "no schedule");
+        assert!(reach.due(&id, true, Watch::WhenUsed));
+        // Dialed: watched like any other for a while; with a connection open, its keep-alives
+        // stand in for the checks.
+        reach.record(id, true);
+        if let Some(s) = reach.lock().get_mut(&id) {
+            s.at = Instant::now() - RECHECK_UP;
+        }
+        assert!(reach.due(&id, false, Watch::WhenUsed));
+        assert!(!reach.due(&id, false, Watch::Connected));
+        assert!(reach.due(&id, true, Watch::Connected), "unless asked");
+        // Last found down, but a connection is open: checked again.
+        reach.record_answer(id, false, false, None);
+        if let Some(s) = reach.lock().get_mut(&id) {
+            s.at = Instant::now() - RECHECK_DOWN;
+        }
+        assert!(reach.due(&id, false, Watch::Connected));
     }
 
     #[test]

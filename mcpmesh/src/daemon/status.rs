@@ -81,11 +81,14 @@ impl Node {
         if recheck {
             self.reach.refresh();
         }
+        // "You may use" is each peer's catalog for this node.
+        self.refresh_catalogs(super::catalog::DEFAULT_MAX_AGE, false)
+            .await;
         let peers: Vec<Value> = table
             .all()
             .iter()
             .map(|p| {
-                let identity = p.identity();
+                let held = p.principals();
                 let hex = p.id.to_string();
                 let record = stored.iter().find(|s| s.id == hex);
                 let seen = self.reach.get(&p.id);
@@ -93,9 +96,14 @@ impl Node {
                     "name": p.name,
                     "id": hex,
                     "addrs": p.addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "services": services.granted_to(&identity),
-                    "tools": services.tools_for(&identity),
-                    "mounts": record.map(|r| r.mounts.clone()).unwrap_or_default(),
+                    "services": services.granted_to(&held),
+                    "tools": services.tools_for(&held),
+                    // What the peer's catalog last said; before it was asked, what it granted
+                    // at pairing.
+                    "mounts": self
+                        .mountable_on(&p.id)
+                        .or_else(|| record.map(|r| r.mounts.clone()))
+                        .unwrap_or_default(),
                     "source": match p.source {
                         Source::Static => "config",
                         other => other.as_str(),
@@ -239,6 +247,8 @@ impl Node {
             "log": self.log_file.display().to_string(),
             "metrics": self.metrics_status(),
             "traces": self.traces_status(),
+            "pid": std::process::id(),
+            "config_loaded": self.config_file.loaded_digest(),
         })
     }
 

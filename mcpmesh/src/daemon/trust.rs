@@ -232,12 +232,50 @@ impl Node {
         Ok(json!({ "peer": r.name, "removed": true }))
     }
 
+    /// Whom a grant names: a peer of this node by name (or `peer:NAME`), whose key is what
+    /// is written, or any other principal, written as given. The peer is returned when the
+    /// principal is one of this node's peers.
+    fn grantee(
+        &self,
+        text: &str,
+    ) -> Result<(Principal, Option<crate::peers::KnownPeer>), ControlError> {
+        let principal: Principal = text.parse().map_err(|e| bad(format!("{e}")))?;
+        Ok(match principal {
+            Principal::Peer(name) => {
+                let peer = self.peer_by_name(&name)?;
+                (Principal::eid(&peer.id), Some(peer))
+            }
+            Principal::Eid(key) => {
+                let peer = EndpointId::from_bytes(&key)
+                    .ok()
+                    .and_then(|id| self.gate.snapshot().by_id(&id).cloned());
+                (Principal::Eid(key), peer)
+            }
+            other => (other, None),
+        })
+    }
+
+    /// Why an org principal granted here matches nobody yet, if it does not.
+    fn unmatched_org_principal(&self, principal: &Principal) -> Option<String> {
+        let org = self.roster().map(|v| v.roster().org.clone());
+        match (principal, org) {
+            (Principal::User(_) | Principal::Group(_) | Principal::Org(_), None) => Some(format!(
+                "{principal} matches nobody until this node joins an org (`mcpmesh join`)"
+            )),
+            (Principal::Org(name), Some(org)) if *name != org => Some(format!(
+                "{principal} matches nobody: this node's org is {org}"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Lets `principal` use a service; with `tools`, adds those to its own tool rule, placed
+    /// first.
     pub(super) fn grant(&self, params: Value) -> Result<Value, ControlError> {
         let g: Grant = params_of(params)?;
-        let peer = self.peer_by_name(&g.peer)?;
+        let (key, peer) = self.grantee(&g.peer)?;
         self.require_service(&g.service)?;
         let tools = g.tools.as_deref().map(tool_patterns).transpose()?;
-        let key = Principal::eid(&peer.id);
         // The first rule of a service narrows every admitted caller it does not name to no
         // tool: the answer says so, for the one who may not expect it.
         let first_rule = tools.is_some()
@@ -249,7 +287,7 @@ impl Node {
         self.edit(|doc| {
             config::add_allow(doc, &g.service, &key)?;
             match &tools {
-                Some(allow) => config::set_own_tools(doc, &g.service, &key, allow),
+                Some(allow) => config::grant_own_tools(doc, &g.service, &key, allow),
                 None => Ok(()),
             }
         })?;
@@ -261,29 +299,37 @@ impl Node {
         self.trust_event(action, Some(&g.peer), Some(&g.service));
         let mut answer = json!({
             "peer": g.peer,
+            "principal": key.to_string(),
             "service": g.service,
             "granted": true,
-            "tools": self.tool_access(&peer, &g.service),
+            "tools": self.tool_access(&key, peer.as_ref(), &g.service),
         });
+        let mut warnings = Vec::new();
+        warnings.extend(self.unmatched_org_principal(&key));
         if first_rule {
-            answer["warning"] = json!(format!(
-                "{} had no tool rules: now a caller no rule names may use none of its tools (give others theirs with `grant PEER {} --tools …`, or add a rule for them in config.toml)",
+            warnings.push(format!(
+                "{} had no tool rules: now a caller no rule names may use none of its tools (give others theirs with `grant PRINCIPAL {} --tools …`, or add a rule for them in config.toml)",
                 g.service, g.service
             ));
+        }
+        if !warnings.is_empty() {
+            answer["warning"] = json!(warnings.join("; "));
         }
         Ok(answer)
     }
 
-    /// Takes `peer`'s access to a service away; with `tools`, only those tools (a deny in
-    /// its own rule), and the grant stays.
+    /// Takes `principal`'s access to a service away; with `tools`, only those tools (a deny
+    /// in its own rule), and the grant stays.
     pub(super) fn revoke(&self, params: Value) -> Result<Value, ControlError> {
         let g: Grant = params_of(params)?;
-        let peer = self.peer_by_name(&g.peer)?;
+        let (key, peer) = self.grantee(&g.peer)?;
         self.require_service(&g.service)?;
-        let principals = [Principal::eid(&peer.id), Principal::peer(&g.peer)];
+        let mut principals = vec![key.clone()];
+        if let Some(peer) = &peer {
+            principals.push(Principal::peer(&peer.name));
+        }
         let ended = match g.tools.as_deref().map(tool_patterns).transpose()? {
             Some(deny) => {
-                let key = Principal::eid(&peer.id);
                 let ended =
                     self.edit(|doc| config::deny_own_tools(doc, &g.service, &key, &deny))?;
                 self.trust_event("revoke_tools", Some(&g.peer), Some(&g.service));
@@ -297,27 +343,40 @@ impl Node {
             }
         };
         // Access may remain through a user or group entry; say so rather than pretend.
-        let identity = peer.identity();
+        let held = match &peer {
+            Some(peer) => peer.principals(),
+            None => vec![key.clone()],
+        };
         let still = self
             .services
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&g.service)
-            .is_some_and(|e| is_allowed(&e.spec.allow, &identity));
+            .is_some_and(|e| is_allowed(&e.spec.allow, &held));
         Ok(json!({
             "peer": g.peer,
+            "principal": key.to_string(),
             "service": g.service,
             "granted": still,
             "sessions_ended": ended,
-            "tools": self.tool_access(&peer, &g.service),
+            "tools": self.tool_access(&key, peer.as_ref(), &g.service),
         }))
     }
 
-    /// The tools `peer` may use on `service` now (`null` when it may not open it).
-    fn tool_access(&self, peer: &crate::peers::KnownPeer, service: &str) -> Value {
-        let identity = peer.identity();
+    /// The tools `principal` may use on `service` now (`null` when it may not open it): for
+    /// a peer, with everything it holds here; otherwise as a caller named by it alone.
+    fn tool_access(
+        &self,
+        principal: &Principal,
+        peer: Option<&crate::peers::KnownPeer>,
+        service: &str,
+    ) -> Value {
+        let held = match peer {
+            Some(peer) => peer.principals(),
+            None => vec![principal.clone()],
+        };
         let table = self.services.read().unwrap_or_else(|p| p.into_inner());
-        json!(table.tools_for(&identity).get(service))
+        json!(table.tools_for(&held).get(service))
     }
 
     fn require_service(&self, name: &str) -> Result<(), ControlError> {
@@ -795,6 +854,8 @@ fn refusal(reply: PairReply) -> ControlError {
 
 #[derive(Deserialize)]
 struct Grant {
+    /// A peer name, or any principal (`peer:`, `eid:`, `user:`, `group:`, `org:`).
+    #[serde(alias = "principal")]
     peer: String,
     service: String,
     /// Tool names or globs: granted exactly (grant), or denied (revoke).

@@ -79,6 +79,11 @@ pub struct Collision {
     pub origins: Vec<Origin>,
 }
 
+/// What the full name of every item of `peer`'s `service` starts with.
+pub fn full_prefix(peer: &str, service: &str) -> String {
+    format!("{}{JOIN}{}{JOIN}", sanitize(peer), sanitize(service))
+}
+
 /// `text` with every character a client would refuse replaced by `_`; never empty.
 pub fn sanitize(text: &str) -> String {
     let clean: String = text

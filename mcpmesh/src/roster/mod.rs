@@ -11,6 +11,7 @@
 //! that order keys or print numbers differently agree on the bytes signed.
 
 pub mod invite;
+pub mod removal;
 pub mod root;
 pub mod sync;
 
@@ -19,6 +20,7 @@ use std::net::SocketAddr;
 
 use iroh::{EndpointId, PublicKey, SecretKey, Signature};
 use mcpmesh_net::session::valid_service_name;
+pub use removal::{Removal, RemovalNotice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -56,6 +58,10 @@ pub struct Roster {
     /// Endpoint ids (hex) refused everywhere this roster is held.
     #[serde(default)]
     pub revoked: Vec<String>,
+    /// The notices of the latest removals, one per revoked key that has one: what a removed
+    /// device is handed to learn of its removal (see [`removal`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removals: Vec<Removal>,
 }
 
 /// A user and their devices.
@@ -294,6 +300,25 @@ fn check_shape(r: &Roster) -> Result<(), RosterError> {
             return Err(invalid(format!("endpoint {} appears twice", short(eid))));
         }
     }
+    if r.removals.len() > removal::MAX_REMOVALS {
+        return Err(invalid("too many removal notices".into()));
+    }
+    let revoked: HashSet<EndpointId> = r.revoked.iter().filter_map(|e| parse_eid(e)).collect();
+    let mut noticed = HashSet::new();
+    for n in &r.removals {
+        let id = parse_eid(&n.eid).filter(|id| revoked.contains(id));
+        if id.is_none_or(|id| !noticed.insert(id))
+            || !valid_user(&n.user)
+            || !valid_device(&n.device)
+            || n.sig.len() != 128
+            || n.serial > r.serial
+        {
+            return Err(invalid(format!(
+                "the removal notice of {} does not match a revoked key",
+                short(&n.eid)
+            )));
+        }
+    }
     if let Some(both) = users.intersection(&groups).next() {
         return Err(invalid(format!("{both} is both a user and a group")));
     }
@@ -316,8 +341,8 @@ pub struct Seat {
     pub user: String,
     pub groups: Vec<String>,
     pub device: String,
-    /// The name this device is mounted by: the user id, or `USER.DEVICE` when the user has
-    /// several devices.
+    /// The name this device is mounted by: the user id for the user's oldest device (the
+    /// first listed), `USER.DEVICE` for the others.
     pub mount: String,
     pub id: EndpointId,
     pub addrs: Vec<SocketAddr>,
@@ -336,11 +361,13 @@ impl RosterView {
     pub fn new(signed: SignedRoster) -> Self {
         let mut seats = HashMap::new();
         for m in &signed.roster.members {
-            for d in &m.devices {
+            for (i, d) in m.devices.iter().enumerate() {
                 let Some(id) = parse_eid(&d.eid) else {
                     continue;
                 };
-                let mount = if m.devices.len() == 1 {
+                // Devices are listed in the order they joined: a second device never renames
+                // the first, and when the first leaves the next oldest takes the plain name.
+                let mount = if i == 0 {
                     m.user.clone()
                 } else {
                     format!("{}.{}", m.user, d.name)
@@ -386,6 +413,17 @@ impl RosterView {
 
     pub fn seat(&self, id: &EndpointId) -> Option<&Seat> {
         self.seats.get(id)
+    }
+
+    /// The removal notice this roster carries for the revoked key `id`, if any.
+    pub fn removal(&self, id: &EndpointId) -> Option<&Removal> {
+        if !self.is_revoked(id) {
+            return None;
+        }
+        self.roster()
+            .removals
+            .iter()
+            .find(|r| parse_eid(&r.eid).as_ref() == Some(id))
     }
 
     /// Every device, in roster order.

@@ -46,6 +46,7 @@ fn roster(root: &SecretKey, serial: u64) -> Roster {
             },
         ],
         revoked: vec![eid()],
+        removals: vec![],
     }
 }
 
@@ -219,4 +220,63 @@ fn the_root_export_round_trips_and_refuses_to_overwrite() {
     let body: root::RootExport =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert!(!format!("{body:?}").contains(&body.secret));
+}
+
+#[test]
+fn the_oldest_device_keeps_the_plain_mount_and_the_next_takes_it_when_it_leaves() {
+    let root = SecretKey::generate();
+    let r = roster(&root, 2);
+    let desk = parse_eid(&r.members[1].devices[0].eid).unwrap();
+    let phone = parse_eid(&r.members[1].devices[1].eid).unwrap();
+    let view = RosterView::new(SignedRoster::sign(r.clone(), &root).unwrap());
+    assert_eq!(view.seat(&desk).unwrap().mount, "bob");
+    assert_eq!(view.seat(&phone).unwrap().mount, "bob.phone");
+
+    let mut next = successor(&r, NOW, DEFAULT_VALIDITY_SECS);
+    let gone = next.members[1].devices.remove(0);
+    next.revoked.push(gone.eid);
+    let view = RosterView::new(SignedRoster::sign(next, &root).unwrap());
+    assert_eq!(view.seat(&phone).unwrap().mount, "bob");
+}
+
+#[test]
+fn a_removal_notice_must_name_a_revoked_key_once() {
+    let root = SecretKey::generate();
+    let mut r = roster(&root, 3);
+    let revoked = r.revoked[0].clone();
+    let notice = Removal::sign("acme", &root, &revoked, "carol", "pc", 3).unwrap();
+    r.removals = vec![notice.clone()];
+    let view = RosterView::new(
+        SignedRoster::accept(&signed(r.clone(), &root), &root.public(), 1, NOW).unwrap(),
+    );
+    let id = parse_eid(&revoked).unwrap();
+    assert_eq!(view.removal(&id), Some(&notice));
+    let member = parse_eid(&r.members[0].devices[0].eid).unwrap();
+    assert_eq!(view.removal(&member), None);
+
+    let twice = Roster {
+        removals: vec![notice.clone(), notice.clone()],
+        ..r.clone()
+    };
+    let of_a_member = Roster {
+        removals: vec![Removal {
+            eid: r.members[0].devices[0].eid.clone(),
+            ..notice.clone()
+        }],
+        ..r.clone()
+    };
+    let from_the_future = Roster {
+        removals: vec![Removal {
+            serial: 4,
+            ..notice.clone()
+        }],
+        ..r
+    };
+    for bad in [twice, of_a_member, from_the_future] {
+        let refused = SignedRoster::accept(&signed(bad, &root), &root.public(), 1, NOW);
+        assert!(
+            matches!(refused, Err(RosterError::Invalid(_))),
+            "{refused:?}"
+        );
+    }
 }

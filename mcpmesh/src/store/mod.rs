@@ -30,7 +30,7 @@ const PAIRINGS_KEPT: usize = 32;
 #[error("the node's store: {0}")]
 pub struct StoreError(String);
 
-pub use org::{JoinStep, OrgRecord, PendingJoin, RosterSource, StoredJoinInvite};
+pub use org::{JoinStep, OrgRecord, PendingJoin, Removed, RosterSource, StoredJoinInvite};
 
 fn err(e: impl std::fmt::Display) -> StoreError {
     StoreError(e.to_string())

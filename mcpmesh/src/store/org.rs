@@ -39,6 +39,26 @@ pub struct OrgRecord {
     /// Member devices to fetch the roster from when the copy held cannot be read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<RosterSource>,
+    /// Set when a roster (or its removal notice) revoked this device: the node holds no
+    /// roster then, and keeps this for the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<Removed>,
+}
+
+/// How this device learned it was removed from its org.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removed {
+    /// The serial of the roster that removed it.
+    pub serial: u64,
+    pub user: String,
+    pub device: String,
+    /// When the node learned it (unix ms).
+    pub at: u64,
+    /// Who told it (a member's name or `eid:…`).
+    pub from: String,
+    /// The signed removal notice, as received (JSON), when one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
 }
 
 /// A member device the roster can be fetched from.

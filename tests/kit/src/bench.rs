@@ -92,3 +92,32 @@ pub fn status_kib(pid: u32, key: &str) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The unit of utime/stime in /proc/PID/stat: USER_HZ, which Linux fixes at 100.
+pub fn clock_ticks_per_sec() -> f64 {
+    100.0
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks_of(pid: u32) -> u64 {
+    ticks_in(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime in a `/proc/…/stat` file, in clock ticks.
+pub fn ticks_in(path: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state(0) … utime(11) stime(12).
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use iroh::endpoint::{Connection, VarInt};
 use iroh::protocol::{AcceptError, ProtocolHandler};
 use iroh::{EndpointAddr, EndpointId, RelayUrl};
-use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 use mcpmesh_net::transport::NdjsonTransport;
 use serde::Deserialize;
@@ -107,10 +106,19 @@ impl Node {
             ));
         }
         check_device(j.device.as_deref())?;
+        self.dialer
+            .add_address_hint(hint(admin, &invite.addrs, invite.relay.as_deref()));
         if let Some(existing) = self.store.org().map_err(store_err)? {
             let same = existing.root.eq_ignore_ascii_case(&invite.root);
-            let member = self.roster().is_some_and(|v| v.seat(&me).is_some());
-            if !same {
+            let mut member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+            if same && member {
+                // A device removed while it was away still holds the roster naming it: the
+                // admin's node says whether it is a member before it is told it is one.
+                self.sync_with(admin).await;
+                member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+            }
+            // A removed device is in no org: it may join this one again, or another.
+            if !same && existing.removed.is_none() {
                 return Err(ControlError::new(
                     codes::CONFLICT,
                     format!(
@@ -126,8 +134,6 @@ impl Node {
                 ));
             }
         }
-        self.dialer
-            .add_address_hint(hint(admin, &invite.addrs, invite.relay.as_deref()));
         let hello = JoinHello {
             join: 1,
             invite: invite.iid.clone(),
@@ -166,7 +172,13 @@ impl Node {
         // tell from the admin's node whether the join happened (see `confirm_pending_join`).
         {
             let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-            let held = self.store.org().map_err(store_err)?;
+            // A removal from another org is forgotten; one from this org is kept until the
+            // join completes.
+            let held = self
+                .store
+                .org()
+                .map_err(store_err)?
+                .filter(|h| h.root.eq_ignore_ascii_case(&invite.root));
             self.store
                 .put_org(&OrgRecord {
                     org: invite.org.clone(),
@@ -196,7 +208,7 @@ impl Node {
             })) => text,
             Ok(Ok(refused)) => {
                 let _ = self.store.org().map(|held| match held {
-                    Some(h) if h.roster.is_some() => {
+                    Some(h) if h.roster.is_some() || h.removed.is_some() => {
                         self.store.put_org(&OrgRecord { pending: None, ..h })
                     }
                     _ => self.store.remove_org(),
@@ -211,7 +223,7 @@ impl Node {
             }
         };
         let admin_name = format!("eid:{}", admin.fmt_short());
-        self.install_roster(roster_text.as_bytes(), &admin_name)
+        self.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
             .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
         let view = self.held_roster()?;
         let seat = view.seat(&me).ok_or_else(|| {
@@ -236,7 +248,7 @@ impl Node {
     /// Nothing is stored but a failed attempt. Blocking (store transactions).
     pub(super) fn check_join(&self, joiner: EndpointId, hello: &JoinHello) -> JoinReply {
         if self.gate.is_revoked(&joiner) {
-            return JoinReply::refused("this device was removed from the org");
+            return JoinReply::refused(self.revoked_join(&joiner));
         }
         let me = self.endpoint.id();
         let checked =
@@ -264,6 +276,24 @@ impl Node {
         };
         self.update_alpns();
         reply
+    }
+
+    /// Why a revoked key may not join, and what to do instead.
+    fn revoked_join(&self, joiner: &EndpointId) -> String {
+        let view = self.roster();
+        let org = view
+            .as_ref()
+            .map(|v| v.roster().org.clone())
+            .unwrap_or_default();
+        match view.as_ref().and_then(|v| v.removal(joiner)) {
+            Some(r) => format!(
+                "this device was removed from org {org} (serial {}) and its key stays refused; to readmit it the admin runs `mcpmesh org invite {} --device {} --readmit` and you join with that line; otherwise join from a profile with a new key",
+                r.serial, r.user, r.device
+            ),
+            None => format!(
+                "this device was removed from org {org} and its key stays refused; join from a profile with a new key"
+            ),
+        }
     }
 
     /// On the admin's node, on the joiner's commit: the used invite and the roster naming
@@ -296,6 +326,8 @@ impl Node {
                     let mut next = roster::successor(view.roster(), now, DEFAULT_VALIDITY_SECS);
                     next.revoked
                         .retain(|r| roster::parse_eid(r) != Some(joiner));
+                    next.removals
+                        .retain(|r| roster::parse_eid(&r.eid) != Some(joiner));
                     let wanted = device_name(invite.device.as_deref().or(hello.device.as_deref()));
                     let device = |member: &Member| Device {
                         name: free_device_name(member, &wanted),
@@ -359,6 +391,7 @@ impl Node {
                 self.refresh();
                 self.trust_event("org_join", Some(&user), None);
                 tracing::info!(user = %user, device = %joiner.fmt_short(), "a device joined the org");
+                self.spread_roster(signed.roster.serial, None);
                 self.push_all();
                 JoinReply {
                     ok: true,
@@ -398,7 +431,7 @@ fn join_refusal(reply: JoinReply) -> ControlError {
 
 /// The `mcpmesh/join/1` handler, on the admin's node. Open to unknown keys by design: the
 /// invite secret is the credential, with an attempt budget per invite. Revoked keys are
-/// turned away.
+/// refused at the hello.
 #[derive(Debug)]
 pub(in crate::daemon) struct JoinProtocol {
     node: Arc<Node>,
@@ -417,10 +450,8 @@ impl JoinProtocol {
 impl ProtocolHandler for JoinProtocol {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
         let joiner = conn.remote_id();
-        if self.node.gate.is_revoked(&joiner) {
-            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
-            return Ok(());
-        }
+        // A revoked key is answered too, within the same slots: its hello is refused with
+        // what its owner can do (readmission or a new key), and it burns no invite.
         let Ok(_slot) = self.slots.clone().try_acquire_owned() else {
             conn.close(VarInt::from_u32(503), b"busy");
             return Ok(());

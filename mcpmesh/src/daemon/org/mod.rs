@@ -1,8 +1,10 @@
 //! The org verbs: creating an org, inviting, listing, removing and regrouping members (each
 //! change signed as the next serial on the admin's node), the org's status, and moving the
-//! root key. Joining is in `join`, the roster's distribution in `sync`.
+//! root key. Joining is in `join`, the roster's distribution in `sync`, how a removed
+//! device learns of it and leaves in `removal`.
 
 mod join;
+mod removal;
 mod sync;
 
 pub(super) use join::JoinProtocol;
@@ -21,11 +23,12 @@ use crate::control::{ControlError, codes};
 use crate::keys;
 use crate::pairing;
 use crate::roster::invite::JoinInvite;
+use crate::roster::removal::MAX_REMOVALS;
 use crate::roster::{
-    self, DEFAULT_VALIDITY_SECS, Device, Member, Roster, RosterView, SignedRoster, valid_device,
-    valid_user,
+    self, DEFAULT_VALIDITY_SECS, Device, Member, Removal, Roster, RosterView, SignedRoster,
+    valid_device, valid_user,
 };
-use crate::store::{OrgRecord, StoredJoinInvite};
+use crate::store::{OrgRecord, Removed, StoredJoinInvite};
 use crate::time::unix_ms;
 
 use super::node::{Node, params_of};
@@ -43,17 +46,43 @@ fn store_err(e: crate::store::StoreError) -> ControlError {
     ControlError::new(codes::NODE_UNAVAILABLE, e.to_string())
 }
 
-/// Why the node holds no roster: it is in no org, or the copy it stored is damaged.
-fn no_roster(damage: Option<String>) -> ControlError {
-    match damage {
-        Some(damage) => ControlError::new(
+/// Why the node holds no roster: it is in no org, was removed from one, or the copy it
+/// stored is damaged.
+fn no_roster(damage: Option<String>, removed: Option<(String, Removed)>) -> ControlError {
+    match (damage, removed) {
+        (Some(damage), _) => ControlError::new(
             codes::NODE_UNAVAILABLE,
             format!(
                 "{damage}; the node is fetching it again from the org's members (keep one of them online)"
             ),
         ),
-        None => not_in_org(),
+        (None, Some((org, removed))) => ControlError::new(
+            codes::NOT_FOUND,
+            format!(
+                "this device was removed from org {org} (serial {}); {}",
+                removed.serial,
+                rejoin_hint(&removed)
+            ),
+        ),
+        (None, None) => not_in_org(),
     }
+}
+
+/// What a removed device can do: ask the admin to readmit its key, or join with a new one.
+pub(super) fn rejoin_hint(removed: &Removed) -> String {
+    let device = if removed.device.is_empty() {
+        "NAME"
+    } else {
+        &removed.device
+    };
+    let user = if removed.user.is_empty() {
+        "USER"
+    } else {
+        &removed.user
+    };
+    format!(
+        "to come back with this key the admin runs `mcpmesh org invite {user} --device {device} --readmit` and you join with that line; otherwise join from a profile with a new key"
+    )
 }
 
 fn not_in_org() -> ControlError {
@@ -169,7 +198,10 @@ impl Node {
                 .unwrap_or_else(|| "admin".to_owned()),
         };
         check_user(&user)?;
-        if let Some(existing) = self.store.org().map_err(store_err)? {
+        // A device removed from its org is in none: it may start one.
+        if let Some(existing) = self.store.org().map_err(store_err)?
+            && existing.removed.is_none()
+        {
             return Err(ControlError::new(
                 codes::CONFLICT,
                 format!("this node is in the org {} already", existing.org),
@@ -206,6 +238,7 @@ impl Node {
                 }],
             }],
             revoked: Vec::new(),
+            removals: Vec::new(),
         };
         let signed = SignedRoster::sign(first, &key)
             .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
@@ -238,12 +271,21 @@ impl Node {
             device: Option<String>,
             #[serde(default)]
             ttl_secs: Option<u64>,
+            #[serde(default)]
+            readmit: bool,
         }
         let m: Mint = params_of(params)?;
         check_user(&m.user)?;
         check_groups(&m.groups)?;
         check_device(m.device.as_deref())?;
-        let (_key, view) = self.require_admin()?;
+        let (_key, mut view) = self.require_admin()?;
+        if m.readmit {
+            let device = m
+                .device
+                .as_deref()
+                .ok_or_else(|| bad("--readmit needs the removed device: --device NAME"))?;
+            view = self.readmit(&m.user, device)?;
+        }
         let r = view.roster();
         let existing = r.members.iter().find(|x| x.user == m.user);
         let groups = match existing {
@@ -323,9 +365,40 @@ impl Node {
         }))
     }
 
+    /// Clears the removed `user`'s device `device` from the revoked keys, as the next serial:
+    /// that key may join again.
+    fn readmit(&self, user: &str, device: &str) -> Result<Arc<RosterView>, ControlError> {
+        let view = self.publish(|next| {
+            let at = next
+                .removals
+                .iter()
+                .position(|r| r.user == user && r.device == device)
+                .ok_or_else(|| {
+                    ControlError::new(
+                        codes::NOT_FOUND,
+                        format!(
+                            "{user} has no removed device named {device:?} (see the revoked keys in `mcpmesh org members`)"
+                        ),
+                    )
+                })?;
+            let eid = next.removals.remove(at).eid;
+            next.revoked.retain(|r| *r != eid);
+            Ok(())
+        })?;
+        tracing::info!(user, device, "readmitted a removed device's key");
+        Ok(view)
+    }
+
     pub(super) fn org_members(&self) -> Result<Value, ControlError> {
         let view = self.held_roster()?;
         let r = view.roster();
+        let removed: Vec<Value> = r
+            .removals
+            .iter()
+            .map(
+                |n| json!({ "user": n.user, "device": n.device, "eid": n.eid, "serial": n.serial }),
+            )
+            .collect();
         let members: Vec<Value> = r
             .members
             .iter()
@@ -349,6 +422,7 @@ impl Node {
             "expires_at": r.expires_at,
             "members": members,
             "revoked": r.revoked,
+            "removed": removed,
         }))
     }
 
@@ -362,6 +436,7 @@ impl Node {
         let r: Remove = params_of(params)?;
         let me = self.endpoint.id().to_string();
         let mut revoked = Vec::new();
+        let key = self.root_key();
         let view = self.publish(|next| {
             let at = next
                 .members
@@ -393,13 +468,30 @@ impl Node {
                     "this is the admin's own device; move the root first (org export-root / import-root)",
                 ));
             }
+            let user = member.user.clone();
             if member.devices.is_empty() {
                 next.members.remove(at);
+            }
+            // Each removed device gets the root's word of it, which members hand it alone.
+            if let Some(key) = &key {
+                for d in &gone {
+                    let notice = Removal::sign(&next.org, key, &d.eid, &user, &d.name, next.serial)
+                        .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
+                    next.removals.push(notice);
+                }
+                let over = next.removals.len().saturating_sub(MAX_REMOVALS);
+                next.removals.drain(..over);
             }
             revoked = gone.into_iter().map(|d| d.eid).collect();
             next.revoked.extend(revoked.iter().cloned());
             Ok(())
         })?;
+        self.tell_removed_soon(
+            revoked
+                .iter()
+                .filter_map(|e| roster::parse_eid(e))
+                .collect(),
+        );
         self.trust_event("org_remove", Some(&r.user), None);
         Ok(json!({ "serial": view.roster().serial, "user": r.user, "revoked": revoked }))
     }
@@ -491,6 +583,24 @@ impl Node {
                     "damaged": damage,
                     "admin": self.root_key().is_some(),
                 }),
+                (
+                    None,
+                    Some(OrgRecord {
+                        org,
+                        removed: Some(removed),
+                        ..
+                    }),
+                ) => json!({
+                    "name": org,
+                    "removed": {
+                        "serial": removed.serial,
+                        "user": removed.user,
+                        "device": removed.device,
+                        "at": removed.at / 1000,
+                        "hint": rejoin_hint(&removed),
+                    },
+                    "admin": false,
+                }),
                 _ => Value::Null,
             };
         };
@@ -578,6 +688,8 @@ impl Node {
         let addrs = self.direct_addrs();
         let view = self.publish(|next| {
             next.revoked.retain(|r| roster::parse_eid(r) != Some(me));
+            next.removals
+                .retain(|r| roster::parse_eid(&r.eid) != Some(me));
             if !member {
                 let name = user.clone().or(nickname.clone()).filter(|u| valid_user(u));
                 let name = name.unwrap_or_else(|| "admin".to_owned());

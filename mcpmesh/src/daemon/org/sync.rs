@@ -3,6 +3,7 @@
 //! `mcpmesh/roster/1`, the periodic pull, and re-signing before expiry.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -19,16 +20,28 @@ use crate::audit::AuditEvent;
 use crate::control::{ControlError, codes};
 use crate::roster::sync::{ALPN_ROSTER, EXCHANGE_TIMEOUT, MAX_MESSAGE, Offer};
 use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView, SignedRoster};
-use crate::store::{OrgRecord, RosterSource};
+use crate::store::{OrgRecord, Removed, RosterSource};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Wire, next_message};
 use super::super::node::Node;
 use super::join::hint;
+use super::removal::{Told, tell_removed};
 use super::{not_in_org, now_secs};
 
 /// Members a roster is pushed to (or pulled from) at once.
 pub(super) const SYNC_FANOUT: usize = 16;
+
+/// What installing a roster did.
+#[derive(Debug)]
+pub(in crate::daemon) enum Installed {
+    /// The roster held already.
+    Unchanged,
+    /// Now held.
+    Held(Arc<RosterView>),
+    /// It revoked this device: the node left the org.
+    Removed(Removed),
+}
 
 impl Node {
     /// The roster this node holds.
@@ -38,8 +51,15 @@ impl Node {
 
     /// The roster this node holds, or why it holds none.
     pub(in crate::daemon) fn held_roster(&self) -> Result<Arc<RosterView>, ControlError> {
-        self.roster()
-            .ok_or_else(|| super::no_roster(self.roster_damage()))
+        self.roster().ok_or_else(|| {
+            let removed = self
+                .store
+                .org()
+                .ok()
+                .flatten()
+                .and_then(|r| Some((r.org, r.removed?)));
+            super::no_roster(self.roster_damage(), removed)
+        })
     }
 
     /// Why the stored roster could not be loaded, while no good one has replaced it.
@@ -128,18 +148,19 @@ impl Node {
 
     /// [`Node::install_roster`] for a roster `peer` sent: its refusals are recorded by sender,
     /// so that a peer sending bad rosters over and over cannot flood the audit log.
-    fn install_roster_by(
+    pub(super) fn install_roster_by(
         &self,
         bytes: &[u8],
         from: &str,
         peer: Option<EndpointId>,
     ) -> Result<bool, RosterError> {
+        let before = self.roster();
         let installed = {
             let _one_at_a_time = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.install_locked(bytes, from)
         };
         match &installed {
-            Ok(Some(view)) => {
+            Ok(Installed::Held(view)) => {
                 let r = view.roster();
                 tracing::info!(org = %r.org, serial = r.serial, from, "roster installed");
                 self.audit.record(AuditEvent::RosterInstalled {
@@ -147,10 +168,17 @@ impl Node {
                     serial: r.serial,
                     from: from.to_owned(),
                 });
+                if let Some(before) = &before {
+                    self.audit_readmissions(before, view);
+                }
                 // Peers revoked or dropped lose their connections and sessions here.
                 self.refresh();
+                // The org hears of it: at once from the node that signed it, and from a few of
+                // the members that installed it.
+                self.spread_roster(r.serial, peer);
             }
-            Ok(None) => {}
+            Ok(Installed::Removed(removed)) => self.removed_now(removed),
+            Ok(Installed::Unchanged) => {}
             Err(e) => {
                 tracing::warn!(from, "refused a roster: {e}");
                 match peer {
@@ -170,14 +198,14 @@ impl Node {
                 }
             }
         }
-        installed.map(|v| v.is_some())
+        installed.map(|v| !matches!(v, Installed::Unchanged))
     }
 
     pub(super) fn install_locked(
         &self,
         bytes: &[u8],
         from: &str,
-    ) -> Result<Option<Arc<RosterView>>, RosterError> {
+    ) -> Result<Installed, RosterError> {
         let record = self
             .store
             .org()
@@ -197,7 +225,7 @@ impl Node {
             // The same roster again (a push and a pull crossing): nothing to do.
             Err(RosterError::Stale { serial, held: h }) if serial == h => {
                 if held.is_some_and(|v| v.signed.text.as_bytes() == bytes) {
-                    return Ok(None);
+                    return Ok(Installed::Unchanged);
                 }
                 return Err(RosterError::Stale { serial, held: h });
             }
@@ -205,6 +233,25 @@ impl Node {
         };
         let me = self.endpoint.id();
         let view = Arc::new(RosterView::new(signed));
+        // A node holding the root key is never put out: it signs its own way back in.
+        let admin = self.root_key().is_some();
+        if view.is_revoked(&me) && !admin {
+            let removed = self.removal_of(&view, held.as_deref(), &record, from);
+            self.leave_org(record, removed.clone())
+                .map_err(|e| RosterError::Invalid(format!("could not store it: {e}")))?;
+            return Ok(Installed::Removed(removed));
+        }
+        // A removed device trusts the org's members again only once a roster names it.
+        if record.removed.is_some()
+            && record.pending.is_none()
+            && view.seat(&me).is_none()
+            && !admin
+        {
+            return Err(RosterError::Invalid(
+                "this device was removed from the org; it takes a roster again when it joins"
+                    .into(),
+            ));
+        }
         let pending = record
             .pending
             .filter(|_| view.seat(&me).is_none() && !view.is_revoked(&me));
@@ -224,13 +271,15 @@ impl Node {
             pending,
             serial: view.roster().serial,
             sources: RosterSource::few(sources),
+            // Named again (a readmission, a new join): no longer removed.
+            removed: record.removed.filter(|_| view.seat(&me).is_none()),
         };
         self.store
             .put_org(&updated)
             .map_err(|e| RosterError::Invalid(format!("could not store it: {e}")))?;
         self.hold(view.clone());
         tracing::debug!(from, "roster stored");
-        Ok(Some(view))
+        Ok(Installed::Held(view))
     }
 
     /// [`Node::install_roster`] on the blocking pool: it syncs the store to disk, and the
@@ -274,11 +323,60 @@ impl Node {
         Ok(view)
     }
 
-    /// Offers the held roster to every member device at once (those behind take it).
+    /// Joins the org's gossip through `from` (the device it came from, when not this node's
+    /// own) and tells the org of roster `serial`: at once when this node made or imported it,
+    /// else as one of the few members that re-announce it.
+    pub(super) fn spread_roster(&self, serial: u64, from: Option<EndpointId>) {
+        let Some(weak) = self.this.get().cloned() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let Some(node) = weak.upgrade() else { return };
+            node.gossip_follow_roster(from).await;
+            if from.is_none() {
+                node.announce_roster(serial).await;
+                return;
+            }
+            // The wait holds no reference: a node stopping meanwhile is not kept alive.
+            drop(node);
+            tokio::time::sleep(super::super::gossip::reannounce_delay()).await;
+            if let Some(node) = weak.upgrade() {
+                node.reannounce_roster(serial).await;
+            }
+        });
+    }
+
+    /// Offers the held roster to every member device (those behind take it), when the org's
+    /// gossip cannot tell them: the node has no neighbor on its topic. One round at a time;
+    /// a call during a round asks for one more after it, with the roster held then.
     pub(in crate::daemon) fn push_all(&self) {
-        if let Some(node) = self.arc() {
-            tokio::spawn(async move { node.sync_all().await });
+        if self.gossip_has_neighbors() {
+            return;
         }
+        if self.gossip.pushes.running.swap(true, Ordering::AcqRel) {
+            self.gossip.pushes.again.store(true, Ordering::Release);
+            return;
+        }
+        let Some(node) = self.arc() else {
+            self.gossip.pushes.running.store(false, Ordering::Release);
+            return;
+        };
+        tokio::spawn(async move {
+            loop {
+                node.gossip.pushes.again.store(false, Ordering::Release);
+                node.sync_all().await;
+                if node.gossip.pushes.again.load(Ordering::Acquire) {
+                    continue;
+                }
+                node.gossip.pushes.running.store(false, Ordering::Release);
+                // A call between the check and the release would be lost without this.
+                if !node.gossip.pushes.again.load(Ordering::Acquire)
+                    || node.gossip.pushes.running.swap(true, Ordering::AcqRel)
+                {
+                    return;
+                }
+            }
+        });
     }
 
     /// Whether `peer` is the admin's node of a join this node has pending.
@@ -349,6 +447,7 @@ impl Node {
             root: Some(record.root.clone()),
             serial: mine.as_ref().map_or(0, |v| v.roster().serial),
             roster: None,
+            removed: None,
         };
         let exchange = async {
             let conn = self.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
@@ -366,15 +465,19 @@ impl Node {
                 self.foreign_root(peer, root);
             }
             if same_org {
-                if let Some(text) = &theirs.roster {
+                if let Some(notice) = theirs.removed.clone() {
+                    self.take_notice_off_runtime(notice, peer).await;
+                } else if let Some(text) = &theirs.roster {
                     self.install_off_runtime(text.clone(), peer).await;
-                } else if let Some(view) =
-                    mine.as_ref().filter(|v| v.roster().serial > theirs.serial)
-                {
+                } else if let Some(view) = mine.as_ref().filter(|v| {
+                    v.roster().serial > theirs.serial
+                        && v.seat(&peer).is_some_and(|_| !v.is_revoked(&peer))
+                }) {
                     let push = Offer {
                         root: None,
                         serial: view.roster().serial,
                         roster: Some(view.signed.text.clone()),
+                        removed: None,
                     };
                     wire.send_value(serde_json::to_value(&push).ok()?)
                         .await
@@ -408,8 +511,17 @@ impl Node {
         let Some(theirs) = next_offer(wire).await else {
             return;
         };
+        if let Some(notice) = theirs.removed {
+            self.take_notice_off_runtime(notice, peer).await;
+            return;
+        }
         let record = self.store.org().ok().flatten();
         let mine = self.roster();
+        // The roster goes to its members only: a key trusted by pairing alone learns the
+        // org's root and serial, never who is in it.
+        let member = mine
+            .as_ref()
+            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
         let same_org = match (&record, &theirs.root) {
             (Some(r), Some(root)) => root.eq_ignore_ascii_case(&r.root),
             _ => false,
@@ -423,8 +535,9 @@ impl Node {
             serial: my_serial,
             roster: mine
                 .as_ref()
-                .filter(|_| same_org && my_serial > theirs.serial)
+                .filter(|_| same_org && member && my_serial > theirs.serial)
                 .map(|v| v.signed.text.clone()),
+            removed: None,
         };
         let Ok(value) = serde_json::to_value(&answer) else {
             return;
@@ -474,11 +587,17 @@ async fn next_offer(wire: &mut Wire) -> Option<Offer> {
 pub(in crate::daemon) struct RosterProtocol<G> {
     node: Arc<Node>,
     gate: Arc<G>,
+    /// Revoked keys handed their removal notice lately.
+    told: Told,
 }
 
 impl<G> RosterProtocol<G> {
     pub(in crate::daemon) fn new(node: Arc<Node>, gate: Arc<G>) -> Self {
-        RosterProtocol { node, gate }
+        RosterProtocol {
+            node,
+            gate,
+            told: Told::default(),
+        }
     }
 }
 
@@ -494,8 +613,16 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
             .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer))
             || self.node.is_pending_admin(&peer);
         if !member && self.gate.resolve(&peer).is_none() {
-            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             self.gate.refused(&peer);
+            // A key the roster revoked learns that, and only that, now and then.
+            let notice = self
+                .node
+                .notice_for(&peer)
+                .filter(|_| self.told.may_tell(peer));
+            match notice {
+                Some(notice) => tell_removed(conn, notice).await,
+                None => conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer"),
+            }
             return Ok(());
         }
         let Ok(Ok((send, recv))) = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.accept_bi()).await

@@ -37,10 +37,9 @@ impl Hub {
         let missing: Vec<Target> = {
             let cache = lock(&self.cache);
             let reach = lock(&self.reach);
-            self.targets
-                .iter()
+            self.targets()
+                .into_iter()
                 .filter(|t| cache.get(t).is_none() && reach.get(&t.peer) != Some(&false))
-                .cloned()
                 .collect()
         };
         for target in missing {
@@ -91,10 +90,9 @@ impl Hub {
         let now = cache::now_ms();
         let stale: Vec<Target> = {
             let cache = lock(&self.cache);
-            self.targets
-                .iter()
+            self.targets()
+                .into_iter()
                 .filter(|t| cache.get(t).is_some_and(|l| !l.is_fresh(now)))
-                .cloned()
                 .collect()
         };
         for target in stale {
@@ -171,7 +169,7 @@ impl Hub {
         .await;
     }
 
-    async fn announce_lists(&self) {
+    pub(super) async fn announce_lists(&self) {
         if !self.listed.load(Ordering::SeqCst) {
             return;
         }

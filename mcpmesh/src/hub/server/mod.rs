@@ -40,6 +40,9 @@ use super::{HubConfig, HubError, Target};
 
 /// How often the node is asked which peers are reachable.
 const REACH_EVERY: Duration = Duration::from_secs(3);
+/// Following the catalog, how old the node's answers from peers may be: a service that
+/// appears or goes shows in the lists within about this plus [`REACH_EVERY`].
+const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
 /// After the client's input ends, how long answers still on their way may take.
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
@@ -52,7 +55,13 @@ const MODERN: &str = "2026-07-28";
 pub(super) struct Hub {
     config: HubConfig,
     node: NodeAccess,
-    targets: Vec<Target>,
+    /// The services presented: those named on the command line, or the node's catalog.
+    targets: StdMutex<Vec<Target>>,
+    /// Whether `targets` follows the node's catalog (no services named).
+    follow: bool,
+    /// With `follow`: the tool count the catalog last gave each service, to notice a
+    /// service whose tools changed while the hub had no session to it.
+    tool_counts: StdMutex<HashMap<Target, Option<u64>>>,
     out: mpsc::Sender<Vec<u8>>,
     inbound: mpsc::Sender<Inbound>,
     pool: Pool,
@@ -94,10 +103,15 @@ where
         .call(crate::control::methods::PEERS_LIST, json!({}))
         .await
         .map_err(|e| HubError::Node(e.to_string()))?;
-    let targets = if config.targets.is_empty() {
-        mountable(&peers)
+    let follow = config.targets.is_empty();
+    let (targets, tool_counts) = if follow {
+        let catalog = node
+            .call(crate::control::methods::SERVICES_LIST, json!({}))
+            .await
+            .map_err(|e| HubError::Node(e.to_string()))?;
+        catalog_targets(&catalog)
     } else {
-        config.targets.clone()
+        (config.targets.clone(), HashMap::new())
     };
     let cache = Cache::load(Cache::path_in(&config.profile.state_dir));
     let (out, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
@@ -105,7 +119,9 @@ where
     let hub = Arc::new(Hub {
         pool: Pool::new(config.idle),
         node,
-        targets,
+        targets: StdMutex::new(targets),
+        follow,
+        tool_counts: StdMutex::new(tool_counts),
         out,
         inbound,
         cache: StdMutex::new(cache),
@@ -161,23 +177,23 @@ where
     Ok(())
 }
 
-/// Every `peer/service` the node may mount, from its `peers.list` answer.
-fn mountable(peers: &Value) -> Vec<Target> {
-    let mut out = Vec::new();
-    for p in peers["peers"].as_array().into_iter().flatten() {
-        let Some(peer) = p["name"].as_str() else {
+/// Every `peer/service` the node may mount, from its `services.list` answer (its peers'
+/// catalogs), with the tool count each catalog gave.
+fn catalog_targets(catalog: &Value) -> (Vec<Target>, HashMap<Target, Option<u64>>) {
+    let mut targets = Vec::new();
+    let mut counts = HashMap::new();
+    for e in catalog["services"].as_array().into_iter().flatten() {
+        let (Some(peer), Some(service)) = (e["peer"].as_str(), e["service"].as_str()) else {
             continue;
         };
-        for service in p["mounts"].as_array().into_iter().flatten() {
-            if let Some(service) = service.as_str() {
-                out.push(Target {
-                    peer: peer.to_owned(),
-                    service: service.to_owned(),
-                });
-            }
-        }
+        let target = Target {
+            peer: peer.to_owned(),
+            service: service.to_owned(),
+        };
+        counts.insert(target.clone(), e["tools"].as_u64());
+        targets.push(target);
     }
-    out
+    (targets, counts)
 }
 
 fn reachability(peers: &Value) -> HashMap<String, bool> {
@@ -351,13 +367,17 @@ impl Hub {
         })
     }
 
-    /// Asks the node every few seconds which peers it reaches; a change of a peer's state
-    /// changes its tools' descriptions, and the client is told the list changed.
+    /// Asks the node every few seconds which peers it reaches (and, following the catalog,
+    /// what they offer); a change of a peer's state changes its tools' descriptions, a service
+    /// that appears or goes changes the lists, and the client is told.
     async fn watch_reach(self: Arc<Self>) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(REACH_EVERY) => {}
                 _ = self.stop.cancelled() => return,
+            }
+            if self.follow {
+                self.clone().follow_catalog().await;
             }
             let Some(peers) = self
                 .node
@@ -370,7 +390,7 @@ impl Hub {
             let changed = {
                 let mut reach = lock(&self.reach);
                 let changed = self
-                    .targets
+                    .targets()
                     .iter()
                     .any(|t| reach.get(&t.peer) != now.get(&t.peer));
                 *reach = now;
@@ -387,12 +407,59 @@ impl Hub {
         }
     }
 
+    /// Reads the node's catalog again (its answers at most [`CATALOG_MAX_AGE`] old): services
+    /// that appeared are listed, services gone leave the lists, and a service whose tool
+    /// count changed is listed again; the client is told what changed.
+    async fn follow_catalog(self: Arc<Self>) {
+        let Some(catalog) = self
+            .node
+            .call_running(
+                crate::control::methods::SERVICES_LIST,
+                json!({ "max_age_ms": CATALOG_MAX_AGE.as_millis() as u64 }),
+            )
+            .await
+        else {
+            return;
+        };
+        let (now, counts) = catalog_targets(&catalog);
+        let (set_changed, relist) = {
+            let mut targets = lock(&self.targets);
+            let mut known = lock(&self.tool_counts);
+            let set_changed = *targets != now;
+            let relist: Vec<Target> = counts
+                .iter()
+                .filter(|(t, n)| n.is_some() && known.get(*t).is_some_and(|was| was != *n))
+                .map(|(t, _)| t.clone())
+                .collect();
+            *targets = now;
+            *known = counts;
+            (set_changed, relist)
+        };
+        for target in relist {
+            self.clone()
+                .changed_upstream(target, "notifications/tools/list_changed".to_owned());
+        }
+        if set_changed {
+            if let Err(c) = self.rebuild() {
+                tracing::error!("{c}");
+            }
+            self.clone().first_listings();
+            self.announce_lists().await;
+        }
+    }
+
+    /// The services presented now.
+    pub(super) fn targets(&self) -> Vec<Target> {
+        lock(&self.targets).clone()
+    }
+
     /// The union of what the services can do, as far as the cache knows; everything the hub
     /// can route while a service is still unknown.
     fn capabilities(&self) -> Value {
         let cache = lock(&self.cache);
-        let known: Vec<&Listing> = self.targets.iter().filter_map(|t| cache.get(t)).collect();
-        let all_known = known.len() == self.targets.len();
+        let targets = self.targets();
+        let known: Vec<&Listing> = targets.iter().filter_map(|t| cache.get(t)).collect();
+        let all_known = known.len() == targets.len();
         let any = |cap: &str| !all_known || known.iter().any(|l| l.capabilities.get(cap).is_some());
         let mut caps = Map::new();
         caps.insert("tools".into(), json!({"listChanged": true}));
@@ -418,7 +485,7 @@ impl Hub {
     }
 
     fn instructions(&self) -> String {
-        let list: Vec<String> = self.targets.iter().map(ToString::to_string).collect();
+        let list: Vec<String> = self.targets().iter().map(ToString::to_string).collect();
         format!(
             "mcpmesh hub: the tools, prompts and resources of {} through this node ({}). Tool and prompt names say where each lives.",
             if list.is_empty() {
@@ -440,14 +507,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_mountable_services_and_reachability_come_from_the_nodes_peer_list() {
+    fn the_presented_services_come_from_the_nodes_catalog() {
+        let catalog = json!({"services": [
+            {"peer": "alice", "service": "notes", "tools": 3},
+            {"peer": "alice", "service": "files", "tools": null},
+            {"peer": "bob"},
+        ]});
+        let (targets, counts) = catalog_targets(&catalog);
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["alice/notes", "alice/files"]);
+        assert_eq!(counts[&targets[0]], Some(3));
+        assert_eq!(counts[&targets[1]], None);
+    }
+
+    #[test]
+    fn reachability_comes_from_the_nodes_peer_list() {
         let peers = json!({"peers": [
             {"name": "alice", "mounts": ["notes", "files"], "reachable": true},
             {"name": "bob", "mounts": [], "reachable": false},
             {"name": "carol"},
         ]});
-        let targets: Vec<String> = mountable(&peers).iter().map(ToString::to_string).collect();
-        assert_eq!(targets, ["alice/notes", "alice/files"]);
         let reach = reachability(&peers);
         assert_eq!(reach.get("alice"), Some(&true));
         assert_eq!(reach.get("bob"), Some(&false));

@@ -55,7 +55,19 @@ impl Hub {
                     (&view.prompt_routes, "prompt")
                 };
                 let name = params["name"].as_str().unwrap_or_default().to_owned();
-                let origin = by_name(routes, &name, kind)?;
+                let origin = match by_name(routes, &name, kind) {
+                    Ok(origin) => origin,
+                    // A tool the listing does not show (the caller may not use it, or it is
+                    // new) under its full name goes to its service, whose node decides and
+                    // records the attempt.
+                    Err(unknown) => match self.unlisted_tool(method, &name) {
+                        Some((target, tool)) => {
+                            params["name"] = json!(tool);
+                            return Ok((target, params));
+                        }
+                        None => return Err(unknown),
+                    },
+                };
                 params["name"] = json!(origin.name);
                 Ok((target_of(&origin), params))
             }
@@ -85,14 +97,27 @@ impl Hub {
         }
     }
 
+    /// For a `tools/call` of `name` no listing shows: the service its full name
+    /// (`<peer>__<service>__<tool>`) points to, and the tool's own name.
+    fn unlisted_tool(&self, method: &str, name: &str) -> Option<(Target, String)> {
+        if method != "tools/call" {
+            return None;
+        }
+        self.targets().into_iter().find_map(|t| {
+            let prefix = names::full_prefix(&t.peer, &t.service);
+            let tool = name.strip_prefix(&prefix).filter(|tool| !tool.is_empty())?;
+            Some((t, tool.to_owned()))
+        })
+    }
+
     /// The service behind a URI the hub presented, and that service's own URI.
     fn resource_owner(&self, uri: &str) -> Result<(Target, String), String> {
         names::unwrap_uri(uri)
             .and_then(|(peer, service, own)| {
-                self.targets
-                    .iter()
+                self.targets()
+                    .into_iter()
                     .find(|t| t.peer == peer && t.service == service)
-                    .map(|t| (t.clone(), own.to_owned()))
+                    .map(|t| (t, own.to_owned()))
             })
             .ok_or_else(|| format!("unknown resource: {uri}"))
     }

@@ -59,7 +59,7 @@ impl Hub {
         let mut prompts = Vec::new();
         let mut resources = Vec::new();
         let mut templates = Vec::new();
-        for target in &self.targets {
+        for target in &self.targets() {
             let Some(listing) = cache.get(target) else {
                 continue;
             };

@@ -70,9 +70,11 @@ function render(s) {
   id.textContent = (s.id || "").slice(0, 16) + "…";
   id.title = s.id || "";
   const org = s.org;
-  document.getElementById("org").textContent = org
-    ? "· org " + org.name + (org.user ? " as " + org.user : "") + (org.expired ? " (roster EXPIRED)" : "")
-    : "";
+  document.getElementById("org").textContent = !org
+    ? ""
+    : org.removed
+      ? "· removed from org " + org.name + " (serial " + org.removed.serial + ")"
+      : "· org " + org.name + (org.user ? " as " + org.user : "") + (org.expired ? " (roster EXPIRED)" : "");
 
   fill("peers", s.peers || [], (p) => {
     const dot = el("span", null, "dot" + (p.reachable ? " up" : ""));

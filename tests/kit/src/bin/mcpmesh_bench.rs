@@ -30,6 +30,9 @@ const BIG: usize = 8 << 20;
 const MIB: usize = 1 << 20;
 
 /// The phases of one pass, in order.
+/// The figure measuring a session opened after the connection was idle, and that pause.
+const IDLE_OPEN: usize = 8;
+const IDLE_BEFORE_OPEN: std::time::Duration = std::time::Duration::from_millis(500);
 const PHASES: [&str; 5] = ["open", "calls", "pipelined", "results", "requests"];
 
 struct Args {
@@ -151,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         "1 MiB result MB/s",
         "8 MiB result MB/s",
         "8 MiB request MB/s",
+        "open after 0.5 s idle ms",
     ];
     let mut direct: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
@@ -247,7 +251,7 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         // The hub answers `initialize` itself: its "session open" is not a session's.
-        if i == 0 || h.is_nan() {
+        if i == 0 || i == IDLE_OPEN || h.is_nan() {
             println!("{name:<24} {d:>12.1} {m:>12.1} {:>10.2}x", m / d);
         } else {
             println!(
@@ -359,7 +363,7 @@ fn main() -> anyhow::Result<()> {
                 .into_iter()
                 .filter_map(|(_, pid)| pid.map(export_ticks_of))
                 .sum();
-            let ms = ticks as f64 / clock_ticks_per_sec() * 1e3;
+            let ms = ticks as f64 / bench::clock_ticks_per_sec() * 1e3;
             println!(
                 "  sending them took {ms:.0} ms of CPU on the nodes' exporter threads: {:.1} µs per span",
                 ms * 1e3 / sent.max(1) as f64
@@ -399,6 +403,9 @@ fn main() -> anyhow::Result<()> {
             "rounds": args.rounds,
             "calls": args.calls,
             "open_ms": { "direct": median(&direct[0]), "mesh": median(&meshed[0]) },
+            "open_after_idle_ms": {
+                "direct": median(&direct[IDLE_OPEN]), "mesh": median(&meshed[IDLE_OPEN]),
+            },
             "call_p50_us": {
                 "direct": median(&direct[1]), "mesh": median(&meshed[1]),
                 "hub": median(&hubbed[1]), "relayed": median(&relayed_p50),
@@ -529,17 +536,26 @@ fn measure(
 ) -> anyhow::Result<Measured> {
     let runs = |phase: &str| phases.contains(&phase);
     watch.map(Mesh::reset_peaks);
-    let mut figures = vec![f64::NAN; 8];
+    let mut figures = vec![f64::NAN; 9];
     if runs("open") {
-        let mut opens = Vec::new();
-        for _ in 0..5 {
+        let open = || -> anyhow::Result<f64> {
             let t = Instant::now();
             let mut c = Client::start(cmd, prefix)?;
             c.initialize()?;
-            opens.push(t.elapsed().as_secs_f64() * 1e3);
+            let took = t.elapsed().as_secs_f64() * 1e3;
             c.close();
-        }
+            Ok(took)
+        };
+        let opens = (0..5).map(|_| open()).collect::<anyhow::Result<Vec<_>>>()?;
         figures[0] = median(&opens);
+        // A pooled connection silent for a while is probed before a session is trusted to it:
+        // what the first open after a pause costs.
+        let mut idle_opens = Vec::new();
+        for _ in 0..3 {
+            std::thread::sleep(IDLE_BEFORE_OPEN);
+            idle_opens.push(open()?);
+        }
+        figures[IDLE_OPEN] = median(&idle_opens);
     }
     let mut c = Client::start(cmd, prefix)?;
     c.initialize()?;
@@ -551,7 +567,7 @@ fn measure(
     let cpu_since = |before: Option<u64>| {
         watch.zip(before).map(|(m, before)| {
             let ticks = m.cpu_ticks().saturating_sub(before) as f64;
-            ticks / clock_ticks_per_sec() * 1e6 / calls as f64
+            ticks / bench::clock_ticks_per_sec() * 1e6 / calls as f64
         })
     };
     if runs("calls") {
@@ -602,16 +618,6 @@ fn measure(
     })
 }
 
-/// The unit of utime/stime in /proc/PID/stat: USER_HZ, which Linux fixes at 100.
-fn clock_ticks_per_sec() -> f64 {
-    100.0
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks_of(pid: u32) -> u64 {
-    ticks_in(&format!("/proc/{pid}/stat"))
-}
-
 /// utime + stime of `pid`'s threads that send spans (the batch processor's, and the HTTP
 /// client's runtime), in clock ticks.
 fn export_ticks_of(pid: u32) -> u64 {
@@ -624,27 +630,8 @@ fn export_ticks_of(pid: u32) -> u64 {
             std::fs::read_to_string(t.path().join("comm"))
                 .is_ok_and(|c| c.starts_with("OpenTelemetry") || c.starts_with("reqwest-"))
         })
-        .map(|t| ticks_in(&t.path().join("stat").display().to_string()))
+        .map(|t| bench::ticks_in(&t.path().join("stat").display().to_string()))
         .sum()
-}
-
-/// utime + stime in a `/proc/…/stat` file, in clock ticks.
-fn ticks_in(path: &str) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(path) else {
-        return 0;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state(0) … utime(11) stime(12).
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
 }
 
 struct Client {
@@ -952,7 +939,7 @@ impl Mesh {
         [&self.alice, &self.bob]
             .iter()
             .filter_map(|h| bench::daemon_pid(h))
-            .map(cpu_ticks_of)
+            .map(bench::cpu_ticks_of)
             .sum()
     }
 
@@ -1099,7 +1086,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
     let mut cpu_before = 0;
     for i in 0..calls + 200 {
         if i == 200 {
-            cpu_before = cpu_ticks_of(std::process::id());
+            cpu_before = bench::cpu_ticks_of(std::process::id());
         }
         let t = Instant::now();
         send.write_all(&line).await?;
@@ -1108,7 +1095,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
             rtts.push(t.elapsed());
         }
     }
-    let ticks = cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
+    let ticks = bench::cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
     // Then PIPELINE lines kept in flight: a new one goes out as each echo comes back.
     let t = Instant::now();
     for _ in 0..PIPELINE {
@@ -1125,7 +1112,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
     rtts.sort();
     Ok(Floor {
         p50: percentile(&rtts, 0.5),
-        cpu: ticks / clock_ticks_per_sec() * 1e6 / calls as f64,
+        cpu: ticks / bench::clock_ticks_per_sec() * 1e6 / calls as f64,
         pipelined: rate,
     })
 }

@@ -89,17 +89,39 @@ async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
     );
     let formed = Instant::now();
     fleet.form_org().await?;
-    fleet.serve_everywhere(stub).await?;
+    let joined = formed.elapsed();
+    let last_join = unix_ms();
     let serial = fleet.admin().serial().await?;
-    let spread = fleet.converge(serial).await?;
+    let spread = fleet.converge(serial, last_join).await?;
     println!(
-        "org formed ({} joins) in {:.1} s; roster serial {serial} on every node {:.1} s after the last join",
+        "org formed ({} invites and joins) in {:.1} s; roster serial {serial} on every node {:.2} s after the last join (by their audit records)",
         n - 1,
-        formed.elapsed().as_secs_f64(),
+        joined.as_secs_f64(),
         spread.as_secs_f64()
+    );
+    fleet.serve_everywhere(stub).await?;
+    let catalog = fleet.full_catalogs().await?;
+    println!(
+        "every node's `services` lists the other {} nodes' {SERVICE} {:.1} s after the roster converged",
+        n - 1,
+        catalog.as_secs_f64()
+    );
+    let news = fleet.new_service(stub).await?;
+    println!(
+        "a service served later ({}/extra) in every other node's `services`: p50 {:.2} s, p99 {:.2} s, last {:.2} s",
+        fleet.nodes[1].user,
+        news[news.len() / 2].as_secs_f64(),
+        news[(news.len() * 99 / 100).min(news.len() - 1)].as_secs_f64(),
+        news.last().copied().unwrap_or_default().as_secs_f64()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle = fleet.rss_kib();
+    let idle_cpu = fleet.idle_cpu(Duration::from_secs(10));
+    println!(
+        "idle CPU per node over 10 s: mean {:.2}%, max {:.2}%",
+        idle_cpu.iter().sum::<f64>() / idle_cpu.len() as f64,
+        idle_cpu.iter().copied().fold(0.0, f64::max)
+    );
 
     let sampler = RssSampler::start(fleet.pids());
     let started = Instant::now();
@@ -136,6 +158,39 @@ async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `ask` of every item, [`POLL_AT_ONCE`] at a time, in order: a look at a hundred nodes does
+/// not start a hundred processes at once.
+async fn sweep<'a, T, F, R>(items: &'a [T], ask: impl Fn(&'a T) -> F) -> Vec<R>
+where
+    F: std::future::Future<Output = R>,
+{
+    use futures_util::StreamExt;
+    futures_util::stream::iter(items.iter().map(ask))
+        .buffered(POLL_AT_ONCE)
+        .collect()
+        .await
+}
+
+/// How long after `since` (unix ms) the last of `nodes` installed roster `serial`, by their
+/// audit records.
+fn last_install(nodes: &[Node], serial: u64, since: u64) -> Duration {
+    let last = nodes
+        .iter()
+        .filter_map(|n| n.installed_at(serial))
+        .max()
+        .unwrap_or(since);
+    Duration::from_millis(last.saturating_sub(since))
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How many nodes a poll asks at once.
+const POLL_AT_ONCE: usize = 8;
 
 /// How many sessions failed per calling node and per called node, for the nodes with any.
 fn print_failures_by_caller(failures: &[(usize, usize, anyhow::Error)], n: usize) {
@@ -267,18 +322,18 @@ impl Fleet {
         let args = [
             "serve", SERVICE, "--allow", &group, "--allow", &admin, "--", &stub,
         ];
-        let serves = self.nodes.iter().map(|n| n.cli(&args));
-        for r in join_all(serves).await {
+        for r in sweep(&self.nodes, |n| n.cli(&args)).await {
             r?;
         }
         Ok(())
     }
 
-    /// Waits until every node holds roster `serial`; returns how long that took.
-    async fn converge(&self, serial: u64) -> anyhow::Result<Duration> {
+    /// Waits until every node holds roster `serial`; returns how long after `since` (unix ms)
+    /// the last node installed it, by its own audit record (polling only finds when to look).
+    async fn converge(&self, serial: u64, since: u64) -> anyhow::Result<Duration> {
         let started = Instant::now();
         loop {
-            let held = join_all(self.nodes.iter().map(|n| n.held_serial())).await;
+            let held = sweep(&self.nodes, |n| n.held_serial()).await;
             let behind: Vec<&str> = self
                 .nodes
                 .iter()
@@ -287,13 +342,93 @@ impl Fleet {
                 .map(|(n, _)| n.user.as_str())
                 .collect();
             if behind.is_empty() {
-                return Ok(started.elapsed());
+                return Ok(last_install(&self.nodes, serial, since));
             }
             if started.elapsed() > SPREAD_TIMEOUT {
                 bail!("roster serial {serial} not reached by {behind:?}");
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Waits until every node's `services` lists every other node's service; returns how
+    /// long that took.
+    async fn full_catalogs(&self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let want = self.nodes.len() - 1;
+        loop {
+            let counts = sweep(&self.nodes, |n| n.mounts()).await;
+            let short: Vec<&str> = self
+                .nodes
+                .iter()
+                .zip(&counts)
+                .filter(|(_, c)| c.as_ref().map_or(true, |c| c.len() < want))
+                .map(|(n, _)| n.user.as_str())
+                .collect();
+            if short.is_empty() {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > SPREAD_TIMEOUT {
+                bail!(
+                    "{} nodes' catalogs still short: {:?}",
+                    short.len(),
+                    &short[..short.len().min(5)]
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// node1 serves one more service; returns, sorted, how long each other node took to list
+    /// it in `services`.
+    async fn new_service(&self, stub: &Path) -> anyhow::Result<Vec<Duration>> {
+        let server = &self.nodes[1];
+        let group = format!("group:{ORG}");
+        let admin = format!("user:{}", self.admin().user);
+        let stub = stub.display().to_string();
+        let started = Instant::now();
+        server
+            .cli(&[
+                "serve", "extra", "--allow", &group, "--allow", &admin, "--", &stub,
+            ])
+            .await?;
+        let mount = format!("{}/extra", server.user);
+        let mut seen: Vec<Option<Duration>> = vec![None; self.nodes.len()];
+        seen[1] = Some(Duration::ZERO);
+        while seen.iter().any(Option::is_none) {
+            if started.elapsed() > SPREAD_TIMEOUT {
+                bail!("{mount} not in every node's services");
+            }
+            let waiting: Vec<usize> = (0..seen.len()).filter(|i| seen[*i].is_none()).collect();
+            let lists = sweep(&waiting, |i| self.nodes[*i].mounts()).await;
+            for (i, list) in waiting.into_iter().zip(lists) {
+                if list.is_ok_and(|l| l.contains(&mount)) {
+                    seen[i] = Some(started.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut times: Vec<Duration> = seen
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .filter_map(|(_, t)| t)
+            .collect();
+        times.sort();
+        Ok(times)
+    }
+
+    /// Each node's share of one CPU over `over`, idle (from `/proc/PID/stat`).
+    fn idle_cpu(&self, over: Duration) -> Vec<f64> {
+        let before: Vec<u64> = self.pids().into_iter().map(bench::cpu_ticks_of).collect();
+        std::thread::sleep(over);
+        let after: Vec<u64> = self.pids().into_iter().map(bench::cpu_ticks_of).collect();
+        let hz = bench::clock_ticks_per_sec();
+        before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| a.saturating_sub(*b) as f64 / hz / over.as_secs_f64() * 100.0)
+            .collect()
     }
 
     /// Every ordered pair opens a session and calls `whoami`, `parallel` at a time; returns
@@ -350,8 +485,47 @@ impl Fleet {
                 .map(|()| started.elapsed())
         });
         let ends = tokio::spawn(join_all(waits));
+        let since = unix_ms();
         let answer = self.admin().cli(&["org", "remove", &removed.user]).await?;
         let command = started.elapsed();
+        let serial = answer["serial"].as_u64().context("the removal's serial")?;
+        // The admin's node goes as soon as one member holds the new roster: the others must
+        // get it from the members.
+        let members = &others[1..];
+        // Watched from the members' audit files, not by asking their nodes: a file read per
+        // member, so that looking does not load the machine the figure is taken on.
+        let first = loop {
+            if let Some(i) = members
+                .iter()
+                .position(|n| n.installed_at(serial).is_some())
+            {
+                break i;
+            }
+            if started.elapsed() > SPREAD_TIMEOUT {
+                bail!("no member took serial {serial}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        self.admin().cli(&["down"]).await?;
+        let admin_down = started.elapsed();
+        let spread = loop {
+            let held = sweep(members, |n| n.held_serial()).await;
+            if held.iter().all(|s| *s == Some(serial)) {
+                break last_install(members, serial, since);
+            }
+            if started.elapsed() > SPREAD_TIMEOUT {
+                let behind = held.iter().filter(|s| **s != Some(serial)).count();
+                bail!("{behind} members never took serial {serial} with the admin down");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        println!(
+            "removal roster (serial {serial}): first member ({}) had it, admin's node down {:.2} s after `org remove`; all {} members had it {:.2} s after",
+            members[first].user,
+            admin_down.as_secs_f64(),
+            members.len(),
+            spread.as_secs_f64()
+        );
         let mut ends = ends.await?;
         let cut = ends.iter().filter(|e| e.is_some()).count();
         ends.sort();
@@ -370,7 +544,7 @@ impl Fleet {
             median.as_secs_f64(),
             last.as_secs_f64()
         );
-        let listing = join_all(others.iter().map(|n| n.lists(&removed.id))).await;
+        let listing = sweep(others, |n| n.lists(&removed.id)).await;
         let still: Vec<&str> = others
             .iter()
             .zip(listing)
@@ -445,9 +619,42 @@ impl Node {
             .context("a roster serial")
     }
 
-    /// The roster serial this node holds (from `status`, which asks no other node).
+    /// The roster serial this node holds (from `org members`, which asks no other node and
+    /// starts no checks).
     async fn held_serial(&self) -> Option<u64> {
-        self.cli(&["status"]).await.ok()?["org"]["serial"].as_u64()
+        self.cli(&["org", "members"]).await.ok()?["serial"].as_u64()
+    }
+
+    /// When this node installed roster `serial` (unix ms), by its audit log.
+    fn installed_at(&self, serial: u64) -> Option<u64> {
+        let dir = self.home.join("state").join("audit");
+        let files = std::fs::read_dir(dir).ok()?;
+        let mut at = None;
+        for file in files.flatten() {
+            let Ok(text) = std::fs::read_to_string(file.path()) else {
+                continue;
+            };
+            for line in text.lines().filter(|l| l.contains("roster_installed")) {
+                let Ok(record) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                if record["event"] == "roster_installed" && record["serial"] == serial {
+                    at = at.or(record["at_ms"].as_u64());
+                }
+            }
+        }
+        at
+    }
+
+    /// The mounts this node's `services` lists.
+    async fn mounts(&self) -> anyhow::Result<Vec<String>> {
+        let listed = self.cli(&["services"]).await?;
+        Ok(listed["services"]
+            .as_array()
+            .context("a services list")?
+            .iter()
+            .filter_map(|e| e["mount"].as_str().map(str::to_owned))
+            .collect())
     }
 
     /// Whether this node's `peers` lists the key `id`.
@@ -503,7 +710,8 @@ impl McpClient {
             .env_remove("MCPMESH_HOME")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // Kept for the failure's message (connect writes a line or two at most).
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
         let stdin = child.stdin.take();
@@ -564,7 +772,14 @@ impl McpClient {
             .await
             .context("connect exiting in time")??;
         if !status.success() {
-            bail!("connect exited with {status}");
+            let mut said = String::new();
+            if let Some(mut stderr) = self.child.stderr.take() {
+                use tokio::io::AsyncReadExt;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), stderr.read_to_string(&mut said))
+                        .await;
+            }
+            bail!("connect exited with {status}: {}", said.trim());
         }
         Ok(())
     }

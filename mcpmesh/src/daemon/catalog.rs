@@ -1,0 +1,421 @@
+//! The catalog on both sides: answering peers over `mcpmesh/catalog/1` (each for itself), and
+//! keeping what this node's peers answered it, so `services`, `peers`, `use` and the hub know
+//! what may be mounted without asking every peer each time.
+//!
+//! What peers answered is kept in memory and in `<state>/catalog.json` (rewritten only when an
+//! answer differs from the last one): `services` answers from it at once and refreshes behind
+//! the answers older than it was asked to accept; only a peer never asked is waited for, and
+//! only while it is not known to be unreachable.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iroh::EndpointId;
+use iroh::endpoint::{Connection, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use mcpmesh_net::TrustGate;
+use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
+use mcpmesh_net::transport::FrameReader;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::audit::AuditEvent;
+use crate::catalog::{self, Answer, Entry};
+use crate::limits::RateLimiter;
+
+use super::node::Node;
+
+/// Answers older than this are refreshed behind a `services` that does not say otherwise.
+pub(super) const DEFAULT_MAX_AGE: Duration = Duration::from_secs(30);
+/// Catalog requests one peer may make a minute (a hub refreshing every few seconds makes 20).
+const REQUESTS_PER_MIN: u32 = 120;
+/// Largest `catalog.json` read back.
+const MAX_FILE: u64 = 16 * 1024 * 1024;
+/// How long a reply waits for the peers it had to ask first.
+const FIRST_ASK_WAIT: Duration = Duration::from_secs(3);
+/// Peers asked at once.
+const FETCH_AT_ONCE: usize = 32;
+
+/// What a peer last answered, and when this node last asked.
+#[derive(Debug, Clone, Default)]
+struct Known {
+    services: Vec<Entry>,
+    /// Unix ms of the last answer; 0 for one read back from disk (to be refreshed).
+    answered_at: u64,
+    /// Why the last attempt failed, when it did (the services are then the last known ones).
+    failed: Option<String>,
+}
+
+/// The answers of this node's peers.
+#[derive(Debug)]
+pub(super) struct Catalogs {
+    file: PathBuf,
+    known: Mutex<BTreeMap<EndpointId, Known>>,
+    /// Peers being asked now.
+    asking: Mutex<HashSet<EndpointId>>,
+    /// Requests of this node's catalog, per asking peer.
+    limiter: Arc<RateLimiter>,
+    /// When a refusal was last recorded, per asking peer (one record a minute at most).
+    recorded: Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl Catalogs {
+    pub(super) fn load(state_dir: &std::path::Path) -> Self {
+        let file = state_dir.join("catalog.json");
+        let known = read(&file).unwrap_or_default();
+        Catalogs {
+            file,
+            known: Mutex::new(known),
+            asking: Default::default(),
+            limiter: RateLimiter::per_minute_shared(REQUESTS_PER_MIN),
+            recorded: Default::default(),
+        }
+    }
+
+    /// Whether a refusal of `principal`'s request is to be recorded now.
+    fn record_refusal(&self, principal: &str) -> bool {
+        let now = crate::time::unix_ms();
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if recorded.len() > 4096 {
+            recorded.retain(|_, at| now.saturating_sub(*at) < 60_000);
+        }
+        match recorded.get(principal) {
+            Some(at) if now.saturating_sub(*at) < 60_000 => false,
+            _ => {
+                recorded.insert(principal.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, BTreeMap<EndpointId, Known>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last known answer of `peer`: its services, and whether the last attempt failed.
+    pub(super) fn of(&self, peer: &EndpointId) -> Option<(Vec<Entry>, bool)> {
+        self.known()
+            .get(peer)
+            .map(|k| (k.services.clone(), k.failed.is_some()))
+    }
+
+    /// Keeps the outcome of asking `peer`; returns whether the file must be rewritten.
+    fn keep(&self, peer: EndpointId, outcome: Result<Vec<Entry>, String>) -> bool {
+        let mut known = self.known();
+        let entry = known.entry(peer).or_default();
+        match outcome {
+            Ok(services) => {
+                let changed = entry.services != services || entry.answered_at == 0;
+                entry.services = services;
+                entry.answered_at = crate::time::unix_ms();
+                entry.failed = None;
+                changed
+            }
+            Err(why) => {
+                entry.failed = Some(why);
+                false
+            }
+        }
+    }
+
+    /// Forgets the peers no longer trusted.
+    fn retain(&self, peers: &HashSet<EndpointId>) -> bool {
+        let mut known = self.known();
+        let before = known.len();
+        known.retain(|id, _| peers.contains(id));
+        known.len() != before
+    }
+
+    fn snapshot(&self) -> BTreeMap<String, Vec<Entry>> {
+        self.known()
+            .iter()
+            .map(|(id, k)| (id.to_string(), k.services.clone()))
+            .collect()
+    }
+}
+
+fn read(file: &std::path::Path) -> Option<BTreeMap<EndpointId, Known>> {
+    let meta = std::fs::metadata(file).ok()?;
+    if meta.len() > MAX_FILE {
+        return None;
+    }
+    let bytes = std::fs::read(file).ok()?;
+    let on_disk: BTreeMap<String, Vec<Entry>> = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!("ignoring an unreadable {}: {e}", file.display());
+            return None;
+        }
+    };
+    Some(
+        on_disk
+            .into_iter()
+            .filter_map(|(id, services)| {
+                Some((
+                    id.parse().ok()?,
+                    Known {
+                        services,
+                        answered_at: 0,
+                        failed: None,
+                    },
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// What `services` was asked.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ServicesParams {
+    /// Answers older than this (ms) are refreshed behind the reply.
+    #[serde(default)]
+    max_age_ms: Option<u64>,
+    /// Wait for the refresh instead of answering from what is known.
+    #[serde(default)]
+    refresh: bool,
+}
+
+impl Node {
+    /// This node's catalog for `peer`, as the catalog ALPN answers it.
+    pub(super) fn catalog_for(&self, peer: &mcpmesh_net::PeerIdentity) -> Vec<Entry> {
+        use crate::principal::PrincipalSource;
+        let held = self
+            .gate
+            .principals_of(&peer.endpoint)
+            .unwrap_or_else(|| crate::principal::principal_set(peer, None).into());
+        self.services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .catalog_for(&held)
+    }
+
+    /// Every service this node may mount, across its peers: from what they last answered,
+    /// asking the ones never asked (unless known unreachable) and refreshing the stale ones
+    /// behind the reply.
+    pub(super) async fn services_list(&self, params: ServicesParams) -> Value {
+        let max_age = params
+            .max_age_ms
+            .map_or(DEFAULT_MAX_AGE, Duration::from_millis);
+        self.refresh_catalogs(max_age, params.refresh).await;
+        let table = self.gate.snapshot();
+        let mut services = Vec::new();
+        let mut unanswered = Vec::new();
+        for p in table.all() {
+            let Some((entries, failed)) = self.catalogs.of(&p.id) else {
+                unanswered.push(p.name.clone());
+                continue;
+            };
+            if failed {
+                unanswered.push(p.name.clone());
+            }
+            let reachable = !failed && self.reach.get(&p.id).is_none_or(|s| s.reachable);
+            for e in entries {
+                services.push(json!({
+                    "mount": format!("{}/{}", p.name, e.service),
+                    "peer": p.name,
+                    "service": e.service,
+                    "description": e.description,
+                    "tools": e.tools,
+                    "backend": e.backend,
+                    "reachable": reachable,
+                    "admitted_by": e.admitted_by,
+                }));
+            }
+        }
+        // Peers whose catalog is not known now: their entries (if any) are the last known.
+        json!({ "services": services, "unanswered": unanswered })
+    }
+
+    /// Brings the peers' catalogs up to date for a reply: asks (and waits for) the peers never
+    /// asked, or all of them with `now`, except those known unreachable; asks the ones answered
+    /// longer than `max_age` ago behind the reply.
+    pub(super) async fn refresh_catalogs(&self, max_age: Duration, now: bool) {
+        let table = self.gate.snapshot();
+        let since = crate::time::unix_ms();
+        let mut wait_for = Vec::new();
+        let mut behind = Vec::new();
+        for p in table.all() {
+            let answered_at = self.catalogs.known().get(&p.id).map(|k| k.answered_at);
+            let down = self.reach.get(&p.id).is_some_and(|s| !s.reachable);
+            match answered_at {
+                // A peer never asked is asked now even when the last check found it down (that
+                // check may predate its trust in this node); the reply waits for it a moment.
+                None => wait_for.push(p.id),
+                _ if now && !down => wait_for.push(p.id),
+                Some(at) if since.saturating_sub(at) < max_age.as_millis() as u64 => {}
+                _ => behind.push(p.id),
+            }
+        }
+        let Some(node) = self.arc() else { return };
+        if !wait_for.is_empty() {
+            let asking = {
+                let node = node.clone();
+                tokio::spawn(async move { node.ask_catalogs(wait_for).await })
+            };
+            // What is not answered by then is kept when it comes, for the next reply; a
+            // refresh waits for every answer (each bounded by the exchange's own timeout).
+            let wait = if now {
+                catalog::EXCHANGE_TIMEOUT + Duration::from_secs(1)
+            } else {
+                FIRST_ASK_WAIT
+            };
+            let _ = tokio::time::timeout(wait, asking).await;
+        }
+        if !behind.is_empty() {
+            tokio::spawn(async move { node.ask_catalogs(behind).await });
+        }
+    }
+
+    /// Asks each of `peers` (not already being asked) for its catalog, some at a time.
+    pub(super) async fn ask_catalogs(&self, peers: Vec<EndpointId>) {
+        let peers: Vec<EndpointId> = {
+            let mut asking = self
+                .catalogs
+                .asking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            peers.into_iter().filter(|p| asking.insert(*p)).collect()
+        };
+        if peers.is_empty() {
+            return;
+        }
+        let mut changed = false;
+        for chunk in peers.chunks(FETCH_AT_ONCE) {
+            let answers =
+                futures_util::future::join_all(chunk.iter().map(|&peer| async move {
+                    (peer, catalog::fetch(&self.endpoint, peer).await)
+                }))
+                .await;
+            for (peer, answer) in answers {
+                if let Err(e) = &answer {
+                    tracing::debug!(peer = %peer.fmt_short(), "no catalog: {e}");
+                }
+                changed |= self.catalogs.keep(peer, answer.map_err(|e| e.to_string()));
+            }
+        }
+        {
+            let mut asking = self
+                .catalogs
+                .asking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for p in &peers {
+                asking.remove(p);
+            }
+        }
+        let trusted: HashSet<EndpointId> =
+            self.gate.snapshot().all().iter().map(|p| p.id).collect();
+        changed |= self.catalogs.retain(&trusted);
+        if changed {
+            self.save_catalogs().await;
+        }
+    }
+
+    async fn save_catalogs(&self) {
+        let file = self.catalogs.file.clone();
+        let Ok(bytes) = serde_json::to_vec(&self.catalogs.snapshot()) else {
+            return;
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            crate::files::write_atomically_unsynced(&file, &bytes)
+        })
+        .await;
+        if let Ok(Err(e)) = written {
+            tracing::warn!("cannot write {}: {e}", self.catalogs.file.display());
+        }
+    }
+
+    /// The services `peer`'s last catalog answer lists, by name (`None`: never answered).
+    pub(super) fn mountable_on(&self, peer: &EndpointId) -> Option<Vec<String>> {
+        self.catalogs
+            .of(peer)
+            .map(|(entries, _)| entries.into_iter().map(|e| e.service).collect())
+    }
+}
+
+/// The `mcpmesh/catalog/1` handler: gated like every mesh ALPN; answers the asking peer for
+/// itself, one request per connection.
+#[derive(Debug)]
+pub(super) struct CatalogProtocol<G> {
+    node: Arc<Node>,
+    gate: Arc<G>,
+}
+
+impl<G> CatalogProtocol<G> {
+    pub(super) fn new(node: Arc<Node>, gate: Arc<G>) -> Self {
+        CatalogProtocol { node, gate }
+    }
+}
+
+impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for CatalogProtocol<G> {
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let peer = conn.remote_id();
+        let Some(identity) = self.gate.resolve(&peer) else {
+            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            self.gate.refused(&peer);
+            return Ok(());
+        };
+        let exchange = async {
+            let (mut send, recv) = conn.accept_bi().await.ok()?;
+            let mut frames = FrameReader::new(recv, catalog::MAX_REQUEST);
+            let refusal = match frames.next_line().await {
+                Ok(Some(line)) => catalog::read_request(&line).err(),
+                Ok(None) => return None,
+                Err(_) => Some(format!(
+                    "a catalog request is one line of at most {} bytes",
+                    catalog::MAX_REQUEST
+                )),
+            };
+            let principal = identity.principal();
+            let refusal = refusal.or_else(|| {
+                self.node
+                    .catalogs
+                    .limiter
+                    .check("catalog", &principal)
+                    .err()
+                    .map(|wait| {
+                        format!(
+                            "too many catalog requests; ask again in {} ms",
+                            wait.as_millis()
+                        )
+                    })
+            });
+            let answer = match refusal {
+                Some(reason) => {
+                    if self.node.catalogs.record_refusal(&principal) {
+                        self.node.audit.record(AuditEvent::CatalogRefused {
+                            principal,
+                            peer: identity.name.clone(),
+                            reason: reason.clone(),
+                        });
+                    }
+                    Answer {
+                        services: Vec::new(),
+                        error: Some(reason),
+                    }
+                }
+                None => Answer {
+                    services: self.node.catalog_for(&identity),
+                    error: None,
+                },
+            };
+            let mut line = serde_json::to_vec(&answer).ok()?;
+            line.push(b'\n');
+            send.write_all(&line).await.ok()?;
+            send.finish().ok()?;
+            Some(())
+        };
+        if tokio::time::timeout(catalog::EXCHANGE_TIMEOUT, exchange)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            // The asker closes the connection once it has read the answer.
+            let _ = tokio::time::timeout(catalog::EXCHANGE_TIMEOUT, conn.closed()).await;
+        }
+        Ok(())
+    }
+}

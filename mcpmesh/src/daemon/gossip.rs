@@ -1,0 +1,699 @@
+//! What an org broadcasts, over iroh's gossip on a topic derived from the org root: "I hold
+//! roster serial N" and "my catalog changed". Members that install a roster announce its
+//! serial too, so a roster spreads even with the admin's node gone; a node that hears of a newer
+//! serial fetches the roster over the direct exchange and checks it as from anywhere. A notice
+//! is never a trust input: it only says whom to ask.
+//!
+//! What it costs grows with the org, so each part is kept to what a large org can bear. A node
+//! joins the topic through a few members (the one it got the roster from among them), and
+//! through more only when it has fewer than two neighbors, never through every member at every
+//! roster. The admin's node announces what it signs at once; every other member re-announces
+//! what it installed after a random delay unless it heard it announced twice meanwhile (the
+//! suppression of Trickle, RFC 6206), so a roster costs a few notices, not one per member. A
+//! node runs one roster fetch at a time on notices (a second only when the first is slow: its
+//! source may be gone), keeps further announcers as the next sources to try, and while none
+//! runs starts one at most once a second, so that a burst of rosters (an org forming) is
+//! fetched as its newest.
+//!
+//! Only roster members take part: the gossip ALPN is gated (a key that is not a member of the
+//! roster held is closed before a byte is read). Each notice is one small JSON object, capped
+//! in size; notices a member delivers past its rate are dropped, and a notice that does not
+//! parse, or names a sender that is not a member, is refused; both are audited at most once a
+//! minute per delivering member.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use iroh::EndpointId;
+use iroh::endpoint::{Connection, VarInt};
+use iroh::protocol::{AcceptError, ProtocolHandler};
+use iroh_gossip::api::{Event, GossipSender};
+use iroh_gossip::{Gossip, TopicId};
+use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
+use serde::{Deserialize, Serialize};
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::audit::AuditEvent;
+use crate::limits::RateLimiter;
+
+use super::node::Node;
+
+/// The ALPN of the org's gossip.
+pub(super) const ALPN_GOSSIP: &[u8] = b"mcpmesh/gossip/1";
+/// Largest notice accepted (they are well under 200 bytes).
+const MAX_NOTICE: usize = 1024;
+/// Notices one member may deliver a minute (each roster install and catalog change of every
+/// member passes through some neighbor).
+const NOTICES_PER_MIN: u32 = 600;
+/// How often a refused or throttled run of one member's notices is recorded, at most.
+const RECORD_EVERY_MS: u64 = 60_000;
+/// Members a node joins the topic through at once (the swarm keeps a few neighbors each and
+/// finds the rest).
+const JOIN_THROUGH: usize = 4;
+/// With fewer neighbors than this, a node joins through more members at its next roster.
+const MIN_NEIGHBORS: usize = 2;
+/// How long after joining the topic a node checks it found a neighbor...
+const FIRST_NEIGHBOR_WAIT: Duration = Duration::from_secs(5);
+/// ...and how long after losing its last one it joins through other members.
+const REJOIN_AFTER: Duration = Duration::from_secs(1);
+/// A member re-announces a roster it installed after a random delay up to this long...
+const REANNOUNCE_WITHIN_MS: u64 = 300;
+/// ...unless it heard that serial (or a newer one) announced this many times by then.
+const HEARD_ENOUGH: u32 = 2;
+/// Roster fetches one node runs at once on notices: a second starts only when the first has
+/// taken this long (its source may be gone).
+const SLOW_FETCH: Duration = Duration::from_millis(500);
+const MAX_FETCHES: usize = 2;
+/// While none runs, a fetch starts at most this often: notices that come in a burst (an org
+/// forming, one join after another) are gathered and only the newest serial is fetched.
+const FETCH_GAP: Duration = Duration::from_secs(1);
+/// Announcers kept as the next sources to fetch from.
+const MAX_SOURCES: usize = 8;
+
+/// One notice, as broadcast.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Notice {
+    /// The member that made it (hex endpoint id); a claim, used only to know whom to ask.
+    pub(super) from: String,
+    /// The roster serial it installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) roster: Option<u64>,
+    /// Its catalog changed (a counter of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) catalog: Option<u64>,
+}
+
+/// The topic of the org whose root is `root` (hex).
+pub(super) fn topic(root: &str) -> TopicId {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"mcpmesh org topic 1\0");
+    hasher.update(root.to_ascii_lowercase().as_bytes());
+    TopicId::from_bytes(*hasher.finalize().as_bytes())
+}
+
+/// The org's gossip on this node: the instance, the topic joined (if in an org), and the
+/// bounds on what members deliver.
+#[derive(Debug)]
+pub(super) struct OrgGossip {
+    gossip: Gossip,
+    joined: Mutex<Option<Joined>>,
+    limiter: Arc<RateLimiter>,
+    /// When a refusal was last recorded, per delivering member.
+    recorded: Mutex<HashMap<EndpointId, u64>>,
+    /// This node's own catalog counter.
+    catalog_counter: AtomicU64,
+    /// Roster announcements heard, by serial (the highest few).
+    heard: Mutex<BTreeMap<u64, u32>>,
+    fetches: Mutex<Fetches>,
+    /// The direct pushes of the roster, gossip's fallback: one round at a time.
+    pub(super) pushes: Pushes,
+}
+
+/// Whether a round of direct roster pushes runs, and whether another is wanted after it.
+#[derive(Debug, Default)]
+pub(super) struct Pushes {
+    pub(super) running: std::sync::atomic::AtomicBool,
+    pub(super) again: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug)]
+struct Joined {
+    topic: TopicId,
+    sender: GossipSender,
+    /// The swarm neighbors this node has on the topic now.
+    neighbors: Arc<AtomicUsize>,
+    _receiving: AbortOnDropHandle<()>,
+}
+
+/// The roster fetches notices started, and the announcers to fetch from next.
+#[derive(Debug, Default)]
+struct Fetches {
+    running: HashMap<EndpointId, Instant>,
+    /// (announcer, serial it announced), oldest first.
+    sources: Vec<(EndpointId, u64)>,
+    /// When the last fetch started.
+    last: Option<Instant>,
+    /// A wake-up is set for the end of the gap.
+    waking: bool,
+}
+
+/// What to do about the sources kept.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Fetch from this one now.
+    Now(EndpointId),
+    /// Look again after this long (the gap since the last fetch is not over).
+    After(Duration),
+    /// Nothing now: no source, or a fetch runs and will look again when it ends or is slow.
+    Nothing,
+}
+
+impl Fetches {
+    /// Keeps `id` as a source of `serial` (its newest announcement), even while a fetch from
+    /// it runs: that fetch may end with an older serial.
+    fn offer(&mut self, id: EndpointId, serial: u64) {
+        match self.sources.iter_mut().find(|(s, _)| *s == id) {
+            Some(known) => known.1 = known.1.max(serial),
+            None => {
+                if self.sources.len() == MAX_SOURCES {
+                    self.sources.remove(0);
+                }
+                self.sources.push((id, serial));
+            }
+        }
+    }
+
+    /// The fetch from `id` ended; one that got no answer (its source is gone) does not hold
+    /// the next one back.
+    fn ended(&mut self, id: EndpointId, answered: bool) {
+        self.running.remove(&id);
+        if !answered && self.running.is_empty() {
+            self.last = None;
+        }
+    }
+
+    /// Whether a fetch may start at `now`, and from which source: when none runs and the last
+    /// started [`FETCH_GAP`] ago (else after the rest of the gap, one wake-up at a time), or
+    /// beside running ones that are all slow, up to [`MAX_FETCHES`]. The newest serial first,
+    /// then the oldest announcement.
+    fn start(&mut self, held: u64, now: Instant) -> Next {
+        self.sources.retain(|(_, serial)| *serial > held);
+        if self.sources.is_empty() || self.running.len() >= MAX_FETCHES {
+            return Next::Nothing;
+        }
+        if !self.running.is_empty() {
+            let all_slow = self
+                .running
+                .values()
+                .all(|at| now.duration_since(*at) >= SLOW_FETCH);
+            if !all_slow {
+                return Next::Nothing;
+            }
+        } else if let Some(since) = self.last.map(|last| now.duration_since(last))
+            && since < FETCH_GAP
+        {
+            if self.waking {
+                return Next::Nothing;
+            }
+            self.waking = true;
+            return Next::After(FETCH_GAP - since);
+        }
+        let idle = |(id, _): &&(EndpointId, u64)| !self.running.contains_key(id);
+        let Some(newest) = self.sources.iter().filter(idle).map(|(_, s)| *s).max() else {
+            return Next::Nothing;
+        };
+        let Some(at) = self
+            .sources
+            .iter()
+            .position(|(id, s)| *s == newest && !self.running.contains_key(id))
+        else {
+            return Next::Nothing;
+        };
+        let (id, _) = self.sources.remove(at);
+        self.running.insert(id, now);
+        self.last = Some(now);
+        Next::Now(id)
+    }
+}
+
+/// How long a member waits before it re-announces a roster it installed: random, so that the
+/// first few to speak silence the rest.
+pub(super) fn reannounce_delay() -> Duration {
+    Duration::from_millis(random() % REANNOUNCE_WITHIN_MS)
+}
+
+/// A random number, for delays and samples (zero if the system has none to give).
+fn random() -> u64 {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    u64::from_le_bytes(bytes)
+}
+
+/// Up to `n` of `ids`, `first` (when given and listed) among them, the rest picked at random.
+fn pick(mut ids: Vec<EndpointId>, first: Option<EndpointId>, n: usize) -> Vec<EndpointId> {
+    let mut picked = Vec::with_capacity(n.min(ids.len()));
+    if let Some(at) = first.and_then(|f| ids.iter().position(|id| *id == f)) {
+        picked.push(ids.swap_remove(at));
+    }
+    while picked.len() < n && !ids.is_empty() {
+        let at = (random() % ids.len() as u64) as usize;
+        picked.push(ids.swap_remove(at));
+    }
+    picked
+}
+
+impl OrgGossip {
+    pub(super) fn spawn(endpoint: iroh::Endpoint) -> Self {
+        let gossip = Gossip::builder()
+            .alpn(ALPN_GOSSIP)
+            .max_message_size(MAX_NOTICE)
+            .spawn(endpoint);
+        OrgGossip {
+            gossip,
+            joined: Mutex::new(None),
+            limiter: RateLimiter::per_minute_shared(NOTICES_PER_MIN),
+            recorded: Default::default(),
+            catalog_counter: AtomicU64::new(crate::time::unix_ms()),
+            heard: Default::default(),
+            fetches: Default::default(),
+            pushes: Default::default(),
+        }
+    }
+
+    fn fetches(&self) -> std::sync::MutexGuard<'_, Fetches> {
+        self.fetches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts an announcement of roster `serial`.
+    fn heard(&self, serial: u64) {
+        let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        *heard.entry(serial).or_default() += 1;
+        while heard.len() > 16 {
+            heard.pop_first();
+        }
+    }
+
+    /// Announcements heard of `serial` or a newer one.
+    fn heard_of(&self, serial: u64) -> u32 {
+        let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
+        heard.range(serial..).map(|(_, n)| n).sum()
+    }
+
+    fn joined(&self) -> std::sync::MutexGuard<'_, Option<Joined>> {
+        self.joined.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a refusal of what `member` delivered is to be recorded now.
+    fn record_now(&self, member: EndpointId) -> bool {
+        let now = crate::time::unix_ms();
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if recorded.len() > 4096 {
+            recorded.retain(|_, at| now.saturating_sub(*at) < RECORD_EVERY_MS);
+        }
+        match recorded.get(&member) {
+            Some(at) if now.saturating_sub(*at) < RECORD_EVERY_MS => false,
+            _ => {
+                recorded.insert(member, now);
+                true
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Joins the topic of the org held (leaving another one) through a few of its members,
+    /// `via` (a device known to hold the roster) first; joins through a few more when it has
+    /// fewer than [`MIN_NEIGHBORS`]; leaves it when the node holds no roster. Called whenever a
+    /// roster is installed, and at every periodic sync.
+    pub(super) async fn gossip_follow_roster(self: &Arc<Self>, via: Option<EndpointId>) {
+        let Some(view) = self.roster() else {
+            *self.gossip.joined() = None;
+            return;
+        };
+        let Some(root) = self.store.org().ok().flatten().map(|r| r.root) else {
+            return;
+        };
+        let topic = topic(&root);
+        let me = self.endpoint.id();
+        let members: Vec<EndpointId> = view
+            .seats()
+            .iter()
+            .map(|s| s.id)
+            .filter(|id| *id != me && !view.is_revoked(id))
+            .collect();
+        let current = self
+            .gossip
+            .joined()
+            .as_ref()
+            .map(|j| (j.topic, j.sender.clone(), j.neighbors.clone()));
+        match current {
+            Some((t, sender, neighbors)) if t == topic => {
+                if neighbors.load(Ordering::Relaxed) < MIN_NEIGHBORS {
+                    let through = pick(members, via, JOIN_THROUGH);
+                    if let Err(e) = sender.join_peers(through).await {
+                        tracing::debug!("gossip: {e}");
+                    }
+                }
+            }
+            _ => {
+                let through = pick(members, via, JOIN_THROUGH);
+                let subscribed = self.gossip.gossip.subscribe(topic, through).await;
+                let (sender, receiver) = match subscribed {
+                    Ok(topic) => topic.split(),
+                    Err(e) => {
+                        tracing::warn!("cannot join the org's gossip: {e}");
+                        return;
+                    }
+                };
+                let node = Arc::downgrade(self);
+                let neighbors = Arc::new(AtomicUsize::new(0));
+                let counted = neighbors.clone();
+                let receiving = tokio::spawn(async move {
+                    let mut receiver = receiver;
+                    while let Some(event) = receiver.next().await {
+                        let Some(node) = node.upgrade() else { return };
+                        match event {
+                            Ok(Event::Received(message)) => {
+                                node.heard_notice(message.delivered_from, &message.content);
+                            }
+                            Ok(Event::NeighborUp(_)) => {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(Event::NeighborDown(_)) => {
+                                let was = counted.fetch_update(
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                    |n| n.checked_sub(1),
+                                );
+                                if was == Ok(1) {
+                                    // Alone on the topic: notices would no longer reach it.
+                                    node.rejoin_gossip_soon(REJOIN_AFTER);
+                                }
+                            }
+                            Ok(Event::Lagged) => {
+                                tracing::debug!("gossip: notices were dropped (lagged)");
+                            }
+                            Err(e) => {
+                                tracing::debug!("gossip: {e}");
+                                return;
+                            }
+                        }
+                    }
+                });
+                *self.gossip.joined() = Some(Joined {
+                    topic,
+                    sender,
+                    neighbors,
+                    _receiving: AbortOnDropHandle::new(receiving),
+                });
+                // The members it joined through may all be away: it tries others if so.
+                self.rejoin_gossip_soon(FIRST_NEIGHBOR_WAIT);
+            }
+        }
+    }
+
+    /// After `wait`, joins the topic through more members if the node has fewer than
+    /// [`MIN_NEIGHBORS`] then.
+    fn rejoin_gossip_soon(self: &Arc<Self>, wait: Duration) {
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Some(node) = node.upgrade() {
+                node.gossip_follow_roster(None).await;
+            }
+        });
+    }
+
+    /// Whether the node has a neighbor on the org's topic (its announcements reach the org).
+    pub(super) fn gossip_has_neighbors(&self) -> bool {
+        self.gossip
+            .joined()
+            .as_ref()
+            .is_some_and(|j| j.neighbors.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Tells the org that this node installed roster `serial` (after [`reannounce_delay`]),
+    /// unless it heard it (or a newer one) announced [`HEARD_ENOUGH`] times by then or holds a
+    /// newer one itself.
+    pub(super) async fn reannounce_roster(&self, serial: u64) {
+        let held = self.roster().map_or(0, |v| v.roster().serial);
+        if held > serial || self.gossip.heard_of(serial) >= HEARD_ENOUGH {
+            return;
+        }
+        self.announce_roster(serial).await;
+    }
+
+    /// Tells the org this node installed roster `serial`.
+    pub(super) async fn announce_roster(&self, serial: u64) {
+        self.announce(Notice {
+            from: self.endpoint.id().to_string(),
+            roster: Some(serial),
+            catalog: None,
+        })
+        .await;
+    }
+
+    /// Tells the org this node's catalog changed.
+    pub(super) async fn announce_catalog(&self) {
+        let n = self
+            .gossip
+            .catalog_counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.announce(Notice {
+            from: self.endpoint.id().to_string(),
+            roster: None,
+            catalog: Some(n + 1),
+        })
+        .await;
+    }
+
+    async fn announce(&self, notice: Notice) {
+        let sender = self.gossip.joined().as_ref().map(|j| j.sender.clone());
+        let (Some(sender), Ok(bytes)) = (sender, serde_json::to_vec(&notice)) else {
+            return;
+        };
+        if let Err(e) = sender.broadcast(Bytes::from(bytes)).await {
+            tracing::debug!("gossip: cannot broadcast: {e}");
+        }
+    }
+
+    /// One notice `member` delivered: bounded, checked, and at most a fetch.
+    fn heard_notice(self: &Arc<Self>, member: EndpointId, content: &[u8]) {
+        let refuse = |reason: String| {
+            if self.gossip.record_now(member) {
+                self.audit.record(AuditEvent::GossipRefused {
+                    principal: format!("eid:{member}"),
+                    reason,
+                });
+            }
+        };
+        if let Err(wait) = self.gossip.limiter.check("gossip", &member.to_string()) {
+            refuse(format!(
+                "more than {NOTICES_PER_MIN} notices a minute; dropped for {} ms",
+                wait.as_millis()
+            ));
+            return;
+        }
+        let notice = match serde_json::from_slice::<Notice>(content) {
+            Ok(notice) => notice,
+            Err(e) => {
+                refuse(format!("not a notice: {e}"));
+                return;
+            }
+        };
+        let Some(view) = self.roster() else { return };
+        // A device the roster no longer lists (removed while its gossip connection lasts)
+        // is heard no more.
+        if view.seat(&member).is_none() || view.is_revoked(&member) {
+            refuse("the delivering device is not a member".into());
+            return;
+        }
+        let from = match crate::roster::parse_eid(&notice.from) {
+            Some(id) if view.seat(&id).is_some() && !view.is_revoked(&id) => id,
+            _ => {
+                refuse("the notice names a sender that is not a member".into());
+                return;
+            }
+        };
+        if from == self.endpoint.id() {
+            return;
+        }
+        if let Some(serial) = notice.roster {
+            self.gossip.heard(serial);
+            if serial > view.roster().serial {
+                // The member that installed it has it; the one that delivered it may too.
+                let mut fetches = self.gossip.fetches();
+                fetches.offer(from, serial);
+                if member != from {
+                    fetches.offer(member, serial);
+                }
+                drop(fetches);
+                self.fetch_rosters();
+            }
+        }
+        if notice.catalog.is_some() && self.catalogs.of(&from).is_some() {
+            let node = self.clone();
+            tokio::spawn(async move { node.ask_catalogs(vec![from]).await });
+        }
+    }
+}
+
+impl Node {
+    /// Starts a roster fetch from the best source announced, if one may start now.
+    fn fetch_rosters(self: &Arc<Self>) {
+        let held = self.roster().map_or(0, |v| v.roster().serial);
+        let next = self.gossip.fetches().start(held, Instant::now());
+        match next {
+            Next::Nothing => {}
+            Next::After(wait) => {
+                let node = Arc::downgrade(self);
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    if let Some(node) = node.upgrade() {
+                        node.gossip.fetches().waking = false;
+                        node.fetch_rosters();
+                    }
+                });
+            }
+            Next::Now(source) => {
+                let node = self.clone();
+                tokio::spawn(async move {
+                    let exchange = node.sync_with(source);
+                    tokio::pin!(exchange);
+                    let answered = match tokio::time::timeout(SLOW_FETCH, &mut exchange).await {
+                        Ok(answered) => answered,
+                        Err(_) => {
+                            // Slow: another source may be tried beside it.
+                            node.fetch_rosters();
+                            exchange.await
+                        }
+                    };
+                    node.gossip.fetches().ended(source, answered.is_some());
+                    node.fetch_rosters();
+                });
+            }
+        }
+    }
+}
+
+/// The gossip ALPN's handler: open to the members of the roster held only.
+#[derive(Debug)]
+pub(super) struct GossipProtocol {
+    node: Arc<Node>,
+}
+
+impl GossipProtocol {
+    pub(super) fn new(node: Arc<Node>) -> Self {
+        GossipProtocol { node }
+    }
+}
+
+impl ProtocolHandler for GossipProtocol {
+    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
+        let peer = conn.remote_id();
+        let member = self
+            .node
+            .roster()
+            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
+        if !member {
+            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
+            return Ok(());
+        }
+        self.node.gossip.gossip.accept(conn).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_is_small_and_strict() {
+        let n = Notice {
+            from: "ab".repeat(32),
+            roster: Some(7),
+            catalog: None,
+        };
+        let bytes = serde_json::to_vec(&n).unwrap();
+        assert!(bytes.len() < 200);
+        assert_eq!(serde_json::from_slice::<Notice>(&bytes).unwrap(), n);
+        assert!(
+            serde_json::from_slice::<Notice>(br#"{"from":"x","roster":1,"grant":"all"}"#).is_err()
+        );
+    }
+
+    fn id(n: u8) -> EndpointId {
+        iroh::SecretKey::from_bytes(&[n; 32]).public()
+    }
+
+    #[test]
+    fn one_fetch_at_a_time_the_newest_announcement_first_and_a_second_only_beside_a_slow_one() {
+        let mut f = Fetches::default();
+        let now = Instant::now();
+        f.offer(id(1), 5);
+        f.offer(id(2), 6);
+        f.offer(id(3), 6);
+        assert_eq!(
+            f.start(4, now),
+            Next::Now(id(2)),
+            "the newest serial, announced first"
+        );
+        assert_eq!(f.start(4, now), Next::Nothing, "one runs, not slow yet");
+        let later = now + SLOW_FETCH;
+        assert_eq!(f.start(4, later), Next::Now(id(3)), "beside a slow one");
+        assert_eq!(f.start(4, later + SLOW_FETCH), Next::Nothing, "at most two");
+        f.running.clear();
+        assert_eq!(
+            f.start(6, later),
+            Next::Nothing,
+            "what is held already is not fetched"
+        );
+        assert!(f.sources.is_empty());
+        // The kept ones are bounded.
+        for n in 10..30 {
+            f.offer(id(n), 7);
+        }
+        assert_eq!(f.sources.len(), MAX_SOURCES);
+    }
+
+    #[test]
+    fn a_newer_serial_announced_by_the_source_being_fetched_is_fetched_after_it() {
+        let mut f = Fetches::default();
+        let now = Instant::now();
+        f.offer(id(1), 49);
+        assert_eq!(f.start(48, now), Next::Now(id(1)));
+        // Serial 50 is announced while 49 is being fetched from the same member.
+        f.offer(id(1), 50);
+        assert_eq!(f.start(48, now), Next::Nothing, "not twice at once");
+        f.running.clear();
+        let after = now + FETCH_GAP;
+        assert_eq!(f.start(49, after), Next::Now(id(1)), "50 is still wanted");
+    }
+
+    #[test]
+    fn notices_in_a_burst_are_gathered_and_only_the_newest_is_fetched_after_the_gap() {
+        let mut f = Fetches::default();
+        let now = Instant::now();
+        f.offer(id(1), 2);
+        assert_eq!(f.start(1, now), Next::Now(id(1)), "the first at once");
+        f.running.clear();
+        let soon = now + Duration::from_millis(300);
+        f.offer(id(1), 3);
+        assert_eq!(
+            f.start(2, soon),
+            Next::After(FETCH_GAP - Duration::from_millis(300))
+        );
+        f.offer(id(2), 4);
+        assert_eq!(f.start(2, soon), Next::Nothing, "one wake-up is set");
+        f.waking = false;
+        assert_eq!(f.start(2, now + FETCH_GAP), Next::Now(id(2)), "the newest");
+        // A fetch whose source did not answer holds nothing back.
+        f.offer(id(3), 5);
+        f.ended(id(2), false);
+        assert_eq!(f.start(2, now + FETCH_GAP), Next::Now(id(3)));
+    }
+
+    #[test]
+    fn a_pick_is_bounded_distinct_and_starts_with_the_device_named() {
+        let ids: Vec<EndpointId> = (1..20).map(id).collect();
+        let picked = pick(ids.clone(), Some(id(7)), JOIN_THROUGH);
+        assert_eq!(picked.len(), JOIN_THROUGH);
+        assert_eq!(picked[0], id(7));
+        let distinct: std::collections::HashSet<_> = picked.iter().collect();
+        assert_eq!(distinct.len(), JOIN_THROUGH);
+        assert_eq!(pick(ids[..2].to_vec(), None, JOIN_THROUGH).len(), 2);
+        assert_eq!(pick(ids[..3].to_vec(), Some(id(99)), 1).len(), 1);
+    }
+
+    #[test]
+    fn each_org_has_its_own_topic() {
+        let a = topic(&"aa".repeat(32));
+        assert_eq!(a, topic(&"AA".repeat(32)));
+        assert_ne!(a, topic(&"bb".repeat(32)));
+    }
+}
