@@ -2019,21 +2019,8 @@ async fn forged_and_flooding_gossip_from_a_member_is_refused_bounded_and_audited
     .await;
     assert!(took, "bob holds the roster with mallory");
 
-    let book = iroh::address_lookup::MemoryLookup::new();
-    let mut addr = iroh::EndpointAddr::new(target);
-    for a in &bob.addrs {
-        addr = addr.with_ip_addr(a.parse().unwrap());
-    }
-    book.add_endpoint_info(addr);
-    let config = mcpmesh_net::endpoint::NetworkConfig {
-        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse().unwrap()],
-        discovery: Default::default(),
-    };
     let alpn = b"mcpmesh/gossip/1";
-    let mallory = mcpmesh_net::endpoint::bind(key, &config, vec![alpn.to_vec()], book)
-        .await
-        .unwrap();
+    let (mallory, _) = endpoint_accepting(key, &bob, vec![alpn.to_vec()]).await;
     let gossip = iroh_gossip::Gossip::builder()
         .alpn(alpn)
         .spawn(mallory.clone());

@@ -632,6 +632,15 @@ pub async fn endpoint_as(
     key: iroh::SecretKey,
     target: &TestNode,
 ) -> (iroh::Endpoint, iroh::EndpointId) {
+    endpoint_accepting(key, target, vec![]).await
+}
+
+/// [`endpoint_as`], also accepting connections for `alpns` (a hostile peer running a protocol).
+pub async fn endpoint_accepting(
+    key: iroh::SecretKey,
+    target: &TestNode,
+    alpns: Vec<Vec<u8>>,
+) -> (iroh::Endpoint, iroh::EndpointId) {
     let book = iroh::address_lookup::MemoryLookup::new();
     let id: iroh::EndpointId = target.id.parse().unwrap();
     let mut addr = iroh::EndpointAddr::new(id);
@@ -644,7 +653,7 @@ pub async fn endpoint_as(
         bind: vec!["127.0.0.1:0".parse().unwrap()],
         discovery: Default::default(),
     };
-    let ep = mcpmesh_net::endpoint::bind(key, &config, vec![], book)
+    let ep = mcpmesh_net::endpoint::bind(key, &config, alpns, book)
         .await
         .unwrap();
     (ep, id)
