@@ -9,6 +9,7 @@ use mcpmesh_net::transport::NdjsonTransport;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tokio::io::AsyncWriteExt;
 
 use crate::control::{ControlError, codes};
 
@@ -31,6 +32,14 @@ pub(super) async fn send_message(wire: &mut Wire, message: &impl Serialize) -> b
         Ok(v) => wire.send_value(v).await.is_ok(),
         Err(_) => false,
     }
+}
+
+/// Ends a conversation this side dialed: its half of the stream first, then, once the other
+/// side has read (and acted on) what it was sent and ended its own half, the connection.
+pub(super) async fn hang_up(mut wire: Wire, conn: &Connection) {
+    let _ = wire.writer_mut().shutdown().await;
+    let _ = wire.recv_value().await;
+    conn.close(VarInt::from_u32(0), b"done");
 }
 
 /// The redeemer's side of an invite's exchange: messages out, the other side's answers back.

@@ -21,7 +21,7 @@ use crate::roster::{self, RemovalNotice, RosterError, RosterView};
 use crate::store::{OrgRecord, Removed, StoreError};
 use crate::time::unix_ms;
 
-use super::super::exchange::{Wire, next_message};
+use super::super::exchange::{Wire, hang_up, next_message};
 use super::super::node::Node;
 
 /// Revoked keys handed their notice within the last [`NOTICE_INTERVAL`]: a removed device
@@ -262,10 +262,8 @@ impl Node {
             wire.send_value(serde_json::to_value(&offer).ok()?)
                 .await
                 .ok()?;
-            let _ = wire.writer_mut().shutdown().await;
             // The device ends its side once it has taken the notice.
-            let _ = wire.recv_value().await;
-            conn.close(VarInt::from_u32(0), b"done");
+            hang_up(wire, &conn).await;
             Some(())
         };
         let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, push).await;

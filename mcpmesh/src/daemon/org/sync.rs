@@ -23,7 +23,7 @@ use crate::roster::{self, DEFAULT_VALIDITY_SECS, Roster, RosterError, RosterView
 use crate::store::{OrgRecord, Removed, RosterSource};
 use crate::time::unix_ms;
 
-use super::super::exchange::{Wire, next_message};
+use super::super::exchange::{Wire, hang_up, next_message};
 use super::super::node::Node;
 use super::join::hint;
 use super::removal::{Told, tell_removed};
@@ -486,9 +486,7 @@ impl Node {
             }
             // The other side ends its stream once it has read (and installed) what it was
             // sent; only then does the connection go.
-            let _ = wire.writer_mut().shutdown().await;
-            let _ = wire.recv_value().await;
-            conn.close(VarInt::from_u32(0), b"done");
+            hang_up(wire, &conn).await;
             Some(theirs.serial)
         };
         tokio::time::timeout(EXCHANGE_TIMEOUT, exchange)
