@@ -96,11 +96,12 @@ pub(super) fn topic(root: &str) -> TopicId {
     TopicId::from_bytes(*hasher.finalize().as_bytes())
 }
 
-/// The org's gossip on this node: the instance, the topic joined (if in an org), and the
-/// bounds on what members deliver.
+/// The org's gossip on this node: the instance (started when first needed: a node in no org
+/// never runs one), the topic joined (if in an org), and the bounds on what members deliver.
 #[derive(Debug)]
 pub(super) struct OrgGossip {
-    gossip: Gossip,
+    endpoint: iroh::Endpoint,
+    gossip: std::sync::OnceLock<Gossip>,
     joined: Mutex<Option<Joined>>,
     limiter: Arc<RateLimiter>,
     /// When a refusal was last recorded, per delivering member.
@@ -248,13 +249,10 @@ fn pick(mut ids: Vec<EndpointId>, first: Option<EndpointId>, n: usize) -> Vec<En
 }
 
 impl OrgGossip {
-    pub(super) fn spawn(endpoint: iroh::Endpoint) -> Self {
-        let gossip = Gossip::builder()
-            .alpn(ALPN_GOSSIP)
-            .max_message_size(MAX_NOTICE)
-            .spawn(endpoint);
+    pub(super) fn new(endpoint: iroh::Endpoint) -> Self {
         OrgGossip {
-            gossip,
+            endpoint,
+            gossip: std::sync::OnceLock::new(),
             joined: Mutex::new(None),
             limiter: RateLimiter::per_minute_shared(NOTICES_PER_MIN),
             recorded: Default::default(),
@@ -263,6 +261,16 @@ impl OrgGossip {
             fetches: Default::default(),
             pushes: Default::default(),
         }
+    }
+
+    /// The gossip instance, started on first use (from within the runtime).
+    fn instance(&self) -> &Gossip {
+        self.gossip.get_or_init(|| {
+            Gossip::builder()
+                .alpn(ALPN_GOSSIP)
+                .max_message_size(MAX_NOTICE)
+                .spawn(self.endpoint.clone())
+        })
     }
 
     fn fetches(&self) -> std::sync::MutexGuard<'_, Fetches> {
@@ -342,7 +350,7 @@ impl Node {
             }
             _ => {
                 let through = pick(members, via, JOIN_THROUGH);
-                let subscribed = self.gossip.gossip.subscribe(topic, through).await;
+                let subscribed = self.gossip.instance().subscribe(topic, through).await;
                 let (sender, receiver) = match subscribed {
                     Ok(topic) => topic.split(),
                     Err(e) => {
@@ -584,7 +592,7 @@ impl ProtocolHandler for GossipProtocol {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             return Ok(());
         }
-        self.node.gossip.gossip.accept(conn).await
+        self.node.gossip.instance().accept(conn).await
     }
 }
 

@@ -204,7 +204,7 @@ pub async fn run(
         naming: Default::default(),
         outgoing: Default::default(),
         catalogs: catalog::Catalogs::load(&profile.state_dir),
-        gossip: gossip::OrgGossip::spawn(endpoint.clone()),
+        gossip: gossip::OrgGossip::new(endpoint.clone()),
         reach: Default::default(),
         held: Default::default(),
         roster_damage: Default::default(),

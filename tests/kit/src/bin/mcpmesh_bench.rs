@@ -165,6 +165,7 @@ fn main() -> anyhow::Result<()> {
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
+    let idle_anon = mesh.rss_kib("RssAnon:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
     // The figures first, then the 8 MiB requests: a node keeps memory an 8 MiB request
     // needed (see docs/performance.md), which would otherwise show in the next round's peak.
@@ -396,6 +397,12 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!("  at the end (what the nodes kept):       {}", mb(&end));
+    // Most of a node's RSS is the binary's code, mapped from one file that both nodes (and
+    // every `mcpmesh` process) share; the anonymous part is each node's own memory.
+    let (idle_anon, end_anon) = (kib(idle_anon), kib(mesh.rss_kib("RssAnon:")));
+    println!("  of which anonymous (the rest is the binary's code, one file both map):");
+    println!("    idle {}", mb(&idle_anon));
+    println!("    at the end {}", mb(&end_anon));
     if let Some(path) = &args.json {
         let floor = |f: fn(&Floor) -> f64| median(&floors.iter().map(f).collect::<Vec<_>>());
         // NaN (a figure this run did not measure) becomes null.
@@ -419,6 +426,10 @@ fn main() -> anyhow::Result<()> {
             "cpu_per_call_us": { "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu) },
             "request_8mib_mbs": { "direct": median(&direct[7]), "mesh": median(&meshed[7]) },
             "rss_peak_mb": peak_work.iter().sum::<u64>() as f64 / 1024.0,
+            "rss_anon_mb": {
+                "idle": idle_anon.iter().sum::<u64>() as f64 / 1024.0,
+                "end": end_anon.iter().sum::<u64>() as f64 / 1024.0,
+            },
         });
         std::fs::write(path, format!("{summary}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
