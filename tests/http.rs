@@ -671,6 +671,43 @@ async fn both_mcp_eras_pass_through_the_gateway() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn both_mcp_eras_use_a_service_through_the_gateways_hub() {
+    let (alice, bob) = two_nodes();
+    let py = python().display().to_string();
+    let server = interop_script("modern_server.py");
+    alice.serve("modern", &["bob"], &["--", &py, &server]);
+    // The gateway's hub presents what bob's catalog shows: wait until it shows the service.
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/modern"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    for era in ["modern", "legacy"] {
+        let mut args = modern_client(era, false);
+        args.extend(gateway.header_args());
+        args.extend(["--name-prefix", "alice__modern__"].map(String::from));
+        args.extend(
+            [
+                "--resource-uri",
+                "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
+            ]
+            .map(String::from),
+        );
+        args.extend(["--url".into(), gateway.url("hub")]);
+        let report = run_driver(&args).await;
+        assert!(!report.contains("FAIL"), "{report}");
+        // 2026-07-28 requests without a session share the gateway's one hub, which speaks
+        // that era to them (typed results, the input_required round trip passed through).
+        if era == "modern" {
+            assert_stateless_report(&report);
+        }
+        assert!(report.contains(r#""MCPMESH_PEER_NAME":"bob""#), "{report}");
+    }
+}
+
 /// An upstream that answers every POST `429 Too Many Requests` with `Retry-After: 2` and
 /// prints the `Authorization` header it was sent.
 const BUSY_UPSTREAM: &str = r#"

@@ -1017,7 +1017,7 @@ async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_wa
 
     // A 2026-07-28 client's first frame.
     let mut hub = raw_hub(&bob, &["alice/stub"]);
-    let discovered = hub.request("server/discover", json!({})).await;
+    let discovered = hub.request("server/discover", stateless(json!({}))).await;
     let result = &discovered["result"];
     assert!(
         result["supportedVersions"]
@@ -1026,10 +1026,17 @@ async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_wa
         "{discovered}"
     );
     assert!(result["capabilities"]["tools"].is_object(), "{discovered}");
-    assert_eq!(result["serverInfo"]["name"], "mcpmesh-hub", "{discovered}");
+    assert_eq!(result["resultType"], "complete", "{discovered}");
+    assert_eq!(result["cacheScope"], "private", "{discovered}");
+    assert_eq!(result["ttlMs"], 0, "{discovered}");
+    assert_eq!(
+        result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "mcpmesh-hub",
+        "{discovered}"
+    );
     assert_eq!(live_sessions(&alice), 0, "discover opened a session");
     // Answered after it, a ping shows the hub settled with nothing more to do.
-    assert_eq!(hub.request("ping", json!({})).await["result"], json!({}));
+    let pong = hub.request("ping", stateless(json!({}))).await;
+    assert_eq!(pong["result"]["resultType"], "complete", "{pong}");
     hub.close_stdin();
     hub.wait_eof().await;
     let records = alice.stop_and_audit();
@@ -1038,6 +1045,297 @@ async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_wa
         1,
         "only the first run's listing opened one: {records:?}"
     );
+}
+
+/// `params` as a 2026-07-28 client sends them: the protocol's fields in `_meta`.
+fn stateless(mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    params
+}
+
+/// Runs `tests/interop/modern_client.py` in `era` against `mcpmesh hub alice/modern` on bob
+/// (bare names, so the checks' tool and prompt names hold); its report.
+async fn modern_client_through_the_hub(bob: &TestNode, era: &str) -> String {
+    let mut args = vec![
+        interop_script("modern_client.py"),
+        "--era".into(),
+        era.into(),
+        "--resource-uri".into(),
+        "mcpmesh-hub://alice/modern/mcpmesh://interop/hello".into(),
+        "--".into(),
+        MCPMESH.into(),
+        "--home".into(),
+        bob.home().display().to_string(),
+    ];
+    args.extend(["hub", "alice/modern", "--names", "bare"].map(String::from));
+    let report = run_driver(&args).await;
+    assert!(report.contains(r#"{"passed": "#), "{report}");
+    assert!(!report.contains("FAIL"), "{report}");
+    report
+}
+
+/// What reached the server through a `modern_client.py --relay` transcript: the methods the
+/// client side sent, in order.
+fn methods_sent(transcript: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(transcript)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("> "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|f| f["method"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_client_and_a_2025_11_25_client_each_use_a_dual_era_server_through_the_hub_in_their_own_era()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let dir = tempfile::tempdir().unwrap();
+    let served = dir.path().join("served");
+    let (py, client, server) = (
+        python().display().to_string(),
+        interop_script("modern_client.py"),
+        interop_script("modern_server.py"),
+    );
+    let relay = served.display().to_string();
+    alice.serve(
+        "modern",
+        &["bob"],
+        &["--", &py, &client, "--relay", &relay, "--", &py, &server],
+    );
+
+    // The official SDK's 2026-07-28 client: discover, lists, calls, the input_required round
+    // trip of `confirm` (its retry reaching the server that sealed the state), resource,
+    // prompt; and the server was spoken to in its own era, never with `initialize`.
+    let report = modern_client_through_the_hub(&bob, "modern").await;
+    assert_stateless_report(&report);
+    assert!(report.contains("server=mcpmesh-hub"), "{report}");
+    let upstream = methods_sent(&served);
+    assert_eq!(
+        upstream.first().map(String::as_str),
+        Some("server/discover"),
+        "{upstream:?}"
+    );
+    assert!(!upstream.iter().any(|m| m == "initialize"), "{upstream:?}");
+    let calls = upstream.iter().filter(|m| *m == "tools/call").count();
+    assert_eq!(
+        calls, 5,
+        "echo, add, whoami, confirm and its retry: {upstream:?}"
+    );
+
+    // The SDK's 2025-11-25 client over the same service: the handshake upstream too, and the
+    // server's mid-call elicitation answered by the client.
+    std::fs::remove_file(&served).unwrap();
+    let report = modern_client_through_the_hub(&bob, "legacy").await;
+    assert!(
+        report.contains("ok   confirm elicitation/create mid-call"),
+        "{report}"
+    );
+    let upstream = methods_sent(&served);
+    assert_eq!(
+        upstream.first().map(String::as_str),
+        Some("initialize"),
+        "{upstream:?}"
+    );
+    assert!(
+        !upstream.iter().any(|m| m == "server/discover"),
+        "{upstream:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_on_its_stream_and_clear_refusals()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-stateless"));
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+
+    let discovered = hub.request("server/discover", stateless(json!({}))).await;
+    assert_eq!(
+        discovered["result"]["resultType"], "complete",
+        "{discovered}"
+    );
+    // No log messages and no resource updates outside a stream, so none are offered.
+    let caps = &discovered["result"]["capabilities"];
+    assert!(caps.get("logging").is_none(), "{discovered}");
+    assert_eq!(caps["resources"]["subscribe"], false, "{discovered}");
+
+    // The stream for list changes is acknowledged first, naming what it will carry.
+    hub.send(
+        &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+        "params": stateless(json!({"notifications": {"toolsListChanged": true,
+            "resourceSubscriptions": ["demo://resource/static/document/architecture.md"]}}))}),
+    )
+    .await;
+    let ack = hub.recv().await.expect("the stream's acknowledgement");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "listen-1"
+    );
+
+    // Lists and calls, typed; the server (2025) was spoken to with the handshake.
+    let listed = hub.request("tools/list", stateless(json!({}))).await;
+    let result = &listed["result"];
+    assert_eq!(result["resultType"], "complete", "{listed}");
+    assert_eq!(result["cacheScope"], "private", "{listed}");
+    assert!(result["ttlMs"].is_u64(), "{listed}");
+    assert!(
+        result["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["name"] == "alice__everything__echo")),
+        "{listed}"
+    );
+    let echoed = hub
+        .request(
+            "tools/call",
+            stateless(json!({"name": "alice__everything__echo", "arguments": {"message": "hi"}})),
+        )
+        .await;
+    assert_eq!(echoed["result"]["resultType"], "complete", "{echoed}");
+    assert_eq!(
+        echoed["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "mcpmesh-hub",
+        "{echoed}"
+    );
+    assert!(
+        echoed["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("hi")),
+        "{echoed}"
+    );
+
+    // A tool that needs the client's sampling fails at once: the server was told the client
+    // has no such capability (a 2026-07-28 client takes no server requests).
+    let sampled = hub
+        .request(
+            "tools/call",
+            stateless(
+                json!({"name": "alice__everything__trigger-sampling-request",
+                "arguments": {"prompt": "six times seven?"}}),
+            ),
+        )
+        .await;
+    let failed = sampled.get("error").is_some() || sampled["result"]["isError"] == true;
+    assert!(failed, "{sampled}");
+
+    // Refusals in the era's own terms: a request without the envelope, a version the hub does
+    // not speak, and the handshake after discover.
+    let bare = hub.request("tools/list", json!({})).await;
+    assert_eq!(bare["error"]["code"], -32602, "{bare}");
+    let mut future = stateless(json!({}));
+    future["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2099-01-01");
+    let unsupported = hub.request("tools/list", future).await;
+    assert_eq!(unsupported["error"]["code"], -32022, "{unsupported}");
+    assert_eq!(
+        unsupported["error"]["data"]["supported"],
+        json!(["2026-07-28"])
+    );
+    let late = hub
+        .request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}),
+        )
+        .await;
+    assert_eq!(late["error"]["code"], -32022, "{late}");
+
+    // The server-initiated notifications of the handshake era (log messages) never reached
+    // this client: everything it got outside answers was on its stream.
+    for frame in &hub.skipped {
+        assert_eq!(
+            frame["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1",
+            "{frame}"
+        );
+    }
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_ends_its_session_on_server_discover_gets_the_handshake_on_a_new_one_and_is_not_probed_again()
+ {
+    let (alice, bob) = two_nodes();
+    serve_scripted(
+        &alice,
+        "strict",
+        json!({"tag": "strict", "tools": ["hello"], "strict": true}),
+    );
+    for run in 0..2 {
+        let mut hub = raw_hub(&bob, &["alice/strict"]);
+        hub.request("server/discover", stateless(json!({}))).await;
+        // The listing (and the era it found) is cached once the list is answered.
+        let listed = hub.request("tools/list", stateless(json!({}))).await;
+        assert_eq!(
+            listed["result"]["tools"][0]["name"], "alice__strict__hello",
+            "{listed}"
+        );
+        let called = hub
+            .request(
+                "tools/call",
+                stateless(json!({"name": "alice__strict__hello", "arguments": {}})),
+            )
+            .await;
+        assert_eq!(
+            called["result"]["content"][0]["text"], "strict:hello",
+            "run {run}: {called}"
+        );
+        assert_eq!(called["result"]["resultType"], "complete", "{called}");
+        hub.close_stdin();
+        hub.wait_eof().await;
+        until_no_sessions(&[&alice]).await;
+    }
+    // The first run's probe ended a session, and its handshake took a second; the second run
+    // knew the service's era from the listing cache and went straight to the handshake.
+    let records = alice.stop_and_audit();
+    assert_eq!(opened_by_bob(&records, "strict"), 3, "{records:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_client_that_closes_its_input_at_once_still_gets_every_answer_typed() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-stateless-eof"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    let requests = [
+        ("server/discover", json!({})),
+        ("tools/list", json!({})),
+        (
+            "tools/call",
+            json!({"name": "alice__stub__echo", "arguments": {"text": "before the end"}}),
+        ),
+    ];
+    for (id, (method, params)) in requests.iter().enumerate() {
+        hub.send(&json!({"jsonrpc": "2.0", "id": id, "method": method,
+            "params": stateless(params.clone())}))
+            .await;
+    }
+    hub.close_stdin();
+    let mut answers = std::collections::BTreeMap::new();
+    while let Some(frame) = hub.recv().await {
+        if let Some(id) = frame["id"].as_u64() {
+            answers.insert(id, frame);
+        }
+    }
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    for frame in answers.values() {
+        assert_eq!(frame["result"]["resultType"], "complete", "{frame}");
+    }
+    assert_eq!(
+        answers[&2]["result"]["content"][0]["text"], "before the end",
+        "{answers:?}"
+    );
+    assert_eq!(answers[&1]["result"]["cacheScope"], "private");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1382,6 +1680,7 @@ def out(frame):
     sys.stdout.flush()
 def tool(name, description):
     return {"name": name, "description": description, "inputSchema": {"type": "object"}}
+greeted = False
 for line in sys.stdin:
     try:
         msg = json.loads(line)
@@ -1390,6 +1689,9 @@ for line in sys.stdin:
     if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
         continue
     method, mid, params = msg["method"], msg["id"], msg.get("params") or {}
+    if cfg.get("strict") and not greeted and method != "initialize":
+        sys.exit(1)  # a server that ends its session on anything before the handshake
+    greeted = True
     if method == "initialize":
         result = {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
                   "capabilities": {"tools": {}, "prompts": {}, "resources": {}},

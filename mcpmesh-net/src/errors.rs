@@ -22,6 +22,8 @@ pub enum ErrorCode {
     Unreachable,
     /// A gateway session id that names no session (never issued, or ended).
     UnknownSession,
+    /// A feature that cannot be bridged between MCP eras (`data.feature` names it).
+    Unbridged,
     /// Input the mesh had to parse was not JSON.
     Parse,
     /// JSON, but not one JSON-RPC message (an array, a bare value).
@@ -37,6 +39,7 @@ impl ErrorCode {
             ErrorCode::UnknownService => -32054,
             ErrorCode::Unreachable => -32055,
             ErrorCode::UnknownSession => -32056,
+            ErrorCode::Unbridged => -32057,
             ErrorCode::Parse => -32700,
             ErrorCode::InvalidRequest => -32600,
         }
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::UnknownService => "unknown or unauthorized service",
             ErrorCode::Unreachable => "peer unreachable or session lost",
             ErrorCode::UnknownSession => "unknown or ended session",
+            ErrorCode::Unbridged => "a feature that cannot be bridged between MCP eras",
             ErrorCode::Parse => "parse error: not a JSON value",
             ErrorCode::InvalidRequest => "invalid request: not a JSON-RPC message",
         }
@@ -87,6 +91,13 @@ impl ErrorFrame {
 
     pub fn message(mut self, message: impl Into<String>) -> Self {
         self.message = Some(message.into());
+        self
+    }
+
+    /// What cannot be bridged, for [`ErrorCode::Unbridged`].
+    pub fn feature(mut self, feature: impl Into<String>) -> Self {
+        self.data
+            .insert("feature".into(), Value::from(feature.into()));
         self
     }
 

@@ -1,7 +1,7 @@
 """Interop MCP client for the mcpmesh tests (official Python SDK, `mcp` 2.3.0).
 
 Usage:
-    python modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]
+    python modern_client.py [--era modern|legacy] [--transcript FILE] [--resource-uri URI] [--name-prefix P] [--big BYTES] -- CMD [ARGS...]
     python modern_client.py [--era modern|legacy] [--big BYTES] [--header NAME=VALUE]... --url URL
 
 Spawns CMD with the SDK's stdio client (`mcp.Client(StdioServerParameters(...))`) and runs a
@@ -21,6 +21,10 @@ Over HTTP a modern (2026-07-28) request is one POST carrying MCP-Protocol-Versio
 `initialize` -> Mcp-Session-Id, a GET stream after `notifications/initialized`, DELETE at the end.
 Each --header NAME=VALUE (repeatable, --url only) is sent on every HTTP request, e.g.
 `Authorization=Bearer <token>` for `mcpmesh gateway`.
+
+--resource-uri URI: read URI in the resources/read check instead of RESOURCE_URI (through
+`mcpmesh hub`, the server's resource is presented as mcpmesh-hub://PEER/SERVICE/<its URI>).
+--name-prefix P: the server's tools and prompt are named P<name> (a hub's PEER__SERVICE__).
 
 --big BYTES: one more check at the end: echo a payload of exactly BYTES UTF-8 bytes of awkward
 text (2/3/4-byte characters, combining marks, U+2028/U+2029, quotes, backslashes, control
@@ -102,6 +106,8 @@ ECHO_TEXT = "hello mesh \u00e9\u00e8 \u2603 \U0001f310 \"quoted\" \\ back"
 CONFIRM_QUESTION = "deploy to prod?"
 CONFIRM_ANSWER = "yes, go"
 RESOURCE_URI = "mcpmesh://interop/hello"
+RESOURCE_URI_READ = RESOURCE_URI  # --resource-uri
+NAME_PREFIX = ""  # --name-prefix
 RESOURCE_TEXT = "hello from mcpmesh interop"
 PROMPT_NAME = "greet"
 EXPECTED_TOOLS = {"echo", "add", "whoami", "confirm"}
@@ -406,14 +412,14 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
     await step("first-frame", first_frame)
 
     async def list_tools() -> str:
-        names = {t.name for t in (await client.list_tools()).tools}
+        names = {t.name.removeprefix(NAME_PREFIX) for t in (await client.list_tools()).tools}
         assert EXPECTED_TOOLS <= names, f"missing tools {sorted(EXPECTED_TOOLS - names)}"
         return ",".join(sorted(names))
 
     await step("tools/list", list_tools)
 
     async def echo() -> str:
-        r = await client.call_tool("echo", {"text": ECHO_TEXT})
+        r = await client.call_tool(NAME_PREFIX + "echo", {"text": ECHO_TEXT})
         assert not r.is_error, f"isError: {text_of(r)}"
         assert text_of(r) == ECHO_TEXT, f"got {text_of(r)!r}"
         return json.dumps(text_of(r))
@@ -421,7 +427,7 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
     await step("echo", echo)
 
     async def add() -> str:
-        r = await client.call_tool("add", {"a": 2, "b": 40})
+        r = await client.call_tool(NAME_PREFIX + "add", {"a": 2, "b": 40})
         assert not r.is_error, f"isError: {text_of(r)}"
         assert text_of(r) == "42", f"got {text_of(r)!r}"
         assert r.structured_content == {"result": 42}, f"structured {r.structured_content!r}"
@@ -430,7 +436,7 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
     await step("add", add)
 
     async def whoami() -> str:
-        r = await client.call_tool("whoami", {})
+        r = await client.call_tool(NAME_PREFIX + "whoami", {})
         assert not r.is_error, f"isError: {text_of(r)}"
         data = json.loads(text_of(r))
         for key in ("MCPMESH_PEER_EID", "MCPMESH_PEER_NAME", "MCPMESH_SERVICE", "meta_peer"):
@@ -440,12 +446,12 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
     await step("whoami", whoami)
 
     async def confirm() -> str:
-        r = await client.call_tool("confirm", {"question": CONFIRM_QUESTION})
+        r = await client.call_tool(NAME_PREFIX + "confirm", {"question": CONFIRM_QUESTION})
         assert not r.is_error, f"isError: {text_of(r)}"
         want = f"{CONFIRM_QUESTION} -> {CONFIRM_ANSWER}"
         assert text_of(r) == want, f"got {text_of(r)!r}, wanted {want!r}"
         assert len(elicitations) == 1, f"elicitation callback ran {len(elicitations)} times"
-        calls = tap.requests_sent("tools/call", "confirm")
+        calls = tap.requests_sent("tools/call", NAME_PREFIX + "confirm")
         if era == "modern":
             assert len(calls) == 2, f"{len(calls)} tools/call confirm frames sent, wanted 2 (call + retry)"
             first = tap.response_to(calls[0]["id"])
@@ -476,15 +482,15 @@ async def session_checks(era: str, client: Any, tap: Tap, elicitations: list[Any
     await step("confirm", confirm)
 
     async def read_resource() -> str:
-        r = await client.read_resource(RESOURCE_URI)
+        r = await client.read_resource(RESOURCE_URI_READ)
         texts = [c.text for c in r.contents if isinstance(c, types.TextResourceContents)]
         assert texts == [RESOURCE_TEXT], f"got {texts!r}"
-        return f"{RESOURCE_URI} {json.dumps(texts[0])}"
+        return f"{RESOURCE_URI_READ} {json.dumps(texts[0])}"
 
     await step("resources/read", read_resource)
 
     async def get_prompt() -> str:
-        r = await client.get_prompt(PROMPT_NAME, {"name": "mesh"})
+        r = await client.get_prompt(NAME_PREFIX + PROMPT_NAME, {"name": "mesh"})
         assert len(r.messages) == 1, f"{len(r.messages)} messages"
         content = r.messages[0].content
         assert isinstance(content, types.TextContent), f"content {type(content).__name__}"
@@ -506,7 +512,7 @@ async def big_check(client: Any, size: int, step: Any) -> None:
     payload = big_payload(size)
 
     async def big() -> str:
-        r = await client.call_tool("echo", {"text": payload}, read_timeout_seconds=BIG_TIMEOUT)
+        r = await client.call_tool(NAME_PREFIX + "echo", {"text": payload}, read_timeout_seconds=BIG_TIMEOUT)
         assert not r.is_error, f"isError: {text_of(r)[:200]}"
         got = text_of(r)
         if got != payload:
@@ -525,7 +531,7 @@ def parse_args(
     argv: list[str],
 ) -> tuple[str, str | None, list[str], str | None, int | None, dict[str, str]]:
     usage = (
-        "usage: modern_client.py [--era modern|legacy] [--transcript FILE] [--big BYTES] -- CMD [ARGS...]\n"
+        "usage: modern_client.py [--era modern|legacy] [--transcript FILE] [--resource-uri URI] [--name-prefix P] [--big BYTES] -- CMD [ARGS...]\n"
         "       modern_client.py [--era modern|legacy] [--big BYTES] [--header NAME=VALUE]... --url URL"
     )
     if "--" in argv:
@@ -548,6 +554,12 @@ def parse_args(
             if not name.strip():
                 sys.exit(usage)
             headers[name.strip()] = value
+        elif opts[i] == "--resource-uri" and i + 1 < len(opts):
+            global RESOURCE_URI_READ
+            RESOURCE_URI_READ = opts[i + 1]
+        elif opts[i] == "--name-prefix" and i + 1 < len(opts):
+            global NAME_PREFIX
+            NAME_PREFIX = opts[i + 1]
         elif opts[i] == "--big" and i + 1 < len(opts) and opts[i + 1].isdigit() and int(opts[i + 1]) > 0:
             big = int(opts[i + 1])
         else:

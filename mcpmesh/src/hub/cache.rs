@@ -33,9 +33,13 @@ pub struct Listing {
     /// The server's `ttlMs` on its `tools/list`, when it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
-    /// The server's `capabilities` from its `initialize` answer.
+    /// The server's `capabilities` from its `initialize` (or `server/discover`) answer.
     #[serde(default)]
     pub capabilities: Value,
+    /// The era the service was found to speak (a stateless client's sessions skip the
+    /// `server/discover` probe of a handshake-era one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub era: Option<super::era::Era>,
     #[serde(default)]
     pub tools: Vec<Value>,
     #[serde(default)]

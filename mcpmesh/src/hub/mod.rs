@@ -3,11 +3,13 @@
 //!
 //! - `names`: how merged tools and prompts are named and routed back (pure functions).
 //! - `cache`: each service's listing on disk, so lists are answered at start without a session.
-//! - `upstream`: one mesh session on which the hub is the MCP client.
+//! - `era`: the two eras of MCP (handshake, stateless): envelopes checked, results typed.
+//! - `upstream`: one mesh session on which the hub is the MCP client, in its server's era.
 //! - `pool`: at most one session per service, opened on first use, reaped when idle.
 //! - `server`: the hub as its client sees it.
 
 pub mod cache;
+mod era;
 pub mod names;
 mod pool;
 mod server;

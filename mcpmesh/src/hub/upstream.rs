@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -22,11 +22,12 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Target;
+use super::era::{self, Envelope, Era};
 use crate::control::Attach;
 use crate::control::client::ControlClient;
 use crate::paths::Profile;
 
-/// How long an upstream server gets to answer `initialize`.
+/// How long an upstream server gets to answer `initialize` (or `server/discover`).
 const HANDSHAKE: Duration = Duration::from_secs(30);
 /// How long a closed session's reader may take to see its end.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -104,10 +105,25 @@ async fn blocking<T: Send + 'static>(
         })
 }
 
+/// How a session greets its server.
+#[derive(Debug, Clone)]
+pub(crate) struct Hello {
+    /// The `initialize` params for a server of the handshake era.
+    pub handshake: Value,
+    /// For a client of the stateless era: its envelope, and `server/discover` is tried first.
+    pub stateless: Option<Envelope>,
+    /// The era this service was found to speak before (the listing cache's), if known.
+    pub known: Option<Era>,
+}
+
 /// A live session to one service.
 #[derive(Debug)]
 pub(crate) struct Upstream {
     pub target: Target,
+    /// Whether the server speaks the stateless era on this session (else the handshake's).
+    stateless: AtomicBool,
+    /// The envelope a stateless server's requests carry when the client's own gives none.
+    envelope: Option<Envelope>,
     writer: Mutex<Option<OwnedWriteHalf>>,
     next_id: AtomicU64,
     waiting: StdMutex<HashMap<u64, oneshot::Sender<Value>>>,
@@ -118,13 +134,34 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// Opens a session to `target` and runs the handshake with the client's `hello` (the
-    /// `initialize` params the hub's own client sent, so the server sees its capabilities).
+    /// Opens a session to `target` in the server's own era: for a stateless client,
+    /// `server/discover` first (unless the service was found to speak only the handshake),
+    /// and the handshake when the server does not speak the stateless revision; for a client
+    /// of the handshake era, the handshake with its own `initialize` params, so the server sees
+    /// its capabilities.
     pub async fn open(
         node: &NodeAccess,
         target: &Target,
-        hello: Value,
+        hello: Hello,
         inbound: mpsc::Sender<Inbound>,
+    ) -> Result<Arc<Upstream>, UpstreamError> {
+        let probe = hello.stateless.is_some() && hello.known != Some(Era::Handshake);
+        match Self::open_with(node, target, &hello, inbound.clone(), probe).await {
+            // A server that ends its session on a request before `initialize` still gets the
+            // handshake, on a new session.
+            Err(UpstreamError::Lost) if probe => {
+                Self::open_with(node, target, &hello, inbound, false).await
+            }
+            opened => opened,
+        }
+    }
+
+    async fn open_with(
+        node: &NodeAccess,
+        target: &Target,
+        hello: &Hello,
+        inbound: mpsc::Sender<Inbound>,
+        probe: bool,
     ) -> Result<Arc<Upstream>, UpstreamError> {
         let client = node.control().await?;
         let (peer, service) = (target.peer.clone(), target.service.clone());
@@ -138,8 +175,12 @@ impl Upstream {
                 message: e.to_string(),
             })?;
         let (reader, writer) = stream.into_split();
+        let probe = hello.stateless.clone().filter(|_| probe);
         let up = Arc::new(Upstream {
             target: target.clone(),
+            // The probe goes out as a stateless request.
+            stateless: AtomicBool::new(probe.is_some()),
+            envelope: hello.stateless.clone(),
             writer: Mutex::new(Some(writer)),
             next_id: AtomicU64::new(1),
             waiting: StdMutex::new(HashMap::new()),
@@ -148,9 +189,33 @@ impl Upstream {
         });
         tokio::spawn(read_loop(up.clone(), reader, inbound));
 
-        let answer = tokio::time::timeout(HANDSHAKE, up.request("initialize", hello))
-            .await
-            .map_err(|_| UpstreamError::Handshake(HANDSHAKE));
+        if let Some(envelope) = probe {
+            let mut params = Value::Null;
+            envelope.stamp(&mut params);
+            let answer = tokio::time::timeout(HANDSHAKE, up.request("server/discover", params))
+                .await
+                .map_err(|_| UpstreamError::Handshake(HANDSHAKE));
+            match answer {
+                Ok(Ok(answer)) => {
+                    if let Some(result) = answer.get("result").filter(|r| era::speaks_stateless(r))
+                    {
+                        *up.init.lock().unwrap_or_else(|p| p.into_inner()) = result.clone();
+                        return Ok(up);
+                    }
+                    // Not the stateless revision (an error, or only handshake versions): the
+                    // handshake on the same session.
+                    up.stateless.store(false, Ordering::Release);
+                }
+                Ok(Err(e)) | Err(e) => {
+                    up.close().await;
+                    return Err(e);
+                }
+            }
+        }
+        let answer =
+            tokio::time::timeout(HANDSHAKE, up.request("initialize", hello.handshake.clone()))
+                .await
+                .map_err(|_| UpstreamError::Handshake(HANDSHAKE));
         let answer = match answer {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) | Err(e) => {
@@ -180,7 +245,16 @@ impl Upstream {
         Ok(up)
     }
 
-    /// The server's capabilities, from its `initialize` answer.
+    /// The era the server speaks on this session.
+    pub fn era(&self) -> Era {
+        if self.stateless.load(Ordering::Acquire) {
+            Era::Stateless
+        } else {
+            Era::Handshake
+        }
+    }
+
+    /// The server's capabilities, from its `initialize` (or `server/discover`) answer.
     pub fn capabilities(&self) -> Value {
         self.init
             .lock()
@@ -197,12 +271,22 @@ impl Upstream {
         rx.await.map_err(|_| UpstreamError::Lost)
     }
 
-    /// Sends a request and returns its id and where its answer will arrive.
+    /// Sends a request and returns its id and where its answer will arrive. A stateless
+    /// server's request carries the client's envelope (or, for the hub's own requests, the one
+    /// the session was opened with); a handshake-era server's carries none.
     pub async fn start(
         &self,
         method: &str,
-        params: Value,
+        mut params: Value,
     ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+        match (&self.envelope, self.era()) {
+            (Some(envelope), Era::Stateless) => {
+                if Envelope::of(&params).is_none_or(|e| e.is_err()) {
+                    envelope.stamp(&mut params);
+                }
+            }
+            _ => era::strip(&mut params),
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiting().insert(id, tx);

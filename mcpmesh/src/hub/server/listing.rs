@@ -69,8 +69,7 @@ impl Hub {
         tokio::spawn(async move {
             loop {
                 if self.fetch(&target).await && self.listed.load(Ordering::SeqCst) {
-                    self.send(line(&json!({"jsonrpc": "2.0", "method": method})))
-                        .await;
+                    self.list_changed(&method).await;
                 }
                 if !lock(&self.again).remove(&target) {
                     break;
@@ -154,6 +153,10 @@ impl Hub {
     /// messages, to the client, which would otherwise only see items missing.
     async fn warn(&self, target: &Target, note: &str) {
         tracing::warn!(%target, "{note}");
+        // A stateless client takes no log messages outside a request.
+        if self.client_era_is(crate::hub::era::Era::Stateless) {
+            return;
+        }
         let level = lock(&self.log_level)
             .as_ref()
             .and_then(|p| p.get("level")?.as_str().map(str::to_owned));
@@ -178,8 +181,7 @@ impl Hub {
             "notifications/prompts/list_changed",
             "notifications/resources/list_changed",
         ] {
-            self.send(line(&json!({"jsonrpc": "2.0", "method": method})))
-                .await;
+            self.list_changed(method).await;
         }
     }
 }
@@ -200,6 +202,7 @@ async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError
     let mut listing = Listing {
         fetched_at_ms: cache::now_ms(),
         capabilities: caps.clone(),
+        era: Some(up.era()),
         ..Listing::default()
     };
     let mut notes = Vec::new();

@@ -32,10 +32,11 @@ use tokio_util::task::TaskTracker;
 
 use self::routing::Forwarded;
 use self::view::View;
-use self::wire::{answer, line, lock, rpc_error, valid_id, write_out};
+use self::wire::{answer, key, line, lock, rpc_error, valid_id, write_out};
 use super::cache::{Cache, Listing};
+use super::era::{self, Envelope, Era};
 use super::pool::Pool;
-use super::upstream::{Inbound, NodeAccess, Upstream, UpstreamError};
+use super::upstream::{Hello, Inbound, NodeAccess, Upstream, UpstreamError};
 use super::{HubConfig, HubError, Target};
 
 /// How often the node is asked which peers are reachable.
@@ -47,10 +48,8 @@ const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
-/// Protocol revisions of the `initialize` era the hub speaks; the first is its default.
-const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
-/// The stateless revision, answered through `server/discover`.
-const MODERN: &str = "2026-07-28";
+/// Open `subscriptions/listen` streams of a stateless client, at most.
+const MAX_LISTENS: usize = 64;
 
 pub(super) struct Hub {
     config: HubConfig,
@@ -68,6 +67,12 @@ pub(super) struct Hub {
     cache: StdMutex<Cache>,
     view: StdMutex<View>,
     hello: StdMutex<Option<Value>>,
+    /// The era the client speaks (set by its first `initialize`, `server/discover` or
+    /// stateless request) and, stateless, the envelope of its latest request.
+    client: StdMutex<Client>,
+    /// A stateless client's `subscriptions/listen` streams: its request id (as JSON text) →
+    /// that id and the notifications agreed to.
+    listens: StdMutex<HashMap<String, (Value, Value)>>,
     log_level: StdMutex<Option<Value>>,
     /// Client request id (as JSON text) → where it went.
     forwarded: StdMutex<HashMap<String, Forwarded>>,
@@ -127,6 +132,8 @@ where
         cache: StdMutex::new(cache),
         view: StdMutex::new(View::default()),
         hello: StdMutex::new(None),
+        client: StdMutex::new(Client::default()),
+        listens: StdMutex::new(HashMap::new()),
         log_level: StdMutex::new(None),
         forwarded: StdMutex::new(HashMap::new()),
         asked: StdMutex::new(HashMap::new()),
@@ -196,6 +203,13 @@ fn catalog_targets(catalog: &Value) -> (Vec<Target>, HashMap<Target, Option<u64>
     (targets, counts)
 }
 
+/// What the hub knows of its client's era.
+#[derive(Debug, Default)]
+struct Client {
+    era: Option<Era>,
+    envelope: Option<Envelope>,
+}
+
 fn reachability(peers: &Value) -> HashMap<String, bool> {
     peers["peers"]
         .as_array()
@@ -257,16 +271,21 @@ impl Hub {
 
     async fn request(self: Arc<Self>, id: Value, method: &str, frame: Value) {
         let params = frame.get("params").cloned().unwrap_or(Value::Null);
+        if let Err(refusal) = self.client_era(method, &params) {
+            self.send(refusal_line(&id, refusal)).await;
+            return;
+        }
+        let stateless = self.client_era_is(Era::Stateless);
         let reply = match method {
             "initialize" => {
                 *lock(&self.hello) = Some(params.clone());
                 self.clone().first_listings();
                 let asked = params["protocolVersion"].as_str().unwrap_or_default();
-                let version = VERSIONS
+                let version = era::HANDSHAKE
                     .iter()
                     .find(|v| **v == asked)
                     .copied()
-                    .unwrap_or(VERSIONS[0]);
+                    .unwrap_or(era::HANDSHAKE[0]);
                 answer(
                     &id,
                     json!({
@@ -279,17 +298,23 @@ impl Hub {
             }
             "server/discover" => {
                 self.clone().first_listings();
-                answer(
+                let mut versions = vec![era::STATELESS];
+                versions.extend(era::HANDSHAKE);
+                self.typed_answer(
                     &id,
+                    method,
                     json!({
-                        "supportedVersions": [MODERN],
+                        "supportedVersions": versions,
                         "capabilities": self.capabilities(),
-                        "serverInfo": server_info(),
                         "instructions": self.instructions(),
                     }),
                 )
             }
-            "ping" => answer(&id, json!({})),
+            "subscriptions/listen" if stateless => {
+                self.listen(&id, &params).await;
+                return;
+            }
+            "ping" => self.typed_answer(&id, method, json!({})),
             "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
                 self.clone().first_listings();
                 self.wait_for_first_listings().await;
@@ -300,11 +325,11 @@ impl Hub {
             "logging/setLevel" => {
                 *lock(&self.log_level) = Some(params.clone());
                 for up in self.pool.all_live().await {
-                    if up.capabilities().get("logging").is_some() {
+                    if up.era() == Era::Handshake && up.capabilities().get("logging").is_some() {
                         let _ = up.start("logging/setLevel", params.clone()).await;
                     }
                 }
-                answer(&id, json!({}))
+                self.typed_answer(&id, method, json!({}))
             }
             "tools/call"
             | "prompts/get"
@@ -329,21 +354,131 @@ impl Hub {
         self.send(reply).await;
     }
 
+    /// Learns or checks the client's era from a request: `initialize` says the handshake era,
+    /// `server/discover` or an envelope the stateless one; once said, the other era's greeting
+    /// is refused as the unsupported version it is there, and a stateless client's request
+    /// must carry a valid envelope.
+    fn client_era(&self, method: &str, params: &Value) -> Result<(), era::Refusal> {
+        let envelope = Envelope::of(params).transpose()?;
+        let mut client = lock(&self.client);
+        let said = match (method, &envelope) {
+            ("initialize", _) => Some(Era::Handshake),
+            ("server/discover", _) | (_, Some(_)) => Some(Era::Stateless),
+            _ => None,
+        };
+        match (client.era, said) {
+            (Some(Era::Stateless), Some(Era::Handshake)) => {
+                return Err(era::Refusal::Version(params["protocolVersion"].clone()));
+            }
+            (Some(Era::Handshake), Some(Era::Stateless)) => {
+                return Err(era::Refusal::Handshaken);
+            }
+            (Some(Era::Stateless), None) => {
+                return Err(era::Refusal::Missing(era::META_VERSION));
+            }
+            (None, Some(said)) => client.era = Some(said),
+            _ => {}
+        }
+        if envelope.is_some() {
+            client.envelope = envelope;
+        }
+        Ok(())
+    }
+
+    fn client_era_is(&self, era: Era) -> bool {
+        lock(&self.client).era == Some(era)
+    }
+
+    /// Opens a stateless client's `subscriptions/listen` stream: the list changes it asks for
+    /// are agreed to (resource updates are not offered), and acknowledged before any other
+    /// notification of the stream. The request is answered only if the hub ends the stream.
+    async fn listen(&self, id: &Value, params: &Value) {
+        let mut agreed = Map::new();
+        for kind in [
+            "toolsListChanged",
+            "promptsListChanged",
+            "resourcesListChanged",
+        ] {
+            if params["notifications"][kind] == json!(true) {
+                agreed.insert(kind.into(), json!(true));
+            }
+        }
+        let refused = {
+            let mut listens = lock(&self.listens);
+            let full = listens.len() >= MAX_LISTENS && !listens.contains_key(&key(id));
+            if !full {
+                listens.insert(key(id), (id.clone(), Value::Object(agreed.clone())));
+            }
+            full
+        };
+        if refused {
+            let message = format!("at most {MAX_LISTENS} subscriptions/listen streams at once");
+            self.send(rpc_error(id, -32603, message)).await;
+            return;
+        }
+        self.send(line(&json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {"notifications": agreed, "_meta": {era::META_SUBSCRIPTION: id}},
+        })))
+        .await;
+    }
+
+    /// Tells the client one of the merged lists changed: a client of the handshake era at
+    /// once, a stateless one on each of its streams that asked for that list's changes.
+    pub(super) async fn list_changed(&self, method: &str) {
+        if !self.client_era_is(Era::Stateless) {
+            self.send(line(&json!({"jsonrpc": "2.0", "method": method})))
+                .await;
+            return;
+        }
+        let kind = match method {
+            "notifications/tools/list_changed" => "toolsListChanged",
+            "notifications/prompts/list_changed" => "promptsListChanged",
+            _ => "resourcesListChanged",
+        };
+        let streams: Vec<Value> = lock(&self.listens)
+            .values()
+            .filter(|(_, agreed)| agreed[kind] == json!(true))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in streams {
+            self.send(line(&json!({
+                "jsonrpc": "2.0",
+                "method": method,
+                "params": {"_meta": {era::META_SUBSCRIPTION: id}},
+            })))
+            .await;
+        }
+    }
+
+    /// An answer the hub makes itself, typed for a stateless client.
+    fn typed_answer(&self, id: &Value, method: &str, mut result: Value) -> Vec<u8> {
+        if self.client_era_is(Era::Stateless) {
+            era::typed(method, &mut result, &server_info());
+        } else if method == "server/discover" {
+            result["serverInfo"] = server_info();
+        }
+        answer(id, result)
+    }
+
     async fn lease(&self, target: &Target) -> Result<super::pool::Lease, UpstreamError> {
         self.pool.lease(target, || self.open(target)).await
     }
 
-    /// Opens `target`'s session with the client's own `initialize` params.
+    /// Opens `target`'s session in its server's era: with the client's own `initialize`
+    /// params, or a stateless client's envelope.
     async fn open(&self, target: &Target) -> Result<Arc<Upstream>, UpstreamError> {
-        let up = Upstream::open(
-            &self.node,
-            target,
-            self.upstream_hello(),
-            self.inbound.clone(),
-        )
-        .await?;
+        let known = lock(&self.cache).get(target).and_then(|l| l.era);
+        let hello = Hello {
+            handshake: self.upstream_hello(),
+            stateless: self.stateless_envelope(),
+            known,
+        };
+        let up = Upstream::open(&self.node, target, hello, self.inbound.clone()).await?;
         let level = lock(&self.log_level).clone();
         if let Some(level) = level
+            && up.era() == Era::Handshake
             && up.capabilities().get("logging").is_some()
         {
             let _ = up.start("logging/setLevel", level).await;
@@ -351,12 +486,30 @@ impl Hub {
         Ok(up)
     }
 
+    /// A stateless client's envelope (the hub's own until its first request), for sessions
+    /// to servers of that era; `None` for a client of the handshake era.
+    fn stateless_envelope(&self) -> Option<Envelope> {
+        let client = lock(&self.client);
+        (client.era == Some(Era::Stateless))
+            .then(|| client.envelope.clone().unwrap_or_else(Envelope::hub))
+    }
+
+    /// The `initialize` params of a session to a handshake-era server: the client's own; for
+    /// a stateless client, its name and no capabilities (such a client takes no requests from
+    /// a server, so a server must not be told it may send them).
     fn upstream_hello(&self) -> Value {
+        if let Some(envelope) = self.stateless_envelope() {
+            return json!({
+                "protocolVersion": era::HANDSHAKE[0],
+                "capabilities": {},
+                "clientInfo": envelope.client_info,
+            });
+        }
         let given = lock(&self.hello).clone().unwrap_or(Value::Null);
         let version = given["protocolVersion"]
             .as_str()
-            .filter(|v| VERSIONS.contains(v))
-            .unwrap_or(VERSIONS[0]);
+            .filter(|v| era::HANDSHAKE.contains(v))
+            .unwrap_or(era::HANDSHAKE[0]);
         json!({
             "protocolVersion": version,
             "capabilities": given.get("capabilities").cloned().unwrap_or(json!({})),
@@ -399,10 +552,7 @@ impl Hub {
             if changed && lock(&self.hello).is_some() {
                 // A peer back in reach may have services still to list.
                 self.clone().first_listings();
-                self.send(line(
-                    &json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
-                ))
-                .await;
+                self.list_changed("notifications/tools/list_changed").await;
             }
         }
     }
@@ -461,23 +611,29 @@ impl Hub {
         let known: Vec<&Listing> = targets.iter().filter_map(|t| cache.get(t)).collect();
         let all_known = known.len() == targets.len();
         let any = |cap: &str| !all_known || known.iter().any(|l| l.capabilities.get(cap).is_some());
+        // A stateless client takes notifications only on its `subscriptions/listen` streams,
+        // which carry list changes: no log messages, no resource updates.
+        let stateless = self.client_era_is(Era::Stateless);
         let mut caps = Map::new();
         caps.insert("tools".into(), json!({"listChanged": true}));
         if any("prompts") {
             caps.insert("prompts".into(), json!({"listChanged": true}));
         }
         if any("resources") {
-            let subscribe = !all_known
-                || known
-                    .iter()
-                    .any(|l| l.capabilities["resources"]["subscribe"] == json!(true));
+            let subscribe = !stateless
+                && (!all_known
+                    || known
+                        .iter()
+                        .any(|l| l.capabilities["resources"]["subscribe"] == json!(true)));
             caps.insert(
                 "resources".into(),
                 json!({"listChanged": true, "subscribe": subscribe}),
             );
         }
         // The hub logs too: what it could not list, and why.
-        caps.insert("logging".into(), json!({}));
+        if !stateless {
+            caps.insert("logging".into(), json!({}));
+        }
         if any("completions") {
             caps.insert("completions".into(), json!({}));
         }
@@ -496,6 +652,16 @@ impl Hub {
             list.join(", "),
         )
     }
+}
+
+/// The error line refusing a request for its era.
+fn refusal_line(id: &Value, refusal: era::Refusal) -> Vec<u8> {
+    let (code, message, data) = refusal.error();
+    line(&json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": code, "message": message, "data": data},
+    }))
 }
 
 fn server_info() -> Value {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use mcpmesh_net::errors::ErrorCode;
+use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -14,6 +14,7 @@ use super::Hub;
 use super::view::{present_uri, present_uris};
 use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
+use crate::hub::era::{self, Era};
 use crate::hub::names::{self, Origin, Routes};
 use crate::hub::upstream::{Inbound, Upstream, UpstreamError};
 
@@ -188,6 +189,11 @@ impl Hub {
                 frame["id"] = id.clone();
                 name_the_service(&mut frame, &target);
                 present_uris(method, &mut frame, &target);
+                if self.client_era_is(Era::Stateless)
+                    && let Some(result) = frame.get_mut("result")
+                {
+                    era::typed(method, result, &super::server_info());
+                }
                 line(&frame)
             }
             None => mesh_error(
@@ -213,6 +219,8 @@ impl Hub {
                         (f.up.clone(), f.upstream_id)
                     })
                 };
+                // A stateless client ends a `subscriptions/listen` stream by cancelling it.
+                lock(&self.listens).remove(&key(request));
                 if let Some((up, upstream_id)) = target {
                     let mut params = frame["params"].clone();
                     params["requestId"] = json!(upstream_id);
@@ -256,6 +264,26 @@ impl Hub {
                 }
             };
             let method = frame["method"].as_str().unwrap_or_default().to_owned();
+            let stateless = self.client_era_is(Era::Stateless);
+            if let Some(theirs) = frame.get("id").cloned()
+                && stateless
+            {
+                // A stateless client takes no requests from a server (its sessions to
+                // handshake-era servers declare no capabilities, so a server asks only
+                // against them).
+                let raw = serde_json::value::to_raw_value(&theirs).ok();
+                let refusal = ErrorFrame::new(ErrorCode::Unbridged)
+                    .id(raw.as_deref())
+                    .message(format!(
+                        "{method}: the hub's client speaks MCP {} and takes no requests from a server",
+                        era::STATELESS
+                    ))
+                    .feature(method.clone());
+                if let Ok(refusal) = serde_json::from_slice::<Value>(&refusal.to_line()) {
+                    from.send(&refusal).await;
+                }
+                continue;
+            }
             if let Some(theirs) = frame.get("id").cloned() {
                 // A request to the client: under a hub id, answered back to this session.
                 let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
@@ -313,6 +341,8 @@ impl Hub {
                 | "notifications/resources/list_changed" => {
                     self.clone().changed_upstream(from.target.clone(), method);
                 }
+                // Nothing else reaches a stateless client outside a request.
+                _ if stateless => {}
                 "notifications/resources/updated" => {
                     let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
                     present_uri(uri, &from.target);

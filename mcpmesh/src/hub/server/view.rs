@@ -5,7 +5,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Hub;
-use super::wire::{answer, lock, rpc_error};
+use super::wire::{lock, rpc_error};
 use crate::hub::Target;
 use crate::hub::names::{self, Collision, Origin, Routes};
 
@@ -146,7 +146,7 @@ impl Hub {
             _ => ("resourceTemplates", view.templates.clone()),
         };
         match page(field, all, params.get("cursor"), PAGE) {
-            Ok(result) => answer(id, result),
+            Ok(result) => self.typed_answer(id, method, result),
             Err(message) => rpc_error(id, -32602, message),
         }
     }
