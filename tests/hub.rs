@@ -1303,6 +1303,55 @@ async fn a_server_that_ends_its_session_on_server_discover_gets_the_handshake_on
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn each_services_own_instructions_reach_the_client_under_its_heading_cut_to_their_bound() {
+    let (alice, bob) = two_nodes();
+    serve_scripted(
+        &alice,
+        "notes",
+        json!({"tag": "notes", "tools": ["find"], "instructions": "Search before you write."}),
+    );
+    serve_scripted(
+        &alice,
+        "wiki",
+        json!({"tag": "wiki", "tools": ["page"], "instructions": "ü".repeat(3000)}),
+    );
+    serve_scripted(&alice, "plain", json!({"tag": "plain", "tools": ["x"]}));
+    let services = ["alice/notes", "alice/wiki", "alice/plain"];
+    // The first run lists the services (their instructions come with their listing).
+    let mut hub = raw_hub(&bob, &services);
+    hub.initialize().await;
+    assert_eq!(raw_tool_names(&mut hub).await.len(), 3);
+    hub.close_stdin();
+    hub.wait_eof().await;
+
+    for stateless_client in [false, true] {
+        let mut hub = raw_hub(&bob, &services);
+        let hello = if stateless_client {
+            hub.request("server/discover", stateless(json!({}))).await
+        } else {
+            hub.initialize().await
+        };
+        let text = hello["result"]["instructions"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(text.starts_with("mcpmesh hub: "), "{text}");
+        assert!(
+            text.contains("\n\n## alice/notes\nSearch before you write."),
+            "{text}"
+        );
+        let wiki = text
+            .split("## alice/wiki\n")
+            .nth(1)
+            .expect("the wiki's heading");
+        assert!(wiki.ends_with('…') && wiki.len() <= 2048, "{}", wiki.len());
+        assert!(!text.contains("## alice/plain"), "{text}");
+        hub.close_stdin();
+        hub.wait_eof().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_2026_07_28_client_that_closes_its_input_at_once_still_gets_every_answer_typed() {
     let (alice, bob) = two_nodes();
     alice.serve_stub("stub", &["bob"], None, &marker("hub-stateless-eof"));
@@ -1696,6 +1745,8 @@ for line in sys.stdin:
         result = {"protocolVersion": params.get("protocolVersion", "2025-06-18"),
                   "capabilities": {"tools": {}, "prompts": {}, "resources": {}},
                   "serverInfo": {"name": tag, "version": "0"}}
+        if "instructions" in cfg:
+            result["instructions"] = cfg["instructions"]
     elif method == "tools/list":
         tools = [tool(n, tag + " " + n) for n in cfg.get("tools", [])]
         if cfg.get("pad"):

@@ -40,6 +40,9 @@ pub struct Listing {
     /// `server/discover` probe of a handshake-era one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub era: Option<super::era::Era>,
+    /// The server's own `instructions`, as it gave them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
     #[serde(default)]
     pub tools: Vec<Value>,
     #[serde(default)]

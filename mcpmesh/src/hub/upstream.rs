@@ -264,6 +264,16 @@ impl Upstream {
             .unwrap_or(Value::Null)
     }
 
+    /// The server's own `instructions`, from the same answer.
+    pub fn instructions(&self) -> Option<String> {
+        self.init
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
     /// Sends a request and waits for the whole answer frame.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, UpstreamError> {
         let (id, rx) = self.start(method, params).await?;

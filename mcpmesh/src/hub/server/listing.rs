@@ -193,6 +193,7 @@ fn same_items(a: &Listing, b: &Listing) -> bool {
         && a.resources == b.resources
         && a.templates == b.templates
         && a.capabilities == b.capabilities
+        && a.instructions == b.instructions
 }
 
 /// Everything one server lists, each list read to its end (within bounds), and what of it
@@ -203,6 +204,7 @@ async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError
         fetched_at_ms: cache::now_ms(),
         capabilities: caps.clone(),
         era: Some(up.era()),
+        instructions: up.instructions(),
         ..Listing::default()
     };
     let mut notes = Vec::new();

@@ -48,6 +48,10 @@ const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
+/// Bytes of one service's own instructions the hub passes on, at most...
+const SERVICE_INSTRUCTIONS: usize = 2048;
+/// ...and of its whole instructions.
+const ALL_INSTRUCTIONS: usize = 16 * 1024;
 /// Open `subscriptions/listen` streams of a stateless client, at most.
 const MAX_LISTENS: usize = 64;
 
@@ -640,9 +644,14 @@ impl Hub {
         Value::Object(caps)
     }
 
+    /// The hub's instructions: what it presents, then each service's own instructions under
+    /// its `PEER/SERVICE` heading, as the listing cache knows them (a service not listed yet
+    /// has none here), each cut to [`SERVICE_INSTRUCTIONS`] bytes and all to
+    /// [`ALL_INSTRUCTIONS`].
     fn instructions(&self) -> String {
-        let list: Vec<String> = self.targets().iter().map(ToString::to_string).collect();
-        format!(
+        let targets = self.targets();
+        let list: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let mut text = format!(
             "mcpmesh hub: the tools, prompts and resources of {} through this node ({}). Tool and prompt names say where each lives.",
             if list.is_empty() {
                 "no service".to_owned()
@@ -650,8 +659,38 @@ impl Hub {
                 format!("{} services", list.len())
             },
             list.join(", "),
-        )
+        );
+        let cache = lock(&self.cache);
+        for target in &targets {
+            let own = cache
+                .get(target)
+                .and_then(|l| l.instructions.as_deref())
+                .map(str::trim)
+                .filter(|own| !own.is_empty());
+            let Some(own) = own else { continue };
+            let section = format!("\n\n## {target}\n{}", cut(own, SERVICE_INSTRUCTIONS));
+            if text.len() + section.len() > ALL_INSTRUCTIONS {
+                text.push_str(
+                    "\n\n(the other services' instructions are left out: too long together)",
+                );
+                break;
+            }
+            text.push_str(&section);
+        }
+        text
     }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, ending in "…" when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// The error line refusing a request for its era.
@@ -684,6 +723,16 @@ mod tests {
         assert_eq!(names, ["alice/notes", "alice/files"]);
         assert_eq!(counts[&targets[0]], Some(3));
         assert_eq!(counts[&targets[1]], None);
+    }
+
+    #[test]
+    fn instructions_are_cut_at_a_character_boundary_within_the_bound() {
+        assert_eq!(cut("short", 10), "short");
+        let long = "é".repeat(100);
+        let shown = cut(&long, 51);
+        assert!(shown.len() <= 51, "{}", shown.len());
+        assert!(shown.ends_with('…'));
+        assert!(shown.starts_with("éé"));
     }
 
     #[test]
