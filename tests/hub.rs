@@ -1352,6 +1352,92 @@ async fn each_services_own_instructions_reach_the_client_under_its_heading_cut_t
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_task_made_through_the_hub_is_reached_listed_and_cancelled_by_its_presented_id_and_a_service_without_tasks_runs_the_call_plainly()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-tasks"));
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-tasks-stub"));
+    let mut hub = raw_hub(&bob, &["alice/everything", "alice/stub"]);
+    hub.initialize_as("2025-11-25").await;
+    raw_tool_names(&mut hub).await;
+    // Listed now, the services' task capabilities are the hub's.
+    let mut again = raw_hub(&bob, &["alice/everything", "alice/stub"]);
+    let caps = again.initialize_as("2025-11-25").await["result"]["capabilities"].clone();
+    assert_eq!(
+        caps["tasks"],
+        json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+        "{caps}"
+    );
+    again.close_stdin();
+    again.wait_eof().await;
+
+    let research = |topic: &str| {
+        json!({"name": "alice__everything__simulate-research-query",
+            "arguments": {"topic": topic}, "task": {"ttl": 60000}})
+    };
+    let created = hub.request("tools/call", research("mesh networks")).await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task: {created}"))
+        .to_owned();
+    assert!(id.starts_with("alice/everything/"), "{id}");
+
+    let got = hub.request("tasks/get", json!({"taskId": id})).await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+    assert!(got["result"]["status"].is_string(), "{got}");
+    let listed = hub.request("tasks/list", json!({})).await;
+    assert!(
+        listed["result"]["tasks"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["taskId"] == id.as_str())),
+        "{listed}"
+    );
+    // The result waits for the task's end and names it as presented.
+    let payload = hub.request("tasks/result", json!({"taskId": id})).await;
+    let text = payload["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains("mesh networks"), "{payload}");
+    assert_eq!(
+        payload["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        id.as_str(),
+        "{payload}"
+    );
+
+    // A second task, cancelled.
+    let created = hub.request("tools/call", research("to cancel")).await;
+    let second = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cancelled = hub.request("tasks/cancel", json!({"taskId": second})).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    assert_eq!(
+        cancelled["result"]["taskId"],
+        second.as_str(),
+        "{cancelled}"
+    );
+
+    // Ids that name no task of a presented service are refused by the hub itself.
+    for bad in ["alice/nowhere/x", "t-1", "carol/everything/x"] {
+        let refused = hub.request("tasks/get", json!({"taskId": bad})).await;
+        assert_eq!(refused["error"]["code"], -32602, "{bad}: {refused}");
+    }
+
+    // The stub offers no tasks: the call runs plainly and answers at once.
+    let plain = hub
+        .request(
+            "tools/call",
+            json!({"name": "alice__stub__echo", "arguments": {"text": "plain"}, "task": {"ttl": 1000}}),
+        )
+        .await;
+    assert_eq!(plain["result"]["content"][0]["text"], "plain", "{plain}");
+    assert!(plain["result"].get("task").is_none(), "{plain}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_2026_07_28_client_that_closes_its_input_at_once_still_gets_every_answer_typed() {
     let (alice, bob) = two_nodes();
     alice.serve_stub("stub", &["bob"], None, &marker("hub-stateless-eof"));

@@ -14,6 +14,7 @@
 
 mod listing;
 mod routing;
+mod tasks;
 mod view;
 mod wire;
 
@@ -353,6 +354,13 @@ impl Hub {
                     Err(message) => rpc_error(&id, -32602, message),
                 }
             }
+            "tasks/get" | "tasks/result" | "tasks/cancel" if !stateless => {
+                match self.task_destination(params) {
+                    Ok((target, params)) => self.forward(&id, target, method, params).await,
+                    Err(message) => rpc_error(&id, -32602, message),
+                }
+            }
+            "tasks/list" if !stateless => self.list_tasks(&id).await,
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         self.send(reply).await;
@@ -640,6 +648,22 @@ impl Hub {
         }
         if any("completions") {
             caps.insert("completions".into(), json!({}));
+        }
+        // Tasks as the services that are known offer them (a task call to another runs
+        // plainly); not to a stateless client, whose revision makes tasks an extension.
+        let offer = |has: &dyn Fn(&Value) -> bool| known.iter().any(|l| has(&l.capabilities));
+        if !stateless && offer(&|c| c.get("tasks").is_some()) {
+            let mut tasks = Map::new();
+            if offer(&|c| c["tasks"]["list"].is_object()) {
+                tasks.insert("list".into(), json!({}));
+            }
+            if offer(&|c| c["tasks"]["cancel"].is_object()) {
+                tasks.insert("cancel".into(), json!({}));
+            }
+            if offer(&tasks::offers_task_calls) {
+                tasks.insert("requests".into(), json!({"tools": {"call": {}}}));
+            }
+            caps.insert("tasks".into(), Value::Object(tasks));
         }
         Value::Object(caps)
     }

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Hub;
+use super::tasks;
 use super::view::{present_uri, present_uris};
 use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
@@ -147,6 +148,14 @@ impl Hub {
             Err(e) => return open_failed(id, &target, &e),
         };
         let up = lease.up.clone();
+        // A task the client could not reach is never made: a task call to a service that
+        // offers none (or from a client the hub offers no tasks) runs plainly.
+        if method == "tools/call"
+            && (self.client_era_is(Era::Stateless) || !tasks::offers_task_calls(&up.capabilities()))
+            && let Some(params) = params.as_object_mut()
+        {
+            params.remove("task");
+        }
         // The progress token the server sees is the hub's own, mapped back on the way.
         let mut token_key = None;
         if let Some(token) = params.pointer("/_meta/progressToken").cloned() {
@@ -189,6 +198,7 @@ impl Hub {
                 frame["id"] = id.clone();
                 name_the_service(&mut frame, &target);
                 present_uris(method, &mut frame, &target);
+                tasks::present_answer(method, &mut frame, &target);
                 if self.client_era_is(Era::Stateless)
                     && let Some(result) = frame.get_mut("result")
                 {
@@ -303,6 +313,9 @@ impl Hub {
                     continue;
                 }
                 frame["id"] = ours;
+                if let Some(params) = frame.get_mut("params") {
+                    tasks::present_related(params, &from.target);
+                }
                 self.send(line(&frame)).await;
                 continue;
             }
@@ -343,6 +356,12 @@ impl Hub {
                 }
                 // Nothing else reaches a stateless client outside a request.
                 _ if stateless => {}
+                "notifications/tasks/status" => {
+                    if let Some(params) = frame.get_mut("params") {
+                        tasks::present_status(params, &from.target);
+                    }
+                    self.send(line(&frame)).await;
+                }
                 "notifications/resources/updated" => {
                     let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
                     present_uri(uri, &from.target);
