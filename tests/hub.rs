@@ -1145,6 +1145,14 @@ async fn a_2026_07_28_client_and_a_2025_11_25_client_each_use_a_dual_era_server_
         !upstream.iter().any(|m| m == "server/discover"),
         "{upstream:?}"
     );
+
+    // A 2025 client's handshake says nothing of the server's 2026 era: the next 2026 client
+    // still speaks it (the listing cache keeps what the last probe found).
+    std::fs::remove_file(&served).unwrap();
+    let report = modern_client_through_the_hub(&bob, "modern").await;
+    assert_stateless_report(&report);
+    let upstream = methods_sent(&served);
+    assert!(!upstream.iter().any(|m| m == "initialize"), "{upstream:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

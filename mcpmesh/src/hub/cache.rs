@@ -36,8 +36,9 @@ pub struct Listing {
     /// The server's `capabilities` from its `initialize` (or `server/discover`) answer.
     #[serde(default)]
     pub capabilities: Value,
-    /// The era the service was found to speak (a stateless client's sessions skip the
-    /// `server/discover` probe of a handshake-era one).
+    /// What a `server/discover` probe last found the service speaks (a stateless client's
+    /// sessions skip the probe of a handshake-only one); kept across listings made without
+    /// a probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub era: Option<super::era::Era>,
     /// The server's own `instructions`, as it gave them.

@@ -122,6 +122,8 @@ pub(crate) struct Upstream {
     pub target: Target,
     /// Whether the server speaks the stateless era on this session (else the handshake's).
     stateless: AtomicBool,
+    /// Whether this session probed the server with `server/discover`.
+    probed: AtomicBool,
     /// The envelope a stateless server's requests carry when the client's own gives none.
     envelope: Option<Envelope>,
     writer: Mutex<Option<OwnedWriteHalf>>,
@@ -150,7 +152,10 @@ impl Upstream {
             // A server that ends its session on a request before `initialize` still gets the
             // handshake, on a new session.
             Err(UpstreamError::Lost) if probe => {
-                Self::open_with(node, target, &hello, inbound, false).await
+                let up = Self::open_with(node, target, &hello, inbound, false).await?;
+                // What the probe found: a server that does not speak the stateless era.
+                up.probed.store(true, Ordering::Release);
+                Ok(up)
             }
             opened => opened,
         }
@@ -180,6 +185,7 @@ impl Upstream {
             target: target.clone(),
             // The probe goes out as a stateless request.
             stateless: AtomicBool::new(probe.is_some()),
+            probed: AtomicBool::new(probe.is_some()),
             envelope: hello.stateless.clone(),
             writer: Mutex::new(Some(writer)),
             next_id: AtomicU64::new(1),
@@ -252,6 +258,12 @@ impl Upstream {
         } else {
             Era::Handshake
         }
+    }
+
+    /// What this session's `server/discover` probe found the server speaks: `None` when it
+    /// made none (a handshake-era client's session says nothing of the stateless era).
+    pub fn found(&self) -> Option<Era> {
+        self.probed.load(Ordering::Acquire).then(|| self.era())
     }
 
     /// The server's capabilities, from its `initialize` (or `server/discover`) answer.

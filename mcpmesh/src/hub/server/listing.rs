@@ -141,6 +141,7 @@ impl Hub {
             self.warn(target, note).await;
         }
         let before = lock(&self.cache).get(target).cloned();
+        listing.era = listing.era.or(before.as_ref().and_then(|b| b.era));
         let changed = before.as_ref().is_none_or(|b| !same_items(b, &listing));
         lock(&self.cache).put(target, listing);
         if changed && let Err(c) = self.rebuild() {
@@ -203,7 +204,7 @@ async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError
     let mut listing = Listing {
         fetched_at_ms: cache::now_ms(),
         capabilities: caps.clone(),
-        era: Some(up.era()),
+        era: up.found(),
         instructions: up.instructions(),
         ..Listing::default()
     };
