@@ -1225,7 +1225,7 @@ async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_
     );
 
     // A tool that needs the client's sampling fails at once: the server was told the client
-    // has no such capability (a 2026-07-28 client takes no server requests).
+    // has no such capability (this client's envelope declares none).
     let sampled = hub
         .request(
             "tools/call",
@@ -1441,6 +1441,187 @@ async fn a_task_made_through_the_hub_is_reached_listed_and_cancelled_by_its_pres
         .await;
     assert_eq!(plain["result"]["content"][0]["text"], "plain", "{plain}");
     assert!(plain["result"].get("task").is_none(), "{plain}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+/// Every text of a call's answer, joined.
+fn all_text(answer: &Value) -> String {
+    answer["result"]["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The form server-everything's elicitation tool asks for, filled in.
+fn elicited_form() -> Value {
+    json!({"name": "Ada Bridge", "check": true, "firstLine": "It was a bright cold day.",
+        "email": "ada@example.com", "integer": 42, "number": 3.5, "favoriteColor": "Blue",
+        "agreeToTerms": true})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2025_servers_elicitation_and_sampling_reach_a_2026_07_28_client_as_input_required_and_its_retry_answers_them()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-bridge"));
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    let client = |params: Value| {
+        let mut params = stateless(params);
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+            json!({"elicitation": {"form": {}}, "sampling": {}});
+        params
+    };
+    hub.request("server/discover", client(json!({}))).await;
+    let elicit = json!({"name": "alice__everything__trigger-elicitation-request", "arguments": {}});
+    let first = hub.request("tools/call", client(elicit.clone())).await;
+    let result = &first["result"];
+    assert_eq!(result["resultType"], "input_required", "{first}");
+    let asked = &result["inputRequests"]["mcpmesh-1"];
+    assert_eq!(asked["method"], "elicitation/create", "{first}");
+    assert_eq!(asked["params"]["mode"], "form", "{first}");
+    assert!(asked["params"]["requestedSchema"].is_object(), "{first}");
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    let retry = |state: &str, name: &str| {
+        let mut params = client(json!({"name": name, "arguments": {},
+            "inputResponses": {"mcpmesh-1": {"action": "accept", "content": elicited_form()}}}));
+        params["requestState"] = json!(state);
+        params
+    };
+
+    // A forged state, or the right one for another tool, resumes nothing.
+    let mut forged = state.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == '0' { '1' } else { '0' });
+    let name = "alice__everything__trigger-elicitation-request";
+    for (bad, tool) in [
+        (forged.as_str(), name),
+        (state.as_str(), "alice__everything__echo"),
+    ] {
+        let refused = hub.request("tools/call", retry(bad, tool)).await;
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    }
+    let mut oversize = retry(&state, name);
+    oversize["inputResponses"]["mcpmesh-1"]["content"]["firstLine"] =
+        json!("x".repeat(5 * 1024 * 1024));
+    let refused = hub.request("tools/call", oversize).await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+
+    // The retry answers the server, whose call then ends with what the client filled in.
+    let done = hub.request("tools/call", retry(&state, name)).await;
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+    assert!(all_text(&done).contains("- Name: Ada Bridge"), "{done}");
+    // Used once.
+    let replayed = hub.request("tools/call", retry(&state, name)).await;
+    assert_eq!(replayed["error"]["code"], -32602, "{replayed}");
+
+    // Sampling the same way.
+    let sample = json!({"name": "alice__everything__trigger-sampling-request",
+        "arguments": {"prompt": "six times seven?", "maxTokens": 10}});
+    let first = hub.request("tools/call", client(sample.clone())).await;
+    let asked = &first["result"]["inputRequests"]["mcpmesh-1"];
+    assert_eq!(asked["method"], "sampling/createMessage", "{first}");
+    let mut params = sample.clone();
+    params["inputResponses"] = json!({"mcpmesh-1": {"role": "assistant", "model": "bridge-model",
+        "content": {"type": "text", "text": "forty-two"}}});
+    params["requestState"] = first["result"]["requestState"].clone();
+    let done = hub.request("tools/call", client(params)).await;
+    let text = all_text(&done);
+    assert!(
+        text.contains("forty-two") && text.contains("bridge-model"),
+        "{done}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sdks_2026_07_28_client_answers_a_2025_servers_elicitation_and_sampling_through_the_bridge()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-bridge-sdk"));
+    let args: Vec<String> = [
+        interop_script("bridge_client.py"),
+        "alice__everything__trigger-elicitation-request".into(),
+        r#"alice__everything__trigger-sampling-request={"prompt":"six times seven?","maxTokens":10}"#
+            .into(),
+        "--".into(),
+        MCPMESH.into(),
+        "--home".into(),
+        bob.home().display().to_string(),
+        "hub".into(),
+        "alice/everything".into(),
+    ]
+    .into();
+    let report = run_driver(&args).await;
+    let lines: Vec<Value> = report
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let end = lines.last().expect("a summary");
+    assert_eq!(end["era"], "2026-07-28", "{report}");
+    assert_eq!(
+        end["elicited"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert_eq!(end["sampled"].as_array().map(Vec::len), Some(1), "{report}");
+    assert!(report.contains("- Name: Ada Bridge"), "{report}");
+    assert!(report.contains("forty-two"), "{report}");
+    assert!(!report.contains(r#""is_error": true"#), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_call_whose_client_never_retries_lapses_and_its_server_hears_cancel() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-lapse"));
+    let log = bob.home().join("hub-lapse.log");
+    let mut cmd = tokio::process::Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["hub", "alice/everything"])
+        .env("MCPMESH_TEST_HUB_STATE_TTL_MS", "500")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true);
+    let mut hub = McpSession::spawn(cmd);
+    let mut params = stateless(
+        json!({"name": "alice__everything__trigger-elicitation-request",
+        "arguments": {}}),
+    );
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = json!({"elicitation": {}});
+    let first = hub.request("tools/call", params.clone()).await;
+    assert_eq!(first["result"]["resultType"], "input_required", "{first}");
+    let lapsed = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("lapsed")
+    };
+    assert!(eventually(SETTLE, lapsed).await, "no lapse logged");
+    // Its state is gone, and the session goes on: the server heard `cancel` and is free.
+    params["inputResponses"] =
+        json!({"mcpmesh-1": {"action": "accept", "content": elicited_form()}});
+    params["requestState"] = first["result"]["requestState"].clone();
+    let late = hub.request("tools/call", params).await;
+    assert_eq!(late["error"]["code"], -32602, "{late}");
+    let echoed = hub
+        .request(
+            "tools/call",
+            stateless(
+                json!({"name": "alice__everything__echo", "arguments": {"message": "after"}}),
+            ),
+        )
+        .await;
+    assert!(
+        echoed["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("after")),
+        "{echoed}"
+    );
     hub.close_stdin();
     hub.wait_eof().await;
 }

@@ -12,6 +12,7 @@
 //! - `routing`: requests and answers between the client and the services, ids mapped.
 //! - `wire`: lines to the client and the hub's own answers.
 
+mod bridge;
 mod listing;
 mod routing;
 mod tasks;
@@ -78,6 +79,8 @@ pub(super) struct Hub {
     /// A stateless client's `subscriptions/listen` streams: its request id (as JSON text) →
     /// that id and the notifications agreed to.
     listens: StdMutex<HashMap<String, (Value, Value)>>,
+    /// Calls held for a stateless client's retry (bridged), and the key of their states.
+    bridge: Arc<StdMutex<bridge::Bridge>>,
     log_level: StdMutex<Option<Value>>,
     /// Client request id (as JSON text) → where it went.
     forwarded: StdMutex<HashMap<String, Forwarded>>,
@@ -139,6 +142,7 @@ where
         hello: StdMutex::new(None),
         client: StdMutex::new(Client::default()),
         listens: StdMutex::new(HashMap::new()),
+        bridge: Arc::new(StdMutex::new(bridge::Bridge::new())),
         log_level: StdMutex::new(None),
         forwarded: StdMutex::new(HashMap::new()),
         asked: StdMutex::new(HashMap::new()),
@@ -336,6 +340,11 @@ impl Hub {
                 }
                 self.typed_answer(&id, method, json!({}))
             }
+            "tools/call" | "prompts/get" | "resources/read"
+                if stateless && bridge::is_retry(&params) =>
+            {
+                self.resume(&id, method, &params).await
+            }
             "tools/call"
             | "prompts/get"
             | "resources/read"
@@ -507,13 +516,13 @@ impl Hub {
     }
 
     /// The `initialize` params of a session to a handshake-era server: the client's own; for
-    /// a stateless client, its name and no capabilities (such a client takes no requests from
-    /// a server, so a server must not be told it may send them).
+    /// a stateless client, its name and the capabilities its envelope gives (what the server
+    /// asks during a call reaches it through the bridge).
     fn upstream_hello(&self) -> Value {
         if let Some(envelope) = self.stateless_envelope() {
             return json!({
                 "protocolVersion": era::HANDSHAKE[0],
-                "capabilities": {},
+                "capabilities": envelope.capabilities,
                 "clientInfo": envelope.client_info,
             });
         }

@@ -8,15 +8,17 @@ use std::sync::atomic::Ordering;
 
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Hub;
+use super::bridge;
 use super::tasks;
 use super::view::{present_uri, present_uris};
 use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
 use crate::hub::era::{self, Era};
 use crate::hub::names::{self, Origin, Routes};
+use crate::hub::pool::Lease;
 use crate::hub::upstream::{Inbound, Upstream, UpstreamError};
 
 /// Server requests to the client awaiting the client's answer, at most.
@@ -27,6 +29,22 @@ pub(super) struct Forwarded {
     up: Arc<Upstream>,
     upstream_id: u64,
     cancelled: bool,
+    /// Where the server's requests to a stateless client go during this call (bridged).
+    asks: Option<mpsc::Sender<bridge::Ask>>,
+}
+
+/// A call in flight upstream: its session held, its answer to come, and (bridged) the
+/// server's requests to the client during it.
+pub(super) struct Call {
+    pub(super) lease: Lease,
+    pub(super) rx: oneshot::Receiver<Value>,
+    pub(super) asked: Option<mpsc::Receiver<bridge::Ask>>,
+    pub(super) upstream_id: u64,
+    pub(super) target: Target,
+    pub(super) method: String,
+    /// What a retry must be to resume it (method and name).
+    pub(super) bound: String,
+    pub(super) token_key: Option<(Target, String)>,
 }
 
 impl Hub {
@@ -165,54 +183,91 @@ impl Hub {
             lock(&self.tokens).insert(k.clone(), token);
             token_key = Some(k);
         }
-        let started = up.start(method, params).await;
-        let reply = match started {
-            Err(_) => None,
-            Ok((upstream_id, rx)) => {
-                lock(&self.forwarded).insert(
-                    key(id),
-                    Forwarded {
-                        up: up.clone(),
-                        upstream_id,
-                        cancelled: false,
-                    },
-                );
-                let got = rx.await.ok();
-                let forwarded = lock(&self.forwarded).remove(&key(id));
-                if forwarded.is_some_and(|f| f.cancelled) {
-                    // The client cancelled it: it expects no answer.
-                    if let Some(k) = token_key {
-                        lock(&self.tokens).remove(&k);
-                    }
-                    return Vec::new();
-                }
-                got
+        let bound = bridge::bound(&target, method, &params);
+        let Ok((upstream_id, rx)) = up.start(method, params).await else {
+            if let Some(k) = token_key {
+                lock(&self.tokens).remove(&k);
+            }
+            return lost(id, &target);
+        };
+        // A stateless client's call to a handshake-era server: the server's requests to the
+        // client during it come to this call, to be bridged.
+        let (asks, asked) = if self.client_era_is(Era::Stateless) && up.era() == Era::Handshake {
+            let (tx, rx) = mpsc::channel(bridge::ASKS_AT_ONCE);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let call = Call {
+            lease,
+            rx,
+            asked,
+            upstream_id,
+            target,
+            method: method.to_owned(),
+            bound,
+            token_key,
+        };
+        self.await_call(id, call, asks).await
+    }
+
+    /// Waits for `call`'s answer and gives the line that answers the client's request `id`:
+    /// the server's answer, or (bridged) an `input_required` result when the server asks the
+    /// client something first.
+    pub(super) async fn await_call(
+        &self,
+        id: &Value,
+        mut call: Call,
+        asks: Option<mpsc::Sender<bridge::Ask>>,
+    ) -> Vec<u8> {
+        lock(&self.forwarded).insert(
+            key(id),
+            Forwarded {
+                up: call.lease.up.clone(),
+                upstream_id: call.upstream_id,
+                cancelled: false,
+                asks: asks.clone(),
+            },
+        );
+        let asked = async {
+            match call.asked.as_mut() {
+                Some(asked) => asked.recv().await,
+                None => std::future::pending().await,
             }
         };
-        if let Some(k) = token_key {
-            lock(&self.tokens).remove(&k);
+        let outcome = tokio::select! {
+            got = &mut call.rx => Err(got.ok()),
+            Some(ask) = asked => Ok(ask),
+        };
+        let forwarded = lock(&self.forwarded).remove(&key(id));
+        let cancelled = forwarded.is_some_and(|f| f.cancelled);
+        let reply = match outcome {
+            Ok(ask) => return self.park(id, call, asks, ask, cancelled).await,
+            Err(reply) => reply,
+        };
+        if let Some(k) = &call.token_key {
+            lock(&self.tokens).remove(k);
         }
-        drop(lease);
+        if cancelled {
+            // The client cancelled it: it expects no answer.
+            return Vec::new();
+        }
+        let (target, method) = (call.target.clone(), call.method.clone());
+        drop(call);
         match reply {
             Some(mut frame) => {
                 frame["id"] = id.clone();
                 name_the_service(&mut frame, &target);
-                present_uris(method, &mut frame, &target);
-                tasks::present_answer(method, &mut frame, &target);
+                present_uris(&method, &mut frame, &target);
+                tasks::present_answer(&method, &mut frame, &target);
                 if self.client_era_is(Era::Stateless)
                     && let Some(result) = frame.get_mut("result")
                 {
-                    era::typed(method, result, &super::server_info());
+                    era::typed(&method, result, &super::server_info());
                 }
                 line(&frame)
             }
-            None => mesh_error(
-                id,
-                ErrorCode::Unreachable,
-                format!(
-                    "{target}: the session ended before it answered; the next call opens a new one"
-                ),
-            ),
+            None => lost(id, &target),
         }
     }
 
@@ -248,6 +303,16 @@ impl Hub {
         }
     }
 
+    /// Where `up`'s requests to a stateless client go: the oldest bridged call in flight on it.
+    fn asks_of(&self, up: &Arc<Upstream>) -> Option<mpsc::Sender<bridge::Ask>> {
+        lock(&self.forwarded)
+            .values()
+            .filter(|f| Arc::ptr_eq(&f.up, up) && !f.cancelled)
+            .filter_map(|f| Some((f.upstream_id, f.asks.clone()?)))
+            .min_by_key(|(id, _)| *id)
+            .map(|(_, asks)| asks)
+    }
+
     /// The client answering a server's request: back to that server, with its own id.
     pub(super) async fn client_answer(&self, id: &Value, mut frame: Value) {
         let Some((up, theirs)) = lock(&self.asked).remove(&key(id)) else {
@@ -278,6 +343,19 @@ impl Hub {
             if let Some(theirs) = frame.get("id").cloned()
                 && stateless
             {
+                // During a call, what the bridge carries becomes that call's input request.
+                if bridge::BRIDGED.contains(&method.as_str())
+                    && let Some(asks) = self.asks_of(&from)
+                {
+                    let ask = bridge::Ask {
+                        their_id: theirs.clone(),
+                        method: method.clone(),
+                        params: frame.get("params").cloned().unwrap_or(Value::Null),
+                    };
+                    if asks.try_send(ask).is_ok() {
+                        continue;
+                    }
+                }
                 // A stateless client takes no requests from a server (its sessions to
                 // handshake-era servers declare no capabilities, so a server asks only
                 // against them).
@@ -285,7 +363,7 @@ impl Hub {
                 let refusal = ErrorFrame::new(ErrorCode::Unbridged)
                     .id(raw.as_deref())
                     .message(format!(
-                        "{method}: the hub's client speaks MCP {} and takes no requests from a server",
+                        "{method}: the hub's client speaks MCP {} and takes no such request from a server outside a call",
                         era::STATELESS
                     ))
                     .feature(method.clone());
@@ -378,6 +456,14 @@ fn target_of(origin: &Origin) -> Target {
         peer: origin.peer.clone(),
         service: origin.service.clone(),
     }
+}
+
+fn lost(id: &Value, target: &Target) -> Vec<u8> {
+    mesh_error(
+        id,
+        ErrorCode::Unreachable,
+        format!("{target}: the session ended before it answered; the next call opens a new one"),
+    )
 }
 
 fn open_failed(id: &Value, target: &Target, e: &UpstreamError) -> Vec<u8> {
