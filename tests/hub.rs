@@ -1167,16 +1167,18 @@ async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_
         discovered["result"]["resultType"], "complete",
         "{discovered}"
     );
-    // No log messages and no resource updates outside a stream, so none are offered.
+    // No log messages outside a request; resource updates on a stream.
     let caps = &discovered["result"]["capabilities"];
     assert!(caps.get("logging").is_none(), "{discovered}");
-    assert_eq!(caps["resources"]["subscribe"], false, "{discovered}");
+    assert_eq!(caps["resources"]["subscribe"], true, "{discovered}");
 
-    // The stream for list changes is acknowledged first, naming what it will carry.
+    // The stream is acknowledged first, naming what it will carry: list changes, and the
+    // resource the hub presented (a server's own URI names nothing of the hub's).
+    let document = "mcpmesh-hub://alice/everything/demo://resource/static/document/architecture.md";
     hub.send(
         &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
         "params": stateless(json!({"notifications": {"toolsListChanged": true,
-            "resourceSubscriptions": ["demo://resource/static/document/architecture.md"]}}))}),
+            "resourceSubscriptions": [document, "demo://resource/static/document/architecture.md"]}}))}),
     )
     .await;
     let ack = hub.recv().await.expect("the stream's acknowledgement");
@@ -1186,7 +1188,7 @@ async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_
     );
     assert_eq!(
         ack["params"]["notifications"],
-        json!({"toolsListChanged": true}),
+        json!({"toolsListChanged": true, "resourceSubscriptions": [document]}),
         "{ack}"
     );
     assert_eq!(
@@ -1222,6 +1224,22 @@ async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_
             .as_str()
             .is_some_and(|t| t.contains("hi")),
         "{echoed}"
+    );
+
+    // The server's update of that resource reaches the stream, under the presented URI.
+    hub.request(
+        "tools/call",
+        stateless(json!({"name": "alice__everything__toggle-subscriber-updates", "arguments": {}})),
+    )
+    .await;
+    let updated = hub
+        .notified("notifications/resources/updated", SETTLE)
+        .await
+        .expect("the resource's update on the stream");
+    assert_eq!(updated["params"]["uri"], document, "{updated}");
+    assert_eq!(
+        updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "listen-1"
     );
 
     // A tool that needs the client's sampling fails at once: the server was told the client

@@ -13,6 +13,7 @@
 //! - `wire`: lines to the client and the hub's own answers.
 
 mod bridge;
+mod listen;
 mod listing;
 mod routing;
 mod tasks;
@@ -34,7 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use self::routing::Forwarded;
 use self::view::View;
-use self::wire::{answer, key, line, lock, rpc_error, valid_id, write_out};
+use self::wire::{answer, line, lock, rpc_error, valid_id, write_out};
 use super::cache::{Cache, Listing};
 use super::era::{self, Envelope, Era};
 use super::pool::Pool;
@@ -54,8 +55,6 @@ const OUT_QUEUE: usize = 256;
 const SERVICE_INSTRUCTIONS: usize = 2048;
 /// ...and of its whole instructions.
 const ALL_INSTRUCTIONS: usize = 16 * 1024;
-/// Open `subscriptions/listen` streams of a stateless client, at most.
-const MAX_LISTENS: usize = 64;
 
 pub(super) struct Hub {
     config: HubConfig,
@@ -76,9 +75,8 @@ pub(super) struct Hub {
     /// The era the client speaks (set by its first `initialize`, `server/discover` or
     /// stateless request) and, stateless, the envelope of its latest request.
     client: StdMutex<Client>,
-    /// A stateless client's `subscriptions/listen` streams: its request id (as JSON text) →
-    /// that id and the notifications agreed to.
-    listens: StdMutex<HashMap<String, (Value, Value)>>,
+    /// A stateless client's `subscriptions/listen` streams, by request id (as JSON text).
+    listens: StdMutex<HashMap<String, listen::Listen>>,
     /// Calls held for a stateless client's retry (bridged), and the key of their states.
     bridge: Arc<StdMutex<bridge::Bridge>>,
     log_level: StdMutex<Option<Value>>,
@@ -410,69 +408,6 @@ impl Hub {
         lock(&self.client).era == Some(era)
     }
 
-    /// Opens a stateless client's `subscriptions/listen` stream: the list changes it asks for
-    /// are agreed to (resource updates are not offered), and acknowledged before any other
-    /// notification of the stream. The request is answered only if the hub ends the stream.
-    async fn listen(&self, id: &Value, params: &Value) {
-        let mut agreed = Map::new();
-        for kind in [
-            "toolsListChanged",
-            "promptsListChanged",
-            "resourcesListChanged",
-        ] {
-            if params["notifications"][kind] == json!(true) {
-                agreed.insert(kind.into(), json!(true));
-            }
-        }
-        let refused = {
-            let mut listens = lock(&self.listens);
-            let full = listens.len() >= MAX_LISTENS && !listens.contains_key(&key(id));
-            if !full {
-                listens.insert(key(id), (id.clone(), Value::Object(agreed.clone())));
-            }
-            full
-        };
-        if refused {
-            let message = format!("at most {MAX_LISTENS} subscriptions/listen streams at once");
-            self.send(rpc_error(id, -32603, message)).await;
-            return;
-        }
-        self.send(line(&json!({
-            "jsonrpc": "2.0",
-            "method": "notifications/subscriptions/acknowledged",
-            "params": {"notifications": agreed, "_meta": {era::META_SUBSCRIPTION: id}},
-        })))
-        .await;
-    }
-
-    /// Tells the client one of the merged lists changed: a client of the handshake era at
-    /// once, a stateless one on each of its streams that asked for that list's changes.
-    pub(super) async fn list_changed(&self, method: &str) {
-        if !self.client_era_is(Era::Stateless) {
-            self.send(line(&json!({"jsonrpc": "2.0", "method": method})))
-                .await;
-            return;
-        }
-        let kind = match method {
-            "notifications/tools/list_changed" => "toolsListChanged",
-            "notifications/prompts/list_changed" => "promptsListChanged",
-            _ => "resourcesListChanged",
-        };
-        let streams: Vec<Value> = lock(&self.listens)
-            .values()
-            .filter(|(_, agreed)| agreed[kind] == json!(true))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in streams {
-            self.send(line(&json!({
-                "jsonrpc": "2.0",
-                "method": method,
-                "params": {"_meta": {era::META_SUBSCRIPTION: id}},
-            })))
-            .await;
-        }
-    }
-
     /// An answer the hub makes itself, typed for a stateless client.
     fn typed_answer(&self, id: &Value, method: &str, mut result: Value) -> Vec<u8> {
         if self.client_era_is(Era::Stateless) {
@@ -633,7 +568,7 @@ impl Hub {
         let all_known = known.len() == targets.len();
         let any = |cap: &str| !all_known || known.iter().any(|l| l.capabilities.get(cap).is_some());
         // A stateless client takes notifications only on its `subscriptions/listen` streams,
-        // which carry list changes: no log messages, no resource updates.
+        // which carry list changes and resource updates: no log messages.
         let stateless = self.client_era_is(Era::Stateless);
         let mut caps = Map::new();
         caps.insert("tools".into(), json!({"listChanged": true}));
@@ -641,11 +576,10 @@ impl Hub {
             caps.insert("prompts".into(), json!({"listChanged": true}));
         }
         if any("resources") {
-            let subscribe = !stateless
-                && (!all_known
-                    || known
-                        .iter()
-                        .any(|l| l.capabilities["resources"]["subscribe"] == json!(true)));
+            let subscribe = !all_known
+                || known
+                    .iter()
+                    .any(|l| l.capabilities["resources"]["subscribe"] == json!(true));
             caps.insert(
                 "resources".into(),
                 json!({"listChanged": true, "subscribe": subscribe}),

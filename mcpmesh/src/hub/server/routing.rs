@@ -285,7 +285,7 @@ impl Hub {
                     })
                 };
                 // A stateless client ends a `subscriptions/listen` stream by cancelling it.
-                lock(&self.listens).remove(&key(request));
+                self.end_listen(request);
                 if let Some((up, upstream_id)) = target {
                     let mut params = frame["params"].clone();
                     params["requestId"] = json!(upstream_id);
@@ -432,17 +432,23 @@ impl Hub {
                 | "notifications/resources/list_changed" => {
                     self.clone().changed_upstream(from.target.clone(), method);
                 }
+                "notifications/resources/updated" => {
+                    let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
+                    present_uri(uri, &from.target);
+                    if stateless {
+                        let params = frame["params"].clone();
+                        let shown = params["uri"].as_str().unwrap_or_default();
+                        self.resource_updated(shown, &params).await;
+                    } else {
+                        self.send(line(&frame)).await;
+                    }
+                }
                 // Nothing else reaches a stateless client outside a request.
                 _ if stateless => {}
                 "notifications/tasks/status" => {
                     if let Some(params) = frame.get_mut("params") {
                         tasks::present_status(params, &from.target);
                     }
-                    self.send(line(&frame)).await;
-                }
-                "notifications/resources/updated" => {
-                    let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
-                    present_uri(uri, &from.target);
                     self.send(line(&frame)).await;
                 }
                 _ => self.send(line(&frame)).await,
