@@ -114,6 +114,9 @@ pub(crate) struct Hello {
     pub stateless: Option<Envelope>,
     /// The era this service was found to speak before (the listing cache's), if known.
     pub known: Option<Era>,
+    /// For a client of the handshake era: the envelope its `initialize` params make, for a
+    /// server that refuses the handshake (one of the stateless revision only).
+    pub fallback: Option<Envelope>,
 }
 
 /// A live session to one service.
@@ -157,6 +160,14 @@ impl Upstream {
                 up.probed.store(true, Ordering::Release);
                 Ok(up)
             }
+            // A server that ends its session on `initialize` gets `server/discover` on a new one.
+            Err(UpstreamError::Lost) if hello.fallback.is_some() => {
+                let hello = Hello {
+                    stateless: hello.fallback.clone(),
+                    ..hello
+                };
+                Self::open_with(node, target, &hello, inbound, true).await
+            }
             opened => opened,
         }
     }
@@ -181,12 +192,13 @@ impl Upstream {
             })?;
         let (reader, writer) = stream.into_split();
         let probe = hello.stateless.clone().filter(|_| probe);
+        let probing = probe.is_some();
         let up = Arc::new(Upstream {
             target: target.clone(),
             // The probe goes out as a stateless request.
             stateless: AtomicBool::new(probe.is_some()),
             probed: AtomicBool::new(probe.is_some()),
-            envelope: hello.stateless.clone(),
+            envelope: hello.stateless.clone().or_else(|| hello.fallback.clone()),
             writer: Mutex::new(Some(writer)),
             next_id: AtomicU64::new(1),
             waiting: StdMutex::new(HashMap::new()),
@@ -196,27 +208,15 @@ impl Upstream {
         tokio::spawn(read_loop(up.clone(), reader, inbound));
 
         if let Some(envelope) = probe {
-            let mut params = Value::Null;
-            envelope.stamp(&mut params);
-            let answer = tokio::time::timeout(HANDSHAKE, up.request("server/discover", params))
-                .await
-                .map_err(|_| UpstreamError::Handshake(HANDSHAKE));
-            match answer {
-                Ok(Ok(answer)) => {
-                    if let Some(result) = answer.get("result").filter(|r| era::speaks_stateless(r))
-                    {
-                        *up.init.lock().unwrap_or_else(|p| p.into_inner()) = result.clone();
-                        return Ok(up);
-                    }
-                    // Not the stateless revision (an error, or only handshake versions): the
-                    // handshake on the same session.
-                    up.stateless.store(false, Ordering::Release);
-                }
-                Ok(Err(e)) | Err(e) => {
-                    up.close().await;
-                    return Err(e);
-                }
+            if up.discover(&envelope).await {
+                return Ok(up);
             }
+            if !up.is_live() {
+                up.close().await;
+                return Err(UpstreamError::Lost);
+            }
+            // Not the stateless revision (an error, or only handshake versions): the
+            // handshake on the same session.
         }
         let answer =
             tokio::time::timeout(HANDSHAKE, up.request("initialize", hello.handshake.clone()))
@@ -234,6 +234,14 @@ impl Upstream {
                 *up.init.lock().unwrap_or_else(|p| p.into_inner()) = result.clone();
             }
             None => {
+                // A server of the stateless revision only refuses the handshake: it may still
+                // be spoken to in its own era, on the same session.
+                if !probing
+                    && let Some(envelope) = &hello.fallback
+                    && up.discover(envelope).await
+                {
+                    return Ok(up);
+                }
                 up.close().await;
                 let message = answer
                     .pointer("/error/message")
@@ -249,6 +257,24 @@ impl Upstream {
         }
         up.notify("notifications/initialized", None).await;
         Ok(up)
+    }
+
+    /// Asks the server `server/discover` with `envelope`: whether it speaks the stateless
+    /// revision (the session then does; its answer is the session's greeting).
+    async fn discover(&self, envelope: &Envelope) -> bool {
+        self.stateless.store(true, Ordering::Release);
+        self.probed.store(true, Ordering::Release);
+        let mut params = Value::Null;
+        envelope.stamp(&mut params);
+        let answer = tokio::time::timeout(HANDSHAKE, self.request("server/discover", params)).await;
+        if let Ok(Ok(answer)) = answer
+            && let Some(result) = answer.get("result").filter(|r| era::speaks_stateless(r))
+        {
+            *self.init.lock().unwrap_or_else(|p| p.into_inner()) = result.clone();
+            return true;
+        }
+        self.stateless.store(false, Ordering::Release);
+        false
     }
 
     /// The era the server speaks on this session.

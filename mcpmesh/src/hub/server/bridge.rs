@@ -136,7 +136,100 @@ fn state_ttl() -> Duration {
         .map_or(STATE_TTL, Duration::from_millis)
 }
 
+/// Rounds of `input_required` one call of a handshake-era client may take.
+const MAX_ROUNDS: u32 = 16;
+/// How long the client may take to answer what a round asks.
+const CLIENT_ANSWER: Duration = Duration::from_secs(600);
+
 impl Hub {
+    /// The other way: a stateless server answered a handshake-era client's call with
+    /// `input_required`. Each of its input requests goes to the client as a request of the
+    /// hub's, and the call is retried with the answers and the server's `requestState`, until
+    /// the server answers otherwise (at most [`MAX_ROUNDS`] rounds).
+    pub(super) async fn input_rounds(
+        &self,
+        id: &Value,
+        mut call: Call,
+        mut asked: Value,
+        params: Value,
+    ) -> Vec<u8> {
+        for _ in 0..MAX_ROUNDS {
+            let requests = asked["inputRequests"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            let mut responses = Map::new();
+            for (name, request) in requests.into_iter().take(ASKS_AT_ONCE) {
+                let method = request["method"].as_str().unwrap_or_default().to_owned();
+                match self.ask_client(&method, &request["params"]).await {
+                    Ok(answer) => {
+                        responses.insert(name, answer);
+                    }
+                    Err(message) => {
+                        call.lease.up.forget(call.upstream_id);
+                        return rpc_error(id, -32603, format!("{}: {message}", call.target));
+                    }
+                }
+            }
+            let mut retry = params.clone();
+            retry["inputResponses"] = Value::Object(responses);
+            retry["requestState"] = asked["requestState"].clone();
+            let Ok((upstream_id, rx)) = call.lease.up.start(&call.method, retry).await else {
+                return rpc_error(id, -32603, format!("{}: the session ended", call.target));
+            };
+            call.upstream_id = upstream_id;
+            call.rx = rx;
+            let answer = (&mut call.rx).await.ok();
+            match answer {
+                Some(frame) if frame["result"]["resultType"] == "input_required" => {
+                    asked = frame["result"].clone();
+                }
+                Some(frame) => {
+                    call.retry = None;
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let _ = tx.send(frame);
+                    call.rx = rx;
+                    return self.await_call(id, call, None).await;
+                }
+                None => {
+                    return rpc_error(id, -32603, format!("{}: the session ended", call.target));
+                }
+            }
+        }
+        call.lease.up.forget(call.upstream_id);
+        let message = format!(
+            "{}: the server asked for input more than {MAX_ROUNDS} times",
+            call.target
+        );
+        rpc_error(id, -32603, message)
+    }
+
+    /// Asks the client `method` (a request of the hub's) and waits for its result.
+    async fn ask_client(&self, method: &str, params: &Value) -> Result<Value, String> {
+        let ours = json!(format!(
+            "hub-{}",
+            self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.bridged).insert(super::wire::key(&ours), tx);
+        self.send(super::wire::line(
+            &json!({"jsonrpc": "2.0", "id": ours, "method": method, "params": params}),
+        ))
+        .await;
+        let answer = tokio::time::timeout(CLIENT_ANSWER, rx).await;
+        lock(&self.bridged).remove(&super::wire::key(&ours));
+        match answer {
+            Ok(Ok(frame)) => match frame.get("result") {
+                Some(result) => Ok(result.clone()),
+                None => Err(format!(
+                    "the client refused the server's {method}: {}",
+                    frame["error"]["message"].as_str().unwrap_or("an error")
+                )),
+            },
+            _ => Err(format!("the client did not answer the server's {method}")),
+        }
+    }
+
     /// Holds `call`, whose server asked `first` (and maybe more at once), and answers the
     /// client's request `id` with an `input_required` result naming the held call.
     pub(super) async fn park(

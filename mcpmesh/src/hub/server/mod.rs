@@ -84,6 +84,9 @@ pub(super) struct Hub {
     forwarded: StdMutex<HashMap<String, Forwarded>>,
     /// Hub id of a server's request to the client → the session and the server's own id.
     asked: StdMutex<HashMap<String, (Arc<Upstream>, Value)>>,
+    /// Hub id of a request the hub made of a handshake-era client for a stateless server's
+    /// `input_required` result → where its answer goes.
+    bridged: StdMutex<HashMap<String, tokio::sync::oneshot::Sender<Value>>>,
     /// (service, hub progress token) → the client's token.
     tokens: StdMutex<HashMap<(Target, String), Value>>,
     /// Peer name → whether the node reached it at its last check.
@@ -144,6 +147,7 @@ where
         log_level: StdMutex::new(None),
         forwarded: StdMutex::new(HashMap::new()),
         asked: StdMutex::new(HashMap::new()),
+        bridged: StdMutex::new(HashMap::new()),
         tokens: StdMutex::new(HashMap::new()),
         reach: StdMutex::new(reachability(&peers)),
         refreshing: StdMutex::new(HashSet::new()),
@@ -426,10 +430,17 @@ impl Hub {
     /// params, or a stateless client's envelope.
     async fn open(&self, target: &Target) -> Result<Arc<Upstream>, UpstreamError> {
         let known = lock(&self.cache).get(target).and_then(|l| l.era);
+        let stateless = self.stateless_envelope();
+        let handshake = self.upstream_hello();
+        let fallback = stateless.is_none().then(|| Envelope {
+            client_info: handshake["clientInfo"].clone(),
+            capabilities: handshake["capabilities"].clone(),
+        });
         let hello = Hello {
-            handshake: self.upstream_hello(),
-            stateless: self.stateless_envelope(),
+            handshake,
+            stateless,
             known,
+            fallback,
         };
         let up = Upstream::open(&self.node, target, hello, self.inbound.clone()).await?;
         let level = lock(&self.log_level).clone();

@@ -45,6 +45,9 @@ pub(super) struct Call {
     /// What a retry must be to resume it (method and name).
     pub(super) bound: String,
     pub(super) token_key: Option<(Target, String)>,
+    /// For a handshake-era client over a stateless server: the params to retry with once the
+    /// client answered what an `input_required` result asks.
+    pub(super) retry: Option<Value>,
 }
 
 impl Hub {
@@ -184,6 +187,8 @@ impl Hub {
             token_key = Some(k);
         }
         let bound = bridge::bound(&target, method, &params);
+        let retry = (!self.client_era_is(Era::Stateless) && up.era() == Era::Stateless)
+            .then(|| params.clone());
         let Ok((upstream_id, rx)) = up.start(method, params).await else {
             if let Some(k) = token_key {
                 lock(&self.tokens).remove(&k);
@@ -207,6 +212,7 @@ impl Hub {
             method: method.to_owned(),
             bound,
             token_key,
+            retry,
         };
         self.await_call(id, call, asks).await
     }
@@ -245,6 +251,15 @@ impl Hub {
             Ok(ask) => return self.park(id, call, asks, ask, cancelled).await,
             Err(reply) => reply,
         };
+        // A stateless server's `input_required` for a handshake-era client: the client is
+        // asked, and the call retried with its answers.
+        if !cancelled
+            && let Some(frame) = &reply
+            && frame["result"]["resultType"] == "input_required"
+            && let Some(params) = call.retry.clone()
+        {
+            return Box::pin(self.input_rounds(id, call, frame["result"].clone(), params)).await;
+        }
         if let Some(k) = &call.token_key {
             lock(&self.tokens).remove(k);
         }
@@ -315,6 +330,10 @@ impl Hub {
 
     /// The client answering a server's request: back to that server, with its own id.
     pub(super) async fn client_answer(&self, id: &Value, mut frame: Value) {
+        if let Some(waiter) = lock(&self.bridged).remove(&key(id)) {
+            let _ = waiter.send(frame);
+            return;
+        }
         let Some((up, theirs)) = lock(&self.asked).remove(&key(id)) else {
             return;
         };
