@@ -708,6 +708,39 @@ async fn both_mcp_eras_use_a_service_through_the_gateways_hub() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_client_over_http_answers_a_2025_servers_elicitation_and_sampling_through_the_gateways_hub()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let index = deps()
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .display()
+        .to_string();
+    alice.serve("everything", &["bob"], &["--", "node", &index, "stdio"]);
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/everything"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    // Sessionless requests: the call, and its retry with the client's answers, meet the one
+    // hub the gateway keeps for them, which holds the server's call in between.
+    let mut args = vec![interop_script("bridge_client.py")];
+    args.extend(gateway.header_args());
+    args.extend(["--url".into(), gateway.url("hub")]);
+    args.push("alice__everything__trigger-elicitation-request".into());
+    args.push(
+        r#"alice__everything__trigger-sampling-request={"prompt":"six times seven?","maxTokens":10}"#
+            .into(),
+    );
+    let report = run_driver(&args).await;
+    assert!(report.contains(r#""era": "2026-07-28""#), "{report}");
+    assert!(report.contains("- Name: Ada Bridge"), "{report}");
+    assert!(report.contains("forty-two"), "{report}");
+    assert!(!report.contains(r#""is_error": true"#), "{report}");
+}
+
 /// An upstream that answers every POST `429 Too Many Requests` with `Retry-After: 2` and
 /// prints the `Authorization` header it was sent.
 const BUSY_UPSTREAM: &str = r#"

@@ -3,8 +3,10 @@ its server ask the client something (elicitation, sampling): `Client(mode="auto"
 `call_tool` answers an `input_required` result through its callbacks and retries by itself.
 
 Usage: bridge_client.py TOOL[=JSON_ARGUMENTS]... -- CMD [ARGS...]
+       bridge_client.py [--header NAME=VALUE]... --url URL TOOL[=JSON_ARGUMENTS]...
 
-CMD is started as a stdio MCP server. After connecting (it must negotiate 2026-07-28), each
+CMD is started as a stdio MCP server; with --url, the Streamable HTTP endpoint URL is used
+instead (each --header sent on every request, e.g. `Authorization=Bearer <token>`). After connecting (it must negotiate 2026-07-28), each
 TOOL is called in turn; the output is one JSON line per call, {"tool", "texts", "is_error"},
 then {"era": version, "elicited": [messages], "sampled": [prompts]}. Exit status 0 when every
 call answered. Every wait is bounded.
@@ -32,7 +34,9 @@ FORM = {
 }
 
 
-async def run(calls: list[tuple[str, dict[str, Any]]], cmd: list[str]) -> int:
+async def run(
+    calls: list[tuple[str, dict[str, Any]]], cmd: list[str], url: str | None, headers: dict[str, str]
+) -> int:
     import mcp_types as types
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -55,9 +59,16 @@ async def run(calls: list[tuple[str, dict[str, Any]]], cmd: list[str]) -> int:
             content=types.TextContent(type="text", text="forty-two"),
         )
 
-    params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(os.environ))
+    if url is not None:
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        transport = streamable_http_client(url, http_client=create_mcp_http_client(headers=headers))
+    else:
+        params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(os.environ))
+        transport = stdio_client(params)
     client = Client(
-        stdio_client(params),
+        transport,
         mode="auto",
         elicitation_callback=on_elicit,
         sampling_callback=on_sample,
@@ -79,17 +90,30 @@ async def run(calls: list[tuple[str, dict[str, Any]]], cmd: list[str]) -> int:
 
 def main() -> int:
     argv = sys.argv[1:]
-    if "--" not in argv:
-        sys.exit(__doc__)
-    split = argv.index("--")
+    url, headers, cmd = None, {}, []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, cmd = argv[:split], argv[split + 1 :]
+    specs = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--url" and i + 1 < len(argv):
+            url = argv[i + 1]
+            i += 2
+        elif argv[i] == "--header" and i + 1 < len(argv) and "=" in argv[i + 1]:
+            name, _, value = argv[i + 1].partition("=")
+            headers[name] = value
+            i += 2
+        else:
+            specs.append(argv[i])
+            i += 1
     calls = []
-    for spec in argv[:split]:
+    for spec in specs:
         name, _, args = spec.partition("=")
         calls.append((name, json.loads(args) if args else {}))
-    cmd = argv[split + 1 :]
-    if not calls or not cmd:
+    if not calls or (url is None) == (not cmd) or (url is not None and cmd):
         sys.exit(__doc__)
-    return anyio.run(run, calls, cmd)
+    return anyio.run(run, calls, cmd, url, headers)
 
 
 if __name__ == "__main__":
