@@ -741,6 +741,83 @@ async fn a_2026_07_28_client_over_http_answers_a_2025_servers_elicitation_and_sa
     assert!(!report.contains(r#""is_error": true"#), "{report}");
 }
 
+/// An upstream (HTTP/1.1, kept alive) that drops the connection of the first `tools/call` it
+/// reads without answering, as a server closing an idle kept-alive connection does to a
+/// request that arrives at that moment; everything else is answered. It prints each request's
+/// method and whether it was dropped.
+const CLOSING_UPSTREAM: &str = r#"
+import http.server, json, sys, threading
+dropped = []
+lock = threading.Lock()
+def say(text):
+    with lock:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        msg = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        method = msg.get("method")
+        with lock:
+            drop = method == "tools/call" and not dropped
+            if drop:
+                dropped.append(1)
+        if drop:
+            say("dropped " + method)
+            self.close_connection = True
+            return
+        say("answered " + str(method))
+        if "id" not in msg:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if method == "initialize":
+            result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "closing", "version": "1"}}
+        else:
+            result = {"content": [{"type": "text", "text": "answered"}]}
+        body = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print("listening", s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_on_a_connection_the_upstream_closes_unanswered_goes_once_more_on_a_new_one() {
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", CLOSING_UPSTREAM]);
+    let (mut upstream, ready) = Started::until(&mut cmd, "listening").await;
+    let port = ready.split(' ').nth(1).unwrap().to_owned();
+    let (alice, bob) = two_nodes();
+    alice.serve(
+        "closing",
+        &["bob"],
+        &["--url", &format!("http://127.0.0.1:{port}/mcp")],
+    );
+    let mut s = bob.connect("alice/closing");
+    s.initialize().await;
+    let answer = s
+        .request("tools/call", json!({ "name": "x", "arguments": {} }))
+        .await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "answered",
+        "{answer}"
+    );
+    assert_eq!(upstream.wait_for("dropped").await, "dropped tools/call");
+    assert_eq!(
+        upstream.wait_for("answered tools").await,
+        "answered tools/call"
+    );
+}
+
 /// An upstream that answers every POST `429 Too Many Requests` with `Retry-After: 2` and
 /// prints the `Authorization` header it was sent.
 const BUSY_UPSTREAM: &str = r#"

@@ -43,6 +43,8 @@ const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 const LAST_EVENT_ID: &str = "last-event-id";
 /// How long connecting to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pooled connection to an upstream may sit idle before it is dropped.
+const POOL_IDLE: Duration = Duration::from_secs(4);
 /// How long the DELETE that ends an upstream session may take.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Consecutive GET-stream reconnects without an event before the node stops listening.
@@ -136,11 +138,27 @@ pub(crate) fn client() -> Result<reqwest::Client, String> {
             let _ = rustls::crypto::ring::default_provider().install_default();
             reqwest::Client::builder()
                 .connect_timeout(CONNECT_TIMEOUT)
+                // Below the 5 s keep-alive of Node's and uvicorn's servers, so an idle pooled
+                // connection is dropped here before the server drops it.
+                .pool_idle_timeout(POOL_IDLE)
                 .user_agent(concat!("mcpmesh/", env!("CARGO_PKG_VERSION")))
                 .build()
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))
         })
         .clone()
+}
+
+/// Whether a request failed because its connection closed before any answer came (hyper's
+/// incomplete message): a kept-alive connection the server closed as the request went out.
+fn closed_unanswered(e: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+            return hyper.is_incomplete_message();
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The configured headers with `${VAR}` references filled in from the environment.
@@ -292,20 +310,31 @@ impl Upstream {
                 req = req.header("mcp-name", n);
             }
         }
-        let response =
-            match tokio::time::timeout(self.timeout, req.body(frame.line.clone()).send()).await {
-                Err(_) => return self.timed_out(&frame).await,
-                Ok(Ok(r)) => r,
-                Ok(Err(e)) => {
-                    let why = if e.is_connect() || e.is_timeout() {
-                        "the upstream server is unreachable"
-                    } else {
-                        "the upstream connection failed"
-                    };
-                    tracing::debug!(service = %self.service, "POST failed: {e}");
-                    return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
-                }
-            };
+        // A server may close a kept-alive connection just as a request goes out on it: the
+        // request then fails with nothing answered (the server never read it), and goes once
+        // more, on a new connection.
+        let retry = req.try_clone();
+        let mut sent =
+            tokio::time::timeout(self.timeout, req.body(frame.line.clone()).send()).await;
+        if let (Ok(Err(e)), Some(retry)) = (&sent, retry)
+            && closed_unanswered(e)
+        {
+            tracing::debug!(service = %self.service, "POST on a closing connection, sent again: {e}");
+            sent = tokio::time::timeout(self.timeout, retry.body(frame.line.clone()).send()).await;
+        }
+        let response = match sent {
+            Err(_) => return self.timed_out(&frame).await,
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let why = if e.is_connect() || e.is_timeout() {
+                    "the upstream server is unreachable"
+                } else {
+                    "the upstream connection failed"
+                };
+                tracing::debug!(service = %self.service, "POST failed: {e}");
+                return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
+            }
+        };
         if frame.method.as_deref() == Some("initialize")
             && let Some(id) = response.headers().get(SESSION_ID)
             && id.to_str().is_ok_and(|s| !s.is_empty())
