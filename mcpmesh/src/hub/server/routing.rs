@@ -171,8 +171,10 @@ impl Hub {
         let up = lease.up.clone();
         // A task the client could not reach is never made: a task call to a service that
         // offers none (or from a client the hub offers no tasks) runs plainly.
+        let stateless = self.client_era_is(Era::Stateless);
         if method == "tools/call"
-            && (self.client_era_is(Era::Stateless) || !tasks::offers_task_calls(&up.capabilities()))
+            && params.get("task").is_some()
+            && (stateless || !tasks::offers_task_calls(&up.capabilities()))
             && let Some(params) = params.as_object_mut()
         {
             params.remove("task");
@@ -186,9 +188,14 @@ impl Hub {
             lock(&self.tokens).insert(k.clone(), token);
             token_key = Some(k);
         }
-        let bound = bridge::bound(&target, method, &params);
-        let retry = (!self.client_era_is(Era::Stateless) && up.era() == Era::Stateless)
-            .then(|| params.clone());
+        // Which way a call may need bridging is known before it goes: the client's era against the server's. Only a bridged call keeps what its retry must match.
+        let bridged = stateless && up.era() == Era::Handshake;
+        let bound = if bridged {
+            bridge::bound(&target, method, &params)
+        } else {
+            String::new()
+        };
+        let retry = (!stateless && up.era() == Era::Stateless).then(|| params.clone());
         let Ok((upstream_id, rx)) = up.start(method, params).await else {
             if let Some(k) = token_key {
                 lock(&self.tokens).remove(&k);
@@ -197,7 +204,7 @@ impl Hub {
         };
         // A stateless client's call to a handshake-era server: the server's requests to the
         // client during it come to this call, to be bridged.
-        let (asks, asked) = if self.client_era_is(Era::Stateless) && up.era() == Era::Handshake {
+        let (asks, asked) = if bridged {
             let (tx, rx) = mpsc::channel(bridge::ASKS_AT_ONCE);
             (Some(tx), Some(rx))
         } else {
