@@ -82,6 +82,92 @@ fn failures_are_one_json_line_on_stderr_with_a_stable_code() {
 }
 
 #[test]
+fn serve_sets_where_a_url_service_asserts_its_caller_and_id_prints_the_key_to_verify_it() {
+    let alice = TestNode::start("alice");
+    let url = "http://127.0.0.1:9/mcp";
+    let config = || std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    alice.json(&["serve", "web", "--url", url, "--caller-header", "X-Caller"]);
+    assert!(
+        config().contains("caller_header = \"X-Caller\""),
+        "{}",
+        config()
+    );
+    let doctor = alice.json(&["doctor", "--offline"]).to_string();
+    assert!(
+        doctor.contains("the caller is asserted in X-Caller"),
+        "{doctor}"
+    );
+    // Replaced without a word about it, the service keeps its choice.
+    alice.json(&["serve", "web", "--url", url, "--replace"]);
+    assert!(
+        config().contains("caller_header = \"X-Caller\""),
+        "{}",
+        config()
+    );
+    alice.json(&[
+        "serve",
+        "web",
+        "--url",
+        url,
+        "--replace",
+        "--no-caller-assertion",
+    ]);
+    assert!(
+        config().contains("caller_assertion = false"),
+        "{}",
+        config()
+    );
+    for bad in [
+        vec!["--caller-header", "bad name"],
+        vec![
+            "--caller-header",
+            "Authorization",
+            "--header",
+            "authorization=x",
+        ],
+    ] {
+        let mut args = vec!["--json", "serve", "other", "--url", url];
+        args.extend(bad);
+        let e = error_line(&alice.cli(&args));
+        assert_eq!(e["error"]["code"], -32602, "{e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("--caller_header"),
+            "{e}"
+        );
+    }
+    // Only for --url: with a command they are refused, not ignored.
+    for flags in [vec!["--caller-header", "X"], vec!["--header", "a=b"]] {
+        let mut args = vec!["--json", "serve", "x"];
+        args.extend(flags);
+        args.extend(["--", "cat"]);
+        let e = error_line(&alice.cli(&args));
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("go with --url"),
+            "{e}"
+        );
+    }
+
+    let jwks = alice.json(&["id", "--jwks"]);
+    assert_eq!(jwks["keys"].as_array().unwrap().len(), 1, "{jwks}");
+    let key = &jwks["keys"][0];
+    assert_eq!(
+        (&key["kty"], &key["crv"], &key["alg"]),
+        (&json!("OKP"), &json!("Ed25519"), &json!("EdDSA"))
+    );
+    assert_eq!(key["kid"], alice.id.as_str());
+    // Without --json too: it is a document to save.
+    let plain = alice.cli(&["id", "--jwks"]);
+    let parsed: Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert_eq!(parsed, jwks);
+}
+
+#[test]
 fn a_bad_config_is_a_clear_error_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -585,8 +585,12 @@ struct SdkHttp {
 
 impl SdkHttp {
     async fn start() -> Self {
+        SdkHttp::start_with(&[]).await
+    }
+
+    async fn start_with(args: &[&str]) -> Self {
         let mut cmd = Command::new(python());
-        cmd.arg(interop_script("http_server.py"));
+        cmd.arg(interop_script("http_server.py")).args(args);
         let (process, ready) = Started::until(&mut cmd, "listening on").await;
         let url = ready.rsplit(' ').next().unwrap().to_owned();
         SdkHttp { process, url }
@@ -1833,5 +1837,213 @@ async fn sessionless_requests_with_the_same_progress_token_each_get_their_own_pr
             "one progress notification, its own: {body}"
         );
         assert!(body.contains(r#""progressToken":"p\u0031""#), "{body}");
+    }
+}
+
+/// The claims of the `caller:` lines the SDK server logged since it was last drained.
+fn callers_logged(server: &mut SdkHttp) -> (Vec<Value>, Vec<String>) {
+    let lines = server.process.drain();
+    let seen = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("caller: "))
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect();
+    let refused = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("caller refused: "))
+        .map(str::to_owned)
+        .collect();
+    (seen, refused)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_server_verifies_the_signed_caller_with_a_jose_library_and_refuses_forgeries() {
+    // An org: alice (the admin) serves, bob calls as user bob of group eng.
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    alice.json(&["org", "create", "acme"]);
+    let invite = alice.json(&["org", "invite", "bob", "--groups", "eng"]);
+    bob.json(&["join", invite["invite"].as_str().unwrap()]);
+
+    // The server pins alice's key as `id --jwks` prints it, and checks every HTTP request
+    // with PyJWT: EdDSA, kid, iss, its own URL as the audience, expiry.
+    let jwks = alice.json(&["id", "--jwks"]);
+    assert_eq!(jwks["keys"][0]["kid"], alice.id.as_str(), "{jwks}");
+    let pinned = alice.home().join("pinned-jwks.json");
+    std::fs::write(&pinned, jwks.to_string()).unwrap();
+    let mut server = SdkHttp::start_with(&["--jwks", pinned.to_str().unwrap()]).await;
+    alice.serve("who", &["group:eng"], &["--url", &server.url]);
+
+    // Both eras through the mesh: every check passes, so every request the node made (discover
+    // or initialize, calls, the GET stream, the DELETE) carried an assertion the server took.
+    for era in ["modern", "legacy"] {
+        let mut args = modern_client(era, false);
+        args.push("--".into());
+        args.extend(connect_args(&bob, "alice/who"));
+        let report = run_driver(&args).await;
+        assert!(report.contains(r#""failed": 0}"#), "{era}: {report}");
+        let whoami: Value = serde_json::from_str(
+            report
+                .lines()
+                .find_map(|l| l.strip_prefix("ok   whoami "))
+                .expect("a whoami line"),
+        )
+        .unwrap();
+        let caller = &whoami["caller"];
+        assert_eq!(
+            caller["iss"],
+            format!("eid:{}", alice.id),
+            "{era}: {caller}"
+        );
+        assert_eq!(caller["sub"], format!("eid:{}", bob.id), "{era}: {caller}");
+        assert_eq!(caller["aud"], server.url.as_str(), "{era}: {caller}");
+        assert_eq!(caller["user"], "bob", "{era}: {caller}");
+        assert_eq!(caller["groups"], json!(["eng"]), "{era}: {caller}");
+        assert_eq!(caller["org"], "acme", "{era}: {caller}");
+        assert_eq!(caller["service"], "who", "{era}: {caller}");
+        assert!(caller["peer"].is_string(), "{era}: {caller}");
+        let lifetime = caller["exp"].as_u64().unwrap() - caller["iat"].as_u64().unwrap();
+        assert_eq!(lifetime, 300, "{era}: {caller}");
+        assert!(
+            caller["jti"].as_str().is_some_and(|j| j.len() >= 16),
+            "{caller}"
+        );
+    }
+    // A client that closes its input right after its last request still gets the answer,
+    // from a server that verified the caller.
+    let mut s = bob.connect("alice/who");
+    s.initialize().await;
+    s.send(&json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                    "params": { "name": "whoami", "arguments": {} } }))
+        .await;
+    s.close_stdin();
+    let answer = s.recv().await.expect("the answer after input closed");
+    let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+    let whoami: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        whoami["caller"]["sub"],
+        format!("eid:{}", bob.id),
+        "{answer}"
+    );
+    s.wait_eof().await;
+    let (seen, refused) = callers_logged(&mut server);
+    assert!(refused.is_empty(), "{refused:?}");
+    assert!(seen.len() >= 10, "every request verified: {seen:?}");
+    assert!(seen.iter().all(|c| c["sub"] == format!("eid:{}", bob.id)));
+
+    // A second service on the same server under another URL: its assertions name that URL, so
+    // this server (whose audience is its own URL) refuses them.
+    let other = format!("{}?tenant=b", server.url);
+    alice.serve("other", &["group:eng"], &["--url", &other]);
+    // And a service with the assertion turned off gets none.
+    alice.serve(
+        "plain",
+        &["group:eng"],
+        &["--url", &server.url, "--no-caller-assertion"],
+    );
+    for (service, reason) in [
+        ("other", "InvalidAudienceError"),
+        ("plain", "no Mcpmesh-Caller header"),
+    ] {
+        let mut s = bob.connect(&format!("alice/{service}"));
+        let answer = s.initialize().await;
+        assert_eq!(answer["error"]["code"], -32054, "{service}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("HTTP 401"),
+            "{service}: {answer}"
+        );
+        // The server logs each request it refused (initialize, then the GET stream).
+        while !server
+            .process
+            .wait_for("caller refused: ")
+            .await
+            .contains(reason)
+        {}
+        s.close_stdin();
+        s.wait_eof().await;
+    }
+
+    // Straight to the server: an assertion alice's key really signed is taken; the same claims
+    // expired, aimed at another audience, rewritten after signing, or signed by bob's key are not.
+    let key = |node: &TestNode| {
+        let profile = mcpmesh::paths::Profile::at(node.home());
+        let key = mcpmesh::keys::load(&profile.key_file()).unwrap().unwrap();
+        mcpmesh::assertion::Issuer::new(&key).unwrap()
+    };
+    let (alice_key, bob_key) = (key(&alice), key(&bob));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let good = mcpmesh::assertion::Claims {
+        iss: format!("eid:{}", alice.id),
+        sub: format!("eid:{}", bob.id),
+        aud: server.url.clone(),
+        peer: Some("bob".into()),
+        user: Some("bob".into()),
+        groups: vec!["eng".into()],
+        org: Some("acme".into()),
+        service: "who".into(),
+        iat: now,
+        exp: now + 300,
+        jti: "direct-test-1".into(),
+    };
+    let post = |token: String| {
+        let url = server.url.clone();
+        async move {
+            let r = mcp_post(&http_client(), &url, &initialize_request(), None)
+                .header("mcpmesh-caller", token)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(post(alice_key.sign(&good).unwrap()).await.0, 200);
+    // Rewritten: the claims of another assertion (group admin) under this one's signature.
+    let signed = alice_key.sign(&good).unwrap();
+    let admin = alice_key
+        .sign(&mcpmesh::assertion::Claims {
+            groups: vec!["admin".into()],
+            ..good.clone()
+        })
+        .unwrap();
+    let mut parts: Vec<&str> = signed.split('.').collect();
+    parts[1] = admin.split('.').nth(1).unwrap();
+    let cases = [
+        (
+            "expired",
+            alice_key.sign(&mcpmesh::assertion::Claims {
+                iat: now - 900,
+                exp: now - 600,
+                ..good.clone()
+            }),
+            "ExpiredSignatureError",
+        ),
+        (
+            "another audience",
+            alice_key.sign(&mcpmesh::assertion::Claims {
+                aud: other.clone(),
+                ..good.clone()
+            }),
+            "InvalidAudienceError",
+        ),
+        ("rewritten", Ok(parts.join(".")), "InvalidSignatureError"),
+        ("bob's key", bob_key.sign(&good), "unknown key id"),
+    ];
+    for (case, token, reason) in cases {
+        let (status, body) = post(token.unwrap()).await;
+        assert_eq!(status, 401, "{case}: {body}");
+        assert!(body.contains(reason), "{case}: {body}");
+    }
+
+    // The node never writes an assertion into its log or its audit records.
+    let log = alice.log();
+    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
+    for text in [&log, &audit] {
+        assert!(!text.contains("eyJ"), "no JWS in the log or audit");
     }
 }

@@ -41,8 +41,15 @@ pub enum Command {
         nickname: Option<String>,
     },
     /// Show this node's endpoint id and dialable addresses (starts the node if needed).
-    #[command(after_help = "Examples:\n  mcpmesh id\n  mcpmesh id --json")]
-    Id,
+    #[command(
+        after_help = "Examples:\n  mcpmesh id\n  mcpmesh id --json\n  mcpmesh id --jwks > mcpmesh-jwks.json"
+    )]
+    Id {
+        /// Print the node's public key as a JWKS document, for a `url` server to verify the
+        /// signed caller assertions this node sends it.
+        #[arg(long)]
+        jwks: bool,
+    },
     /// Start the node in the background.
     #[command(after_help = "Examples:\n  mcpmesh up")]
     Up,
@@ -107,6 +114,13 @@ pub enum Command {
         /// environment when a session starts (for tokens). Repeatable.
         #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
         headers: Vec<String>,
+        /// The header `--url` gets the signed caller assertion in (default Mcpmesh-Caller);
+        /// the server verifies it against `mcpmesh id --jwks`.
+        #[arg(long, value_name = "NAME", requires = "url")]
+        caller_header: Option<String>,
+        /// Send `--url` no signed caller assertion (it still gets `_meta`).
+        #[arg(long, requires = "url", conflicts_with = "caller_header")]
+        no_caller_assertion: bool,
         /// An environment variable for the server command, as KEY=VALUE (kept in config.toml;
         /// other variables of a service that exists stay). Repeatable.
         #[arg(long = "env", value_name = "KEY=VALUE")]

@@ -100,7 +100,7 @@ fn creates_profile(command: &Command) -> bool {
         command,
         Command::Init { .. }
             | Command::Up
-            | Command::Id
+            | Command::Id { .. }
             | Command::Daemon { .. }
             | Command::Demo
             | Command::DemoServer
@@ -197,7 +197,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Audit { action } => audit(&profile, action, &out),
         Command::Up => up(&ctx),
         Command::Down => down(&ctx),
-        Command::Id => id(&ctx),
+        Command::Id { jwks: false } => id(&ctx),
+        Command::Id { jwks: true } => id_jwks(&ctx),
         Command::Peers { action: None } => peers_list(&ctx),
         Command::Peers {
             action: Some(PeersAction::Add { name, id, addrs }),
@@ -246,12 +247,26 @@ fn run(cli: Cli) -> Result<(), Failure> {
             socket,
             url,
             headers,
+            caller_header,
+            no_caller_assertion,
             env,
             cmd,
         } => {
+            let url_only = !headers.is_empty() || caller_header.is_some() || no_caller_assertion;
+            if url.is_none() && url_only {
+                return Err(Failure::new(
+                    codes::USAGE,
+                    "--header, --caller-header and --no-caller-assertion go with --url",
+                ));
+            }
             let backend = match (socket, url) {
                 (Some(path), _) => Backend::Socket(path),
-                (None, Some(url)) => Backend::Url(url, headers),
+                (None, Some(url)) => Backend::Url {
+                    url,
+                    headers,
+                    caller_header,
+                    no_caller_assertion,
+                },
                 (None, None) => Backend::Run(cmd),
             };
             serve(
@@ -398,6 +413,22 @@ fn id(ctx: &Ctx) -> Result<(), Failure> {
             .filter_map(Value::as_str)
             .collect();
         format!("addresses: {}", addrs.join(" "))
+    });
+    Ok(())
+}
+
+/// The running node's key as a JWKS document: the same JSON with or without `--json`, since it
+/// is meant to be saved and pinned.
+fn id_jwks(ctx: &Ctx) -> Result<(), Failure> {
+    let v = ctx.call(methods::NODE_ID, json!({}))?;
+    let jwks = v["id"]
+        .as_str()
+        .and_then(mcpmesh::assertion::jwks_of)
+        .ok_or_else(|| anyhow::anyhow!("the node answered without a valid id"))?;
+    let jwks =
+        serde_json::to_value(jwks).map_err(|e| anyhow::anyhow!("cannot write the JWKS: {e}"))?;
+    ctx.out.print(jwks.clone(), || {
+        serde_json::to_string_pretty(&jwks).unwrap_or_default()
     });
     Ok(())
 }
@@ -659,7 +690,13 @@ fn completions(shell: clap_complete::Shell, out: &Output) -> Result<(), Failure>
 enum Backend {
     Run(Vec<String>),
     Socket(std::path::PathBuf),
-    Url(String, Vec<String>),
+    Url {
+        url: String,
+        /// NAME=VALUE, as given.
+        headers: Vec<String>,
+        caller_header: Option<String>,
+        no_caller_assertion: bool,
+    },
 }
 
 struct Serve {
@@ -711,9 +748,20 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
                 .with_context(|| format!("socket path {}", path.display()))?;
             params["socket"] = json!(path);
         }
-        Backend::Url(url, headers) => {
+        Backend::Url {
+            url,
+            headers,
+            caller_header,
+            no_caller_assertion,
+        } => {
             params["url"] = json!(url);
             params["headers"] = pairs("--header", &headers)?;
+            if no_caller_assertion {
+                params["caller_assertion"] = json!(false);
+            }
+            if let Some(name) = caller_header {
+                params["caller_header"] = json!(name);
+            }
         }
         Backend::Run(cmd) => params["run"] = json!(cmd),
     }

@@ -178,9 +178,21 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
                         format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
                     ),
                 },
-                BackendSpec::Url { url, headers } => {
+                BackendSpec::Url {
+                    url,
+                    headers,
+                    caller_header,
+                } => {
+                    let caller = match caller_header {
+                        Some(name) => format!("; the caller is asserted in {name}"),
+                        None => "; no caller assertion".to_owned(),
+                    };
                     match mcpmesh::backends::url::expand_headers(headers) {
-                        Ok(_) => check(&what, "ok", format!("a Streamable HTTP server at {url}")),
+                        Ok(_) => check(
+                            &what,
+                            "ok",
+                            format!("a Streamable HTTP server at {url}{caller}"),
+                        ),
                         Err(e) => check(
                             &what,
                             "error",

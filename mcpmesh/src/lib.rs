@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod assertion;
 pub mod audit;
 pub mod backends;
 pub mod catalog;

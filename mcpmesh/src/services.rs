@@ -6,16 +6,18 @@ use std::sync::{Arc, RwLock};
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::session::{MeshTransport, SessionHandler, refuse};
+use reqwest::header::HeaderName;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::assertion::Issuer;
 use crate::audit::{AuditEvent, AuditSink};
 use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::socket::SocketBackend;
 use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
-use crate::backends::url::UrlBackend;
+use crate::backends::url::{CallerAssertion, UrlBackend};
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
 use crate::principal::{Held, Principal, PrincipalSource, is_allowed, principal_set};
@@ -156,6 +158,8 @@ pub struct ServiceHost {
     /// Where sessions read their callers' principals at each request (without it, the set
     /// the gate resolved at open, with no org).
     principals: Option<Arc<dyn PrincipalSource>>,
+    /// Signs the caller assertions `url` services get.
+    issuer: Option<Arc<Issuer>>,
 }
 
 /// A session being served.
@@ -200,6 +204,7 @@ impl ServiceHost {
             next_id: Default::default(),
             launcher: None,
             principals: None,
+            issuer: None,
         }
     }
 
@@ -244,6 +249,23 @@ impl ServiceHost {
             }
         }
         told
+    }
+
+    /// Signs the caller assertions of `url` services with `issuer` (the node's key); without
+    /// it, none is sent.
+    pub fn with_issuer(mut self, issuer: Arc<Issuer>) -> Self {
+        self.issuer = Some(issuer);
+        self
+    }
+
+    /// How a `url` service at `audience` asserts its callers, if it does.
+    fn caller_assertion(&self, audience: &str, header: Option<&str>) -> Option<CallerAssertion> {
+        let header = HeaderName::from_bytes(header?.as_bytes()).ok()?;
+        Some(CallerAssertion {
+            header,
+            issuer: self.issuer.clone()?,
+            audience: audience.to_owned(),
+        })
     }
 
     /// Starts the servers of `run` services through `launcher`.
@@ -373,18 +395,23 @@ impl SessionHandler for ServiceHost {
                     };
                     backend.run_session(peer.clone(), transport, &session).await
                 }
-                BackendSpec::Url { url, headers } => match crate::config::validate_url(url) {
+                BackendSpec::Url {
+                    url: configured,
+                    headers,
+                    caller_header,
+                } => match crate::config::validate_url(configured) {
                     Ok(url) => {
                         let backend = UrlBackend {
                             url,
                             headers: headers.clone(),
                             ctx,
                             timeout: entry.spec.request_timeout,
+                            caller: self.caller_assertion(configured, caller_header.as_deref()),
                         };
                         backend.run_session(peer.clone(), transport, &session).await
                     }
                     Err(message) => Err(BackendError::Upstream {
-                        url: url.clone(),
+                        url: configured.clone(),
                         message,
                     }),
                 },

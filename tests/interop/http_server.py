@@ -1,7 +1,7 @@
 """Streamable HTTP MCP server for the mcpmesh interop tests (official Python SDK, `mcp` 2.3.0).
 
 Usage:
-    python http_server.py [--port N]
+    python http_server.py [--port N] [--jwks FILE]
 
 Serves the server object of tests/interop/modern_server.py (tools echo/add/whoami/confirm,
 resource mcpmesh://interop/hello, prompt greet) over the SDK's Streamable HTTP transport at
@@ -41,6 +41,15 @@ Request log: every HTTP request that reaches the app is logged to stderr on arri
 Header values are printed verbatim (an absent header prints as `-`); only the presence of
 `Mcp-Session-Id` is shown (`present` / `absent`), never its value.
 
+--jwks FILE: every HTTP request must carry a valid mcpmesh caller assertion in the
+`Mcpmesh-Caller` header, checked with PyJWT (a third-party JOSE library) against the keys of
+FILE (`mcpmesh id --jwks`): EdDSA only, `kid` found in FILE, `iss` = "eid:" + kid, `aud` = this
+server's URL exactly, `exp`/`iat`/`sub`/`jti` present, not expired (no leeway). A request that
+fails is answered HTTP 401 `{"error": "invalid caller assertion", "reason": "<PyJWT error>"}`
+and logged `caller refused: <PyJWT error class>: <message>`; one that passes is logged
+`caller: <claims as JSON, sorted, without jti>`. The `whoami` tool then also reports the
+claims of the request that called it, as `caller`. Tokens are never printed.
+
 SIGTERM/SIGINT: stop accepting, let in-flight requests finish (open streams get 2 s, then are
 cancelled), run the app's shutdown (ends every session) and exit 0.
 """
@@ -49,12 +58,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
 import sys
 from typing import Any
 
+import jwt
 import uvicorn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +90,70 @@ def request_line(scope: dict[str, Any]) -> str:
     return f"request: {scope.get('method', '?')} {path} " + " ".join(fields)
 
 
+CALLER_HEADER = "mcpmesh-caller"
+
+
+class CallerCheck:
+    """Verifies mcpmesh caller assertions against a pinned JWKS, for one audience."""
+
+    def __init__(self, jwks_file: str, audience: str) -> None:
+        with open(jwks_file, encoding="utf-8") as f:
+            self.keys = jwt.PyJWKSet.from_dict(json.load(f))
+        self.audience = audience
+
+    def claims(self, token: str | None) -> dict[str, Any]:
+        if not token:
+            raise jwt.InvalidTokenError("no Mcpmesh-Caller header")
+        kid = jwt.get_unverified_header(token).get("kid")
+        try:
+            key = self.keys[kid]
+        except KeyError:
+            raise jwt.InvalidKeyError(f"unknown key id {kid!r}") from None
+        return jwt.decode(
+            token,
+            key=key.key,
+            algorithms=["EdDSA"],
+            audience=self.audience,
+            issuer=f"eid:{kid}",
+            options={"require": ["exp", "iat", "iss", "sub", "aud", "jti"]},
+        )
+
+    def of_request(self, request: Any) -> dict[str, Any]:
+        """The claims of a Starlette request (for the whoami tool)."""
+        return self.claims(request.headers.get(CALLER_HEADER))
+
+
+class RequireCaller:
+    """ASGI wrapper: refuse (401) every HTTP request without a valid caller assertion."""
+
+    def __init__(self, app: Any, check: CallerCheck) -> None:
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = None
+        for name, value in scope.get("headers", []):
+            if name.lower() == CALLER_HEADER.encode():
+                token = value.decode("latin-1")
+                break
+        try:
+            claims = self.check.claims(token)
+        except jwt.PyJWTError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            print(f"caller refused: {reason}", file=sys.stderr, flush=True)
+            body = json.dumps({"error": "invalid caller assertion", "reason": reason}).encode()
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        shown = {k: v for k, v in claims.items() if k != "jti"}
+        print(f"caller: {json.dumps(shown, sort_keys=True)}", file=sys.stderr, flush=True)
+        await self.app(scope, receive, send)
+
+
 class RequestLog:
     """ASGI wrapper: one stderr line per HTTP request, then hand the request to the SDK app unchanged."""
 
@@ -91,7 +166,7 @@ class RequestLog:
         await self.app(scope, receive, send)
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, jwks: str | None) -> None:
     # Bind first (loopback only) so `--port 0` yields the real port to announce. uvicorn's
     # startup calls listen() on it (loop.create_server(sock=...)); `server.started` flips after
     # that and after the app's lifespan startup (the session manager's task group) has run.
@@ -109,6 +184,10 @@ async def serve(port: int) -> None:
         max_request_body_size=MAX_REQUEST_BODY,
         host=HOST,  # -> the SDK's loopback DNS-rebinding defaults (Host 127.0.0.1:* etc. allowed)
     )
+    if jwks is not None:
+        check = CallerCheck(jwks, f"http://{HOST}:{bound_port}{PATH}")
+        modern_server.CALLER_CHECK = check.of_request
+        app = RequireCaller(app, check)
     config = uvicorn.Config(
         RequestLog(app),
         interface="asgi3",
@@ -136,6 +215,7 @@ async def serve(port: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="http_server.py")
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: pick a free one)")
+    parser.add_argument("--jwks", help="require a caller assertion verified against this JWKS file")
     options = parser.parse_args()
     if not 0 <= options.port <= 65535:
         parser.error(f"bad port {options.port}")
@@ -146,7 +226,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        asyncio.run(serve(options.port))
+        asyncio.run(serve(options.port, options.jwks))
     except OSError as exc:
         print(f"http_server: cannot listen on {HOST}:{options.port}: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -36,6 +36,10 @@ from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 
 PEER_META_KEY = "mcpmesh/peer"
 
+# Set by http_server.py --jwks: checks the HTTP request's signed caller assertion and returns
+# its claims. `whoami` then reports them as `caller`.
+CALLER_CHECK = None
+
 mcp = MCPServer(
     "mcpmesh-interop-modern",
     version="1.0.0",
@@ -59,15 +63,15 @@ def add(a: int, b: int) -> int:
 def whoami(ctx: Context) -> str:
     meta = ctx.request_context.meta or {}
     peer = meta.get(PEER_META_KEY)
-    return json.dumps(
-        {
-            "MCPMESH_PEER_EID": os.environ.get("MCPMESH_PEER_EID"),
-            "MCPMESH_PEER_NAME": os.environ.get("MCPMESH_PEER_NAME"),
-            "MCPMESH_SERVICE": os.environ.get("MCPMESH_SERVICE"),
-            "meta_peer": peer,
-        },
-        sort_keys=True,
-    )
+    report = {
+        "MCPMESH_PEER_EID": os.environ.get("MCPMESH_PEER_EID"),
+        "MCPMESH_PEER_NAME": os.environ.get("MCPMESH_PEER_NAME"),
+        "MCPMESH_SERVICE": os.environ.get("MCPMESH_SERVICE"),
+        "meta_peer": peer,
+    }
+    if CALLER_CHECK is not None:
+        report["caller"] = CALLER_CHECK(ctx.request_context.request)
+    return json.dumps(report, sort_keys=True)
 
 
 class Answer(BaseModel):

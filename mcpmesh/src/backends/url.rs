@@ -15,10 +15,13 @@
 //! ends every POST still open is dropped with it.
 //!
 //! 2026-07-28 requests (protocol version in `_meta`) also carry `Mcp-Method` and `Mcp-Name`.
+//!
+//! Every HTTP request of a session carries the signed caller assertion (unless the service
+//! turned it off), minted when first needed and again at half its lifetime.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mcpmesh_net::PeerIdentity;
@@ -33,10 +36,12 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::assertion::{Caller, Issuer};
 use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions};
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
+use crate::principal::{Held, principal_set};
 
 const SESSION_ID: &str = "mcp-session-id";
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -63,6 +68,17 @@ pub struct UrlBackend {
     /// How long the upstream may stay silent on one POST (before its response starts, or
     /// between two parts of it) before the request is answered `-32055`.
     pub timeout: Duration,
+    /// The signed caller assertion every request carries; `None`: turned off.
+    pub caller: Option<CallerAssertion>,
+}
+
+/// How a service's sessions assert their caller.
+#[derive(Debug, Clone)]
+pub struct CallerAssertion {
+    pub header: HeaderName,
+    pub issuer: Arc<Issuer>,
+    /// The service URL as configured: the assertion's audience.
+    pub audience: String,
 }
 
 impl UrlBackend {
@@ -91,6 +107,16 @@ impl UrlBackend {
                 return self.ctx.unreachable(&who, None, &mut transport, e).await;
             }
         };
+        let asserting = self.caller.clone().map(|caller| Asserting {
+            caller,
+            service: self.ctx.service.clone(),
+            endpoint: identity.endpoint,
+            held: options
+                .held
+                .clone()
+                .unwrap_or_else(|| Held::fixed(principal_set(&identity, None))),
+            current: StdMutex::new(None),
+        });
         let (core, bridge) = tokio::io::duplex(PIPE);
         let (core_r, core_w) = tokio::io::split(core);
         let (bridge_r, bridge_w) = tokio::io::split(bridge);
@@ -106,6 +132,7 @@ impl UrlBackend {
             timeout: self.timeout,
             requests: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
             others: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+            asserting,
         });
         let bridge = tokio::spawn(upstream.clone().run(bridge_r));
         let teardown = |_patience| async move {
@@ -231,6 +258,54 @@ struct Upstream {
     requests: Arc<Semaphore>,
     /// POSTs of everything else (notifications, answers to the server) open at once.
     others: Arc<Semaphore>,
+    asserting: Option<Asserting>,
+}
+
+/// One session's caller assertion: the current one, and what the next is minted from.
+struct Asserting {
+    caller: CallerAssertion,
+    service: String,
+    endpoint: [u8; 32],
+    /// Read at each minting, so a group change reaches the server with the next assertion.
+    held: Held,
+    current: StdMutex<Option<(HeaderValue, Instant)>>,
+}
+
+impl Asserting {
+    /// The assertion to send now, minted again once half its lifetime has passed. `None`
+    /// only when signing failed (logged): the request goes without, and a server that
+    /// requires one refuses it.
+    fn value(&self) -> Option<HeaderValue> {
+        self.value_at(Instant::now())
+    }
+
+    fn value_at(&self, now: Instant) -> Option<HeaderValue> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((value, renew_at)) = current.as_ref()
+            && now < *renew_at
+        {
+            return Some(value.clone());
+        }
+        let held = self.held.current();
+        let minted = self.caller.issuer.mint(Caller {
+            endpoint: &self.endpoint,
+            held: &held,
+            service: &self.service,
+            audience: &self.caller.audience,
+        });
+        let minted = match minted {
+            Ok(minted) => minted,
+            Err(e) => {
+                tracing::warn!(service = %self.service, "{e}");
+                return None;
+            }
+        };
+        // A JWS is base64url and dots: always a valid header value.
+        let mut value = HeaderValue::from_str(&minted.token).ok()?;
+        value.set_sensitive(true);
+        *current = Some((value.clone(), minted.renew_at));
+        Some(value)
+    }
 }
 
 impl Upstream {
@@ -283,6 +358,11 @@ impl Upstream {
     /// The headers every request to this upstream session carries.
     fn session_headers(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         let mut builder = builder.headers(self.headers.clone());
+        if let Some(asserting) = &self.asserting
+            && let Some(value) = asserting.value()
+        {
+            builder = builder.header(asserting.caller.header.clone(), value);
+        }
         if let Some(id) = Self::get(&self.session) {
             builder = builder.header(SESSION_ID, id);
         }
@@ -666,5 +746,63 @@ mod tests {
         assert_eq!(text("héllo"), "=?base64?aMOpbGxv?=");
         assert_eq!(text(" x"), "=?base64?IHg=?=");
         assert_eq!(text("=?base64?eA==?="), "=?base64?PT9iYXNlNjQ/ZUE9PT89?=");
+    }
+
+    /// A peer table with one caller whose groups a test changes.
+    #[derive(Debug)]
+    struct Table(StdMutex<Vec<crate::principal::Principal>>);
+
+    impl crate::principal::PrincipalSource for Table {
+        fn principals_of(&self, _: &[u8; 32]) -> Option<Arc<[crate::principal::Principal]>> {
+            Some(self.0.lock().unwrap().clone().into())
+        }
+    }
+
+    #[test]
+    fn a_session_keeps_its_assertion_until_half_its_lifetime_then_mints_one_with_the_groups_of_now()
+    {
+        use crate::principal::Principal;
+        let node = iroh::SecretKey::generate();
+        let table = Arc::new(Table(StdMutex::new(vec![
+            Principal::Peer("bob".into()),
+            Principal::Group("eng".into()),
+        ])));
+        let audience = "http://127.0.0.1:9/mcp";
+        let asserting = Asserting {
+            caller: CallerAssertion {
+                header: HeaderName::from_static("mcpmesh-caller"),
+                issuer: Arc::new(Issuer::new(&node).unwrap()),
+                audience: audience.into(),
+            },
+            service: "notes".into(),
+            endpoint: [7; 32],
+            held: Held::live(table.clone(), [7; 32]),
+            current: StdMutex::new(None),
+        };
+        let claims = |v: HeaderValue| {
+            crate::assertion::verify(v.to_str().unwrap(), &node.public(), audience).unwrap()
+        };
+        let start = Instant::now();
+        let first = asserting.value_at(start).unwrap();
+        assert!(first.is_sensitive(), "kept out of debug output");
+        *table.0.lock().unwrap() = vec![
+            Principal::Peer("bob".into()),
+            Principal::Group("sales".into()),
+        ];
+        let later = start + crate::assertion::LIFETIME / 2 - Duration::from_secs(1);
+        assert_eq!(
+            asserting.value_at(later).unwrap(),
+            first,
+            "not minted per call"
+        );
+        let renewed = asserting
+            .value_at(start + crate::assertion::LIFETIME / 2 + Duration::from_secs(1))
+            .unwrap();
+        assert_ne!(renewed, first);
+        assert_eq!(claims(first).groups, ["eng"]);
+        let renewed = claims(renewed);
+        assert_eq!(renewed.groups, ["sales"]);
+        assert_eq!(renewed.peer.as_deref(), Some("bob"));
+        assert_eq!(renewed.service, "notes");
     }
 }

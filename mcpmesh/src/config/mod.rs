@@ -215,6 +215,10 @@ pub struct ServiceConfig {
     /// Headers sent to `url`; `${VAR}` in a value is the node's environment variable VAR.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Whether `url` sends a signed caller assertion with every request (default: yes).
+    pub caller_assertion: Option<bool>,
+    /// The header it goes in (default `Mcpmesh-Caller`).
+    pub caller_header: Option<String>,
     /// Principals admitted: a peer name (bare or `peer:NAME`), `eid:<hex>`, `user:<id>` or
     /// `group:<name>` (the last two only from a roster). Empty: nobody.
     #[serde(default)]
@@ -287,6 +291,8 @@ pub enum BackendSpec {
     Url {
         url: String,
         headers: BTreeMap<String, String>,
+        /// The header the signed caller assertion goes in; `None`: none is sent.
+        caller_header: Option<String>,
     },
 }
 
@@ -613,6 +619,11 @@ fn validate_service(
             "services.{name}.headers: only a url service sends headers"
         ));
     }
+    if svc.url.is_none() && (svc.caller_assertion.is_some() || svc.caller_header.is_some()) {
+        return Err(format!(
+            "services.{name}: only a url service sends a caller assertion (caller_assertion, caller_header)"
+        ));
+    }
     let backend = if let Some(cmd) = cmd {
         if cmd.first().is_none_or(|c| c.is_empty()) {
             return Err(format!("services.{name}.run: must name a command"));
@@ -637,6 +648,7 @@ fn validate_service(
         BackendSpec::Url {
             url: url.clone(),
             headers: svc.headers.clone(),
+            caller_header: caller_header(svc).map_err(|e| format!("services.{name}.{e}"))?,
         }
     } else {
         return Err(format!(
@@ -920,6 +932,33 @@ pub fn set_description(
     Ok(())
 }
 
+/// The header a `url` service's caller assertion goes in, `None` when it is turned off.
+pub fn caller_header(svc: &ServiceConfig) -> Result<Option<String>, String> {
+    match (svc.caller_assertion, &svc.caller_header) {
+        (Some(false), Some(_)) => Err(
+            "caller_header: names the header of a caller assertion turned off (caller_assertion = false)"
+                .to_owned(),
+        ),
+        (Some(false), None) => Ok(None),
+        (_, name) => {
+            let name = name.as_deref().unwrap_or(crate::assertion::DEFAULT_HEADER);
+            valid_caller_header(name, &svc.headers).map(|()| Some(name.to_owned()))
+        }
+    }
+}
+
+/// A header name the assertion may go in: a valid one that `headers` does not also set.
+pub fn valid_caller_header(name: &str, headers: &BTreeMap<String, String>) -> Result<(), String> {
+    reqwest::header::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("caller_header: {name:?} is not a header name"))?;
+    if headers.keys().any(|h| h.eq_ignore_ascii_case(name)) {
+        return Err(format!(
+            "caller_header: {name:?} is also set in headers; the assertion must not be overwritten"
+        ));
+    }
+    Ok(())
+}
+
 pub fn set_service(
     doc: &mut toml_edit::DocumentMut,
     name: &str,
@@ -937,6 +976,8 @@ pub fn set_service(
             entry.remove("socket");
             entry.remove("url");
             entry.remove("headers");
+            entry.remove("caller_assertion");
+            entry.remove("caller_header");
             entry.insert(
                 "run",
                 toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
@@ -946,12 +987,29 @@ pub fn set_service(
             entry.remove("run");
             entry.remove("url");
             entry.remove("headers");
+            entry.remove("caller_assertion");
+            entry.remove("caller_header");
             entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
         }
-        BackendSpec::Url { url, headers } => {
+        BackendSpec::Url {
+            url,
+            headers,
+            caller_header,
+        } => {
             entry.remove("run");
             entry.remove("socket");
             entry.insert("url", toml_edit::value(url.as_str()));
+            entry.remove("caller_assertion");
+            entry.remove("caller_header");
+            match caller_header.as_deref() {
+                None => {
+                    entry.insert("caller_assertion", toml_edit::value(false));
+                }
+                Some(crate::assertion::DEFAULT_HEADER) => {}
+                Some(other) => {
+                    entry.insert("caller_header", toml_edit::value(other));
+                }
+            }
             if headers.is_empty() {
                 entry.remove("headers");
             } else {
@@ -1293,6 +1351,84 @@ addrs = ["127.0.0.1:4433"]
             "{custom}dns_origin = \"a.example\"\ndns_nameserver = \"ns1\"\n"
         ));
         assert!(e.contains("network.dns_nameserver"), "{e}");
+    }
+
+    #[test]
+    fn a_url_service_asserts_its_caller_unless_turned_off() {
+        let header_of = |extra: &str| {
+            let text = format!("[services.x]\nurl = \"http://127.0.0.1:9/mcp\"\n{extra}");
+            match &Config::parse(&text, "c").unwrap().services[0].backend {
+                BackendSpec::Url { caller_header, .. } => caller_header.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(header_of("").as_deref(), Some("Mcpmesh-Caller"));
+        assert_eq!(
+            header_of("caller_assertion = true\n").as_deref(),
+            Some("Mcpmesh-Caller")
+        );
+        assert_eq!(
+            header_of("caller_header = \"X-Caller\"\n").as_deref(),
+            Some("X-Caller")
+        );
+        assert_eq!(header_of("caller_assertion = false\n"), None);
+        let url = "[services.x]\nurl = \"http://h/\"\n";
+        for (extra, says) in [
+            ("caller_header = \"bad name\"\n", "not a header name"),
+            (
+                "caller_assertion = false\ncaller_header = \"X\"\n",
+                "turned off",
+            ),
+            (
+                "headers = { mcpmesh-caller = \"forged\" }\n",
+                "also set in headers",
+            ),
+            (
+                "caller_header = \"X\"\nheaders = { x = \"forged\" }\n",
+                "also set in headers",
+            ),
+        ] {
+            let e = error_of(&format!("{url}{extra}"));
+            assert!(
+                e.contains("services.x.caller_header") && e.contains(says),
+                "{e}"
+            );
+        }
+        let e = error_of("[services.x]\nrun = \"a\"\ncaller_assertion = true\n");
+        assert!(e.contains("only a url service"), "{e}");
+    }
+
+    #[test]
+    fn serve_writes_the_caller_assertion_only_where_it_departs_from_the_default() {
+        let mut doc: toml_edit::DocumentMut = "".parse().unwrap();
+        let url = |caller_header: Option<&str>| BackendSpec::Url {
+            url: "http://127.0.0.1:9/mcp".into(),
+            headers: BTreeMap::new(),
+            caller_header: caller_header.map(str::to_owned),
+        };
+        set_service(&mut doc, "x", &url(Some("Mcpmesh-Caller")), &[], None).unwrap();
+        assert!(!doc.to_string().contains("caller_"), "{doc}");
+        set_service(&mut doc, "x", &url(None), &[], None).unwrap();
+        assert!(
+            doc.to_string().contains("caller_assertion = false"),
+            "{doc}"
+        );
+        set_service(&mut doc, "x", &url(Some("X-Caller")), &[], None).unwrap();
+        let text = doc.to_string();
+        assert!(
+            text.contains("caller_header = \"X-Caller\"") && !text.contains("caller_assertion")
+        );
+        let backend = &Config::parse(&text, "c").unwrap().services[0].backend;
+        assert_eq!(backend, &url(Some("X-Caller")));
+        set_service(
+            &mut doc,
+            "x",
+            &BackendSpec::Run(vec!["a".into()]),
+            &[],
+            None,
+        )
+        .unwrap();
+        assert!(!doc.to_string().contains("caller_"), "{doc}");
     }
 
     #[test]

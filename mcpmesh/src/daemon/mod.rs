@@ -141,6 +141,13 @@ pub async fn run(
     let config_file = ConfigFile::new(profile.config_file());
     let settings = config_file.load()?;
     let secret = keys::load_or_create(&profile.key_file())?;
+    let issuer = match crate::assertion::Issuer::new(&secret) {
+        Ok(issuer) => Some(Arc::new(issuer)),
+        Err(e) => {
+            tracing::error!("{e}; url services get no caller assertion");
+            None
+        }
+    };
     let book = MemoryLookup::new();
     let endpoint = bind_endpoint(&profile, secret, &settings.network, book.clone()).await?;
 
@@ -177,11 +184,13 @@ pub async fn run(
         Some(t) => audit.with_traces(t.clone()),
         None => audit,
     };
-    let host = Arc::new(
-        ServiceHost::new(services.clone(), audit.clone(), shutdown.clone())
-            .with_launcher(launcher)
-            .with_principals(gate.clone()),
-    );
+    let mut host = ServiceHost::new(services.clone(), audit.clone(), shutdown.clone())
+        .with_launcher(launcher)
+        .with_principals(gate.clone());
+    if let Some(issuer) = issuer {
+        host = host.with_issuer(issuer);
+    }
+    let host = Arc::new(host);
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
         book,

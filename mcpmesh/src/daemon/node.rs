@@ -326,6 +326,12 @@ impl Node {
             url: Option<String>,
             #[serde(default)]
             headers: std::collections::BTreeMap<String, String>,
+            /// `url`: whether to send the signed caller assertion (absent: as the service
+            /// being replaced did, else yes), and in which header.
+            #[serde(default)]
+            caller_assertion: Option<bool>,
+            #[serde(default)]
+            caller_header: Option<String>,
             #[serde(default)]
             allow: Vec<String>,
             /// Variables for the server command, set over those the service has.
@@ -340,13 +346,37 @@ impl Node {
             replace: bool,
         }
         let serve: Serve = params_of(params)?;
+        let existing = self.service_spec(&serve.name);
         let backend = match (serve.run, serve.socket, serve.url) {
             (Some(cmd), None, None) => config::BackendSpec::Run(cmd),
             (None, Some(path), None) => config::BackendSpec::Socket(path),
-            (None, None, Some(url)) => config::BackendSpec::Url {
-                url,
-                headers: serve.headers,
-            },
+            (None, None, Some(url)) => {
+                let was = match existing.as_ref().map(|old| &old.backend) {
+                    Some(config::BackendSpec::Url { caller_header, .. }) => caller_header.clone(),
+                    _ => Some(crate::assertion::DEFAULT_HEADER.to_owned()),
+                };
+                let caller_header = match (serve.caller_assertion, serve.caller_header) {
+                    (Some(false), None) => None,
+                    (Some(false), Some(_)) => {
+                        return Err(ControlError::invalid_params(
+                            "--caller-header names the header of a caller assertion turned off",
+                        ));
+                    }
+                    (None, None) => was,
+                    (_, name) => {
+                        Some(name.unwrap_or_else(|| crate::assertion::DEFAULT_HEADER.to_owned()))
+                    }
+                };
+                if let Some(name) = &caller_header {
+                    config::valid_caller_header(name, &serve.headers)
+                        .map_err(|e| ControlError::invalid_params(format!("--{e}")))?;
+                }
+                config::BackendSpec::Url {
+                    url,
+                    headers: serve.headers,
+                    caller_header,
+                }
+            }
             _ => {
                 return Err(ControlError::new(
                     codes::INVALID_PARAMS,
@@ -354,7 +384,6 @@ impl Node {
                 ));
             }
         };
-        let existing = self.service_spec(&serve.name);
         if let Some(old) = &existing
             && !serve.replace
         {
