@@ -139,18 +139,17 @@ fn serve_sets_where_a_url_service_asserts_its_caller_and_id_prints_the_key_to_ve
         );
     }
     // Only for --url: with a command they are refused, not ignored.
-    for flags in [vec!["--caller-header", "X"], vec!["--header", "a=b"]] {
+    for (flags, says) in [
+        (vec!["--caller-header", "X"], "go with --url"),
+        (vec!["--header", "a=b"], "go with --url"),
+        (vec!["--caller-assertion"], "goes with --socket"),
+    ] {
         let mut args = vec!["--json", "serve", "x"];
         args.extend(flags);
         args.extend(["--", "cat"]);
         let e = error_line(&alice.cli(&args));
-        assert!(
-            e["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("go with --url"),
-            "{e}"
-        );
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{e}");
     }
 
     let jwks = alice.json(&["id", "--jwks"]);

@@ -642,6 +642,91 @@ async fn an_sdk_server_on_a_socket_serves_both_eras_and_its_tools_see_the_caller
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_socket_server_that_asks_for_it_verifies_the_signed_caller_and_a_forged_one_never_arrives()
+ {
+    let (alice, bob) = two_nodes();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("sdk.sock");
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(&jwks, alice.json(&["id", "--jwks"]).to_string()).unwrap();
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(interop_script("socket_server.py"))
+        .arg(&sock)
+        .arg("--jwks")
+        .arg(&jwks);
+    let (_server, _) = Started::until(&mut cmd, "listening on").await;
+    let sock = sock.to_str().unwrap();
+    alice.serve(
+        "signed",
+        &["bob"],
+        &["--socket", sock, "--caller-assertion"],
+    );
+    alice.serve("plain", &["bob"], &["--socket", sock]);
+
+    // Both eras: the tool verified, with PyJWT against alice's JWKS, the assertion the node
+    // put in `_meta` — for the socket as the audience.
+    for era in ["modern", "legacy"] {
+        let mut args = vec![
+            interop_script("modern_client.py"),
+            "--era".into(),
+            era.into(),
+            "--".into(),
+        ];
+        args.extend(connect_args(&bob, "alice/signed"));
+        let report = run_driver(&args).await;
+        let whoami: Value = serde_json::from_str(
+            report
+                .lines()
+                .find_map(|l| l.strip_prefix("ok   whoami "))
+                .expect("a whoami line"),
+        )
+        .unwrap();
+        let caller = &whoami["caller"];
+        assert_eq!(caller["sub"], format!("eid:{}", bob.id), "{era}: {whoami}");
+        assert_eq!(
+            caller["iss"],
+            format!("eid:{}", alice.id),
+            "{era}: {whoami}"
+        );
+        assert_eq!(caller["aud"], format!("unix:{sock}"), "{era}: {whoami}");
+        assert_eq!(caller["service"], "signed", "{era}: {whoami}");
+        assert_eq!(caller["peer"], "bob", "{era}: {whoami}");
+    }
+
+    // A caller's own `mcpmesh/caller` never reaches the server: replaced where the service
+    // asked for an assertion, removed where it did not. (Input is closed only after the answer:
+    // the SDK's server answers what is in flight "Connection closed" when its input ends, on a
+    // socket through the mesh as on its own stdio.)
+    for (service, expect_claims) in [("signed", true), ("plain", false)] {
+        let mut s = bob.connect(&format!("alice/{service}"));
+        s.initialize().await;
+        s.send(&json!({ "jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": { "name": "whoami", "arguments": {},
+                        "_meta": { "mcpmesh/caller": "eyJhbGciOiJub25lIn0.e30." } } }))
+            .await;
+        let answer = s.recv().await.expect("the answer");
+        s.close_stdin();
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{service}: {answer}"));
+        let caller = serde_json::from_str::<Value>(text).unwrap()["caller"].clone();
+        if expect_claims {
+            assert_eq!(
+                caller["sub"],
+                format!("eid:{}", bob.id),
+                "{service}: {caller}"
+            );
+        } else {
+            assert_eq!(
+                caller["refused"], "InvalidTokenError: no assertion",
+                "{caller}"
+            );
+        }
+        s.wait_eof().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_typescript_sdk_answer_cut_at_the_cap_still_answers_its_request() {
     // The TypeScript SDK writes `{"result":…,"jsonrpc":"2.0","id":…}`: cut at 16 MiB, the part
     // that went on never named the request. With one request waiting, the node knows which.

@@ -121,6 +121,10 @@ pub enum Command {
         /// Send `--url` no signed caller assertion (it still gets `_meta`).
         #[arg(long, requires = "url", conflicts_with = "caller_header")]
         no_caller_assertion: bool,
+        /// Give `--socket` the signed caller assertion too, in each request's
+        /// `params._meta["mcpmesh/caller"]`, for a server that verifies rather than trusts.
+        #[arg(long, requires = "socket")]
+        caller_assertion: bool,
         /// An environment variable for the server command, as KEY=VALUE (kept in config.toml;
         /// other variables of a service that exists stay). Repeatable.
         #[arg(long = "env", value_name = "KEY=VALUE")]

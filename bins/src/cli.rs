@@ -249,6 +249,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             headers,
             caller_header,
             no_caller_assertion,
+            caller_assertion,
             env,
             cmd,
         } => {
@@ -259,8 +260,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     "--header, --caller-header and --no-caller-assertion go with --url",
                 ));
             }
+            if socket.is_none() && caller_assertion {
+                return Err(Failure::new(
+                    codes::USAGE,
+                    "--caller-assertion goes with --socket (a --url service gets one unless --no-caller-assertion)",
+                ));
+            }
             let backend = match (socket, url) {
-                (Some(path), _) => Backend::Socket(path),
+                (Some(path), _) => Backend::Socket {
+                    path,
+                    caller_assertion,
+                },
                 (None, Some(url)) => Backend::Url {
                     url,
                     headers,
@@ -689,7 +699,10 @@ fn completions(shell: clap_complete::Shell, out: &Output) -> Result<(), Failure>
 
 enum Backend {
     Run(Vec<String>),
-    Socket(std::path::PathBuf),
+    Socket {
+        path: std::path::PathBuf,
+        caller_assertion: bool,
+    },
     Url {
         url: String,
         /// NAME=VALUE, as given.
@@ -743,10 +756,16 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         params["env"] = pairs("--env", &env)?;
     }
     match backend {
-        Backend::Socket(path) => {
+        Backend::Socket {
+            path,
+            caller_assertion,
+        } => {
             let path = std::path::absolute(&path)
                 .with_context(|| format!("socket path {}", path.display()))?;
             params["socket"] = json!(path);
+            if caller_assertion {
+                params["caller_assertion"] = json!(true);
+            }
         }
         Backend::Url {
             url,

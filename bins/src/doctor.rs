@@ -200,22 +200,24 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
                         ),
                     }
                 }
-                BackendSpec::Socket(path) => match std::os::unix::net::UnixStream::connect(path) {
-                    Ok(_) => check(
-                        &what,
-                        "ok",
-                        format!("a server listens on {}", path.display()),
-                    ),
-                    Err(e) => check(
-                        &what,
-                        "error",
-                        format!(
-                            "services.{}.socket: nothing accepts connections on {}: {e}",
-                            svc.name,
-                            path.display()
+                BackendSpec::Socket { path, .. } => {
+                    match std::os::unix::net::UnixStream::connect(path) {
+                        Ok(_) => check(
+                            &what,
+                            "ok",
+                            format!("a server listens on {}", path.display()),
                         ),
-                    ),
-                },
+                        Err(e) => check(
+                            &what,
+                            "error",
+                            format!(
+                                "services.{}.socket: nothing accepts connections on {}: {e}",
+                                svc.name,
+                                path.display()
+                            ),
+                        ),
+                    }
+                }
             }
             if svc.allow.is_empty() {
                 check(

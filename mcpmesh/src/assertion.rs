@@ -8,7 +8,7 @@
 //! `ed25519-dalek` iroh already links, because the crate's own backends bring RSA and ECDSA
 //! code (and their advisories) this node never uses.
 
-use std::sync::Once;
+use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
@@ -21,7 +21,7 @@ use jsonwebtoken::jwk::{
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
-use crate::principal::Principal;
+use crate::principal::{Held, Principal};
 
 /// The header a `url` service gets the assertion in, unless its config names another.
 pub const DEFAULT_HEADER: &str = "Mcpmesh-Caller";
@@ -151,6 +151,80 @@ impl Issuer {
         header.kid = Some(self.kid.clone());
         jsonwebtoken::encode(&header, claims, &self.key)
             .map_err(|e| AssertionError::Sign(e.to_string()))
+    }
+}
+
+/// One session's assertion: minted when first asked for and again once half its lifetime has
+/// passed, from the caller's principals as they are then (a group change reaches the server
+/// with the next one).
+pub struct SessionAssertion {
+    issuer: Arc<Issuer>,
+    audience: String,
+    service: String,
+    endpoint: [u8; 32],
+    held: Held,
+    current: Mutex<Option<(Arc<str>, Instant)>>,
+}
+
+impl std::fmt::Debug for SessionAssertion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("SessionAssertion")
+            .field("audience", &self.audience)
+            .field("service", &self.service)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionAssertion {
+    pub fn new(
+        issuer: Arc<Issuer>,
+        audience: String,
+        service: String,
+        endpoint: [u8; 32],
+        held: Held,
+    ) -> Self {
+        SessionAssertion {
+            issuer,
+            audience,
+            service,
+            endpoint,
+            held,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The assertion to send now. `None` only when signing failed (logged): the request goes
+    /// without one, and a server that requires it refuses.
+    pub fn token(&self) -> Option<Arc<str>> {
+        self.token_at(Instant::now())
+    }
+
+    fn token_at(&self, now: Instant) -> Option<Arc<str>> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((token, renew_at)) = current.as_ref()
+            && now < *renew_at
+        {
+            return Some(token.clone());
+        }
+        let held = self.held.current();
+        let minted = self.issuer.mint(Caller {
+            endpoint: &self.endpoint,
+            held: &held,
+            service: &self.service,
+            audience: &self.audience,
+        });
+        match minted {
+            Ok(minted) => {
+                let token: Arc<str> = minted.token.into();
+                *current = Some((token.clone(), minted.renew_at));
+                Some(token)
+            }
+            Err(e) => {
+                tracing::warn!(service = %self.service, "{e}");
+                None
+            }
+        }
     }
 }
 
@@ -351,6 +425,56 @@ mod tests {
             .replace(&"07".repeat(32), &"08".repeat(32));
         parts[1] = data_encoding::BASE64URL_NOPAD.encode(forged.as_bytes());
         assert!(verify(&parts.join("."), &node.public(), "http://127.0.0.1:9/mcp").is_err());
+    }
+
+    /// A peer table with one caller whose groups a test changes.
+    #[derive(Debug)]
+    struct Table(Mutex<Vec<Principal>>);
+
+    impl crate::principal::PrincipalSource for Table {
+        fn principals_of(&self, _: &[u8; 32]) -> Option<Arc<[Principal]>> {
+            Some(self.0.lock().unwrap().clone().into())
+        }
+    }
+
+    #[test]
+    fn a_session_keeps_its_assertion_until_half_its_lifetime_then_mints_one_with_the_groups_of_now()
+    {
+        let node = iroh::SecretKey::generate();
+        let table = Arc::new(Table(Mutex::new(vec![
+            Principal::Peer("bob".into()),
+            Principal::Group("eng".into()),
+        ])));
+        let audience = "http://127.0.0.1:9/mcp";
+        let session = SessionAssertion::new(
+            Arc::new(Issuer::new(&node).unwrap()),
+            audience.into(),
+            "notes".into(),
+            [7; 32],
+            Held::live(table.clone(), [7; 32]),
+        );
+        let claims = |token: Arc<str>| verify(&token, &node.public(), audience).unwrap();
+        let start = Instant::now();
+        let first = session.token_at(start).unwrap();
+        *table.0.lock().unwrap() = vec![
+            Principal::Peer("bob".into()),
+            Principal::Group("sales".into()),
+        ];
+        let later = start + LIFETIME / 2 - Duration::from_secs(1);
+        assert_eq!(
+            session.token_at(later).unwrap(),
+            first,
+            "not minted per call"
+        );
+        let renewed = session
+            .token_at(start + LIFETIME / 2 + Duration::from_secs(1))
+            .unwrap();
+        assert_ne!(renewed, first);
+        assert_eq!(claims(first).groups, ["eng"]);
+        let renewed = claims(renewed);
+        assert_eq!(renewed.groups, ["sales"]);
+        assert_eq!(renewed.peer.as_deref(), Some("bob"));
+        assert_eq!(renewed.service, "notes");
     }
 
     #[test]

@@ -388,10 +388,14 @@ impl SessionHandler for ServiceHost {
                         .run_session(Some(peer.clone()), None, transport, &options)
                         .await
                 }
-                BackendSpec::Socket(path) => {
+                BackendSpec::Socket {
+                    path,
+                    caller_assertion,
+                } => {
                     let backend = SocketBackend {
                         path: path.clone(),
                         ctx,
+                        issuer: self.issuer.clone().filter(|_| *caller_assertion),
                     };
                     backend.run_session(peer.clone(), transport, &session).await
                 }

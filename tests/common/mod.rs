@@ -723,6 +723,17 @@ pub fn three_nodes_with(extra: &str) -> (TestNode, TestNode, TestNode) {
     (alice, bob, carol)
 }
 
+/// The command line of `mcpmesh connect TARGET` for `node`, for a driver to spawn.
+pub fn connect_args(node: &TestNode, target: &str) -> Vec<String> {
+    vec![
+        MCPMESH.into(),
+        "--home".into(),
+        node.home().display().to_string(),
+        "connect".into(),
+        target.into(),
+    ]
+}
+
 pub fn python() -> PathBuf {
     deps().join("venv/bin/python")
 }

@@ -46,7 +46,8 @@ Header values are printed verbatim (an absent header prints as `-`); only the pr
 FILE (`mcpmesh id --jwks`): EdDSA only, `kid` found in FILE, `iss` = "eid:" + kid, `aud` = this
 server's URL exactly, `exp`/`iat`/`sub`/`jti` present, not expired (no leeway). A request that
 fails is answered HTTP 401 `{"error": "invalid caller assertion", "reason": "<PyJWT error>"}`
-and logged `caller refused: <PyJWT error class>: <message>`; one that passes is logged
+and logged `caller refused: <PyJWT error class>: <message>` (a request without the header:
+`InvalidTokenError: no assertion`); one that passes is logged
 `caller: <claims as JSON, sorted, without jti>`. The `whoami` tool then also reports the
 claims of the request that called it, as `caller`. Tokens are never printed.
 
@@ -70,6 +71,7 @@ import uvicorn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modern_server  # noqa: E402  (the `mcp.run("stdio")` there is under `if __name__ == "__main__"`)
+from caller_check import CallerCheck  # noqa: E402
 
 HOST = "127.0.0.1"
 PATH = "/mcp"
@@ -91,36 +93,6 @@ def request_line(scope: dict[str, Any]) -> str:
 
 
 CALLER_HEADER = "mcpmesh-caller"
-
-
-class CallerCheck:
-    """Verifies mcpmesh caller assertions against a pinned JWKS, for one audience."""
-
-    def __init__(self, jwks_file: str, audience: str) -> None:
-        with open(jwks_file, encoding="utf-8") as f:
-            self.keys = jwt.PyJWKSet.from_dict(json.load(f))
-        self.audience = audience
-
-    def claims(self, token: str | None) -> dict[str, Any]:
-        if not token:
-            raise jwt.InvalidTokenError("no Mcpmesh-Caller header")
-        kid = jwt.get_unverified_header(token).get("kid")
-        try:
-            key = self.keys[kid]
-        except KeyError:
-            raise jwt.InvalidKeyError(f"unknown key id {kid!r}") from None
-        return jwt.decode(
-            token,
-            key=key.key,
-            algorithms=["EdDSA"],
-            audience=self.audience,
-            issuer=f"eid:{kid}",
-            options={"require": ["exp", "iat", "iss", "sub", "aud", "jti"]},
-        )
-
-    def of_request(self, request: Any) -> dict[str, Any]:
-        """The claims of a Starlette request (for the whoami tool)."""
-        return self.claims(request.headers.get(CALLER_HEADER))
 
 
 class RequireCaller:
@@ -186,7 +158,9 @@ async def serve(port: int, jwks: str | None) -> None:
     )
     if jwks is not None:
         check = CallerCheck(jwks, f"http://{HOST}:{bound_port}{PATH}")
-        modern_server.CALLER_CHECK = check.of_request
+        modern_server.CALLER_CHECK = lambda ctx: check.claims(
+            ctx.request_context.request.headers.get(CALLER_HEADER)
+        )
         app = RequireCaller(app, check)
     config = uvicorn.Config(
         RequestLog(app),

@@ -36,8 +36,9 @@ from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 
 PEER_META_KEY = "mcpmesh/peer"
 
-# Set by http_server.py --jwks: checks the HTTP request's signed caller assertion and returns
-# its claims. `whoami` then reports them as `caller`.
+# Set by http_server.py / socket_server.py --jwks: checks the signed caller assertion of the
+# request (its HTTP header, or its `_meta`) and returns its claims; `whoami` reports them as
+# `caller`.
 CALLER_CHECK = None
 
 mcp = MCPServer(
@@ -70,7 +71,7 @@ def whoami(ctx: Context) -> str:
         "meta_peer": peer,
     }
     if CALLER_CHECK is not None:
-        report["caller"] = CALLER_CHECK(ctx.request_context.request)
+        report["caller"] = CALLER_CHECK(ctx)
     return json.dumps(report, sort_keys=True)
 
 

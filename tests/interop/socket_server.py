@@ -1,7 +1,7 @@
 """Long-running Unix-socket MCP server for the mcpmesh interop tests (official Python SDK, `mcp` 2.3.0).
 
 Usage:
-    python socket_server.py PATH
+    python socket_server.py PATH [--jwks FILE]
 
 Binds a Unix stream socket at PATH (a stale socket file there is replaced), prints exactly one
 line `listening on PATH` to stderr once connections are accepted, and serves every accepted
@@ -18,6 +18,11 @@ first request: `initialize` opens a handshake-era (2025-11-25) session, a reques
 Concurrent connections are independent; a connection closing (or failing) ends only its own
 session. Runs until SIGTERM/SIGINT, then closes every connection, removes PATH and exits 0.
 No network: Unix socket only.
+
+--jwks FILE: the `whoami` tool also reports `caller`: the claims of the signed caller assertion
+the node put in the request's `_meta["mcpmesh/caller"]`, verified with PyJWT against FILE
+(`mcpmesh id --jwks`) for the audience `unix:PATH` (tests/interop/caller_check.py), or
+`{"refused": "<PyJWT error class>: <message>"}` when it does not verify.
 """
 
 from __future__ import annotations
@@ -163,8 +168,27 @@ async def main(path: str) -> None:
             pass
 
 
+def check_callers(jwks: str, path: str) -> None:
+    import jwt
+    from caller_check import CallerCheck
+
+    check = CallerCheck(jwks, f"unix:{path}")
+
+    def caller(ctx: Any) -> dict[str, Any]:
+        meta = ctx.request_context.meta or {}
+        try:
+            return check.claims(meta.get("mcpmesh/caller"))
+        except jwt.PyJWTError as exc:
+            return {"refused": f"{type(exc).__name__}: {exc}"}
+
+    modern_server.CALLER_CHECK = caller
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: socket_server.py PATH")
-    anyio.run(main, sys.argv[1])
+    args = sys.argv[1:]
+    if len(args) == 3 and args[1] == "--jwks":
+        check_callers(args[2], args[0])
+    elif len(args) != 1:
+        sys.exit("usage: socket_server.py PATH [--jwks FILE]")
+    anyio.run(main, args[0])
     sys.exit(0)

@@ -61,7 +61,7 @@ pub fn check(
                 .map(|_| ())
                 .ok_or_else(|| PreflightError::NotOnPath(program.clone()))
         }
-        BackendSpec::Socket(path) => match std::fs::metadata(path) {
+        BackendSpec::Socket { path, .. } => match std::fs::metadata(path) {
             Err(_) => Err(PreflightError::SocketMissing(path.clone())),
             Ok(meta) if !meta.file_type().is_socket() => {
                 Err(PreflightError::NotASocket(path.clone()))
@@ -123,7 +123,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let none = BTreeMap::new();
-        let sock = BackendSpec::Socket(path.clone());
+        let sock = BackendSpec::Socket {
+            path: path.clone(),
+            caller_assertion: false,
+        };
         assert_eq!(
             check(&sock, &none, None),
             Err(PreflightError::SocketMissing(path.clone()))

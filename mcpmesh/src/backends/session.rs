@@ -97,6 +97,15 @@ pub struct ServiceCtx {
     pub limiter: Arc<RateLimiter>,
 }
 
+/// The caller's principal set as the session reads it: the live one the host gave, else the
+/// one the gate resolved at open.
+pub(crate) fn held_of(identity: &PeerIdentity, options: &SessionOptions) -> Held {
+    options
+        .held
+        .clone()
+        .unwrap_or_else(|| Held::fixed(principal_set(identity, None)))
+}
+
 impl ServiceCtx {
     /// Admits a session for the gate-resolved `identity`, nothing read from it yet; `None`
     /// when it was refused (and answered).

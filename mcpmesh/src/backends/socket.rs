@@ -3,14 +3,17 @@
 //!
 //! The server cannot learn the caller from its environment, so the node writes the caller's
 //! identity into every request's `params._meta["mcpmesh/peer"]` after removing any
-//! `mcpmesh/*` member the caller put there (see [`crate::backends::stamp`]). That is the only
-//! edit; every other byte passes as it was sent.
+//! `mcpmesh/*` member the caller put there (see [`crate::backends::stamp`]), and — for a
+//! service with `caller_assertion = true` — the signed caller assertion beside it in
+//! `_meta["mcpmesh/caller"]`. That is the only edit; every other byte passes as it was sent.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::assertion::{Issuer, SessionAssertion};
 use crate::backends::BackendError;
-use crate::backends::session::{ServiceCtx, SessionOptions};
+use crate::backends::session::{ServiceCtx, SessionOptions, held_of};
 use crate::backends::stamp::PeerStamp;
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::NdjsonTransport;
@@ -25,6 +28,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SocketBackend {
     pub path: PathBuf,
     pub ctx: ServiceCtx,
+    /// Signs the caller assertion each request carries in `_meta["mcpmesh/caller"]`; `None`:
+    /// the service did not ask for one.
+    pub issuer: Option<Arc<Issuer>>,
 }
 
 impl SocketBackend {
@@ -67,10 +73,26 @@ impl SocketBackend {
             server_r,
             server_w,
             options,
-            Some(PeerStamp::new(&identity)),
+            Some(self.stamp(&identity, options)),
             teardown,
         )
         .await;
         Ok(())
+    }
+
+    /// The identity the caller's requests get: `mcpmesh/peer`, and the assertion when asked
+    /// for (its audience `unix:PATH`, the socket as configured).
+    fn stamp(&self, identity: &PeerIdentity, options: &SessionOptions) -> PeerStamp {
+        let stamp = PeerStamp::new(identity);
+        match &self.issuer {
+            Some(issuer) => stamp.with_caller(SessionAssertion::new(
+                issuer.clone(),
+                format!("unix:{}", self.path.display()),
+                self.ctx.service.clone(),
+                identity.endpoint,
+                held_of(identity, options),
+            )),
+            None => stamp,
+        }
     }
 }

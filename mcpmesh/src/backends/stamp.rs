@@ -16,12 +16,16 @@ use std::borrow::Cow;
 use std::fmt;
 
 use mcpmesh_net::PeerIdentity;
+
+use crate::assertion::SessionAssertion;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The `_meta` key the node owns.
 pub const PEER_KEY: &str = "mcpmesh/peer";
+/// Where a `socket` service that asked for it gets the signed caller assertion.
+pub const CALLER_KEY: &str = "mcpmesh/caller";
 /// Every `_meta` key under this prefix is the node's; a caller's are removed.
 const RESERVED_PREFIX: &str = "mcpmesh/";
 
@@ -44,6 +48,8 @@ pub enum StampError {
 pub struct PeerStamp {
     /// `"mcpmesh/peer":{…}`, ready to splice.
     member: String,
+    /// The signed caller assertion requests also carry, as `"mcpmesh/caller":"<JWS>"`.
+    caller: Option<std::sync::Arc<SessionAssertion>>,
 }
 
 impl PeerStamp {
@@ -56,14 +62,26 @@ impl PeerStamp {
         });
         PeerStamp {
             member: format!("\"{PEER_KEY}\":{value}"),
+            caller: None,
         }
+    }
+
+    /// Requests also carry `caller`'s assertion in `_meta["mcpmesh/caller"]`.
+    pub fn with_caller(mut self, caller: SessionAssertion) -> Self {
+        self.caller = Some(std::sync::Arc::new(caller));
+        self
     }
 
     /// `line` (one JSON object, no newline) as the server gets it: a request with its identity
     /// member set, any other frame without caller-supplied `mcpmesh/*` members; `None` when it
     /// passes as it is (nothing to cut from a frame that is not a request).
     pub fn apply(&self, line: &[u8]) -> Result<Option<Vec<u8>>, StampError> {
-        let mut edits = edits_for(line, &self.member)?;
+        let member = match self.caller.as_ref().and_then(|c| c.token()) {
+            // A JWS is base64url and dots: nothing in it needs escaping.
+            Some(token) => Cow::Owned(format!("{},\"{CALLER_KEY}\":\"{token}\"", self.member)),
+            None => Cow::Borrowed(self.member.as_str()),
+        };
+        let mut edits = edits_for(line, &member)?;
         if edits.is_empty() {
             return Ok(None);
         }

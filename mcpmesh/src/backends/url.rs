@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use mcpmesh_net::PeerIdentity;
@@ -36,12 +36,11 @@ use tokio::sync::{Mutex, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::assertion::{Caller, Issuer};
+use crate::assertion::{Issuer, SessionAssertion};
 use crate::backends::BackendError;
-use crate::backends::session::{ServiceCtx, SessionOptions};
+use crate::backends::session::{ServiceCtx, SessionOptions, held_of};
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
-use crate::principal::{Held, principal_set};
 
 const SESSION_ID: &str = "mcp-session-id";
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -108,14 +107,14 @@ impl UrlBackend {
             }
         };
         let asserting = self.caller.clone().map(|caller| Asserting {
-            caller,
-            service: self.ctx.service.clone(),
-            endpoint: identity.endpoint,
-            held: options
-                .held
-                .clone()
-                .unwrap_or_else(|| Held::fixed(principal_set(&identity, None))),
-            current: StdMutex::new(None),
+            header: caller.header,
+            session: SessionAssertion::new(
+                caller.issuer,
+                caller.audience,
+                self.ctx.service.clone(),
+                identity.endpoint,
+                held_of(&identity, options),
+            ),
         });
         let (core, bridge) = tokio::io::duplex(PIPE);
         let (core_r, core_w) = tokio::io::split(core);
@@ -261,49 +260,17 @@ struct Upstream {
     asserting: Option<Asserting>,
 }
 
-/// One session's caller assertion: the current one, and what the next is minted from.
+/// One session's caller assertion and the header it goes in.
 struct Asserting {
-    caller: CallerAssertion,
-    service: String,
-    endpoint: [u8; 32],
-    /// Read at each minting, so a group change reaches the server with the next assertion.
-    held: Held,
-    current: StdMutex<Option<(HeaderValue, Instant)>>,
+    header: HeaderName,
+    session: SessionAssertion,
 }
 
 impl Asserting {
-    /// The assertion to send now, minted again once half its lifetime has passed. `None`
-    /// only when signing failed (logged): the request goes without, and a server that
-    /// requires one refuses it.
     fn value(&self) -> Option<HeaderValue> {
-        self.value_at(Instant::now())
-    }
-
-    fn value_at(&self, now: Instant) -> Option<HeaderValue> {
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((value, renew_at)) = current.as_ref()
-            && now < *renew_at
-        {
-            return Some(value.clone());
-        }
-        let held = self.held.current();
-        let minted = self.caller.issuer.mint(Caller {
-            endpoint: &self.endpoint,
-            held: &held,
-            service: &self.service,
-            audience: &self.caller.audience,
-        });
-        let minted = match minted {
-            Ok(minted) => minted,
-            Err(e) => {
-                tracing::warn!(service = %self.service, "{e}");
-                return None;
-            }
-        };
         // A JWS is base64url and dots: always a valid header value.
-        let mut value = HeaderValue::from_str(&minted.token).ok()?;
+        let mut value = HeaderValue::from_str(&self.session.token()?).ok()?;
         value.set_sensitive(true);
-        *current = Some((value.clone(), minted.renew_at));
         Some(value)
     }
 }
@@ -361,7 +328,7 @@ impl Upstream {
         if let Some(asserting) = &self.asserting
             && let Some(value) = asserting.value()
         {
-            builder = builder.header(asserting.caller.header.clone(), value);
+            builder = builder.header(asserting.header.clone(), value);
         }
         if let Some(id) = Self::get(&self.session) {
             builder = builder.header(SESSION_ID, id);
@@ -746,63 +713,5 @@ mod tests {
         assert_eq!(text("héllo"), "=?base64?aMOpbGxv?=");
         assert_eq!(text(" x"), "=?base64?IHg=?=");
         assert_eq!(text("=?base64?eA==?="), "=?base64?PT9iYXNlNjQ/ZUE9PT89?=");
-    }
-
-    /// A peer table with one caller whose groups a test changes.
-    #[derive(Debug)]
-    struct Table(StdMutex<Vec<crate::principal::Principal>>);
-
-    impl crate::principal::PrincipalSource for Table {
-        fn principals_of(&self, _: &[u8; 32]) -> Option<Arc<[crate::principal::Principal]>> {
-            Some(self.0.lock().unwrap().clone().into())
-        }
-    }
-
-    #[test]
-    fn a_session_keeps_its_assertion_until_half_its_lifetime_then_mints_one_with_the_groups_of_now()
-    {
-        use crate::principal::Principal;
-        let node = iroh::SecretKey::generate();
-        let table = Arc::new(Table(StdMutex::new(vec![
-            Principal::Peer("bob".into()),
-            Principal::Group("eng".into()),
-        ])));
-        let audience = "http://127.0.0.1:9/mcp";
-        let asserting = Asserting {
-            caller: CallerAssertion {
-                header: HeaderName::from_static("mcpmesh-caller"),
-                issuer: Arc::new(Issuer::new(&node).unwrap()),
-                audience: audience.into(),
-            },
-            service: "notes".into(),
-            endpoint: [7; 32],
-            held: Held::live(table.clone(), [7; 32]),
-            current: StdMutex::new(None),
-        };
-        let claims = |v: HeaderValue| {
-            crate::assertion::verify(v.to_str().unwrap(), &node.public(), audience).unwrap()
-        };
-        let start = Instant::now();
-        let first = asserting.value_at(start).unwrap();
-        assert!(first.is_sensitive(), "kept out of debug output");
-        *table.0.lock().unwrap() = vec![
-            Principal::Peer("bob".into()),
-            Principal::Group("sales".into()),
-        ];
-        let later = start + crate::assertion::LIFETIME / 2 - Duration::from_secs(1);
-        assert_eq!(
-            asserting.value_at(later).unwrap(),
-            first,
-            "not minted per call"
-        );
-        let renewed = asserting
-            .value_at(start + crate::assertion::LIFETIME / 2 + Duration::from_secs(1))
-            .unwrap();
-        assert_ne!(renewed, first);
-        assert_eq!(claims(first).groups, ["eng"]);
-        let renewed = claims(renewed);
-        assert_eq!(renewed.groups, ["sales"]);
-        assert_eq!(renewed.peer.as_deref(), Some("bob"));
-        assert_eq!(renewed.service, "notes");
     }
 }

@@ -286,7 +286,11 @@ pub enum BackendSpec {
     /// `run`: a command spawned once per session.
     Run(Vec<String>),
     /// `socket`: a Unix socket, connected once per session.
-    Socket(PathBuf),
+    Socket {
+        path: PathBuf,
+        /// Whether requests also carry the signed caller assertion in `_meta`.
+        caller_assertion: bool,
+    },
     /// `url`: a Streamable HTTP server, with header templates (values may hold secrets).
     Url {
         url: String,
@@ -301,7 +305,7 @@ impl BackendSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             BackendSpec::Run(_) => "run",
-            BackendSpec::Socket(_) => "socket",
+            BackendSpec::Socket { .. } => "socket",
             BackendSpec::Url { .. } => "url",
         }
     }
@@ -310,7 +314,7 @@ impl BackendSpec {
     pub fn describe(&self) -> (&'static str, serde_json::Value) {
         match self {
             BackendSpec::Run(cmd) => ("run", serde_json::json!(cmd)),
-            BackendSpec::Socket(path) => ("socket", serde_json::json!(path)),
+            BackendSpec::Socket { path, .. } => ("socket", serde_json::json!(path)),
             // Never the headers: they may carry tokens.
             BackendSpec::Url { url, .. } => ("url", serde_json::json!(url)),
         }
@@ -619,9 +623,14 @@ fn validate_service(
             "services.{name}.headers: only a url service sends headers"
         ));
     }
-    if svc.url.is_none() && (svc.caller_assertion.is_some() || svc.caller_header.is_some()) {
+    if svc.url.is_none() && svc.caller_header.is_some() {
         return Err(format!(
-            "services.{name}: only a url service sends a caller assertion (caller_assertion, caller_header)"
+            "services.{name}.caller_header: only a url service sends headers"
+        ));
+    }
+    if cmd.is_some() && svc.caller_assertion.is_some() {
+        return Err(format!(
+            "services.{name}.caller_assertion: only url and socket services get one (a run service reads the caller from its environment)"
         ));
     }
     let backend = if let Some(cmd) = cmd {
@@ -636,7 +645,10 @@ fn validate_service(
                 path.display()
             ));
         }
-        BackendSpec::Socket(path.clone())
+        BackendSpec::Socket {
+            path: path.clone(),
+            caller_assertion: svc.caller_assertion.unwrap_or(false),
+        }
     } else if let Some(url) = &svc.url {
         validate_url(url).map_err(|e| format!("services.{name}.url: {e}"))?;
         for (header, template) in &svc.headers {
@@ -983,13 +995,19 @@ pub fn set_service(
                 toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
             );
         }
-        BackendSpec::Socket(path) => {
+        BackendSpec::Socket {
+            path,
+            caller_assertion,
+        } => {
             entry.remove("run");
             entry.remove("url");
             entry.remove("headers");
             entry.remove("caller_assertion");
             entry.remove("caller_header");
             entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
+            if *caller_assertion {
+                entry.insert("caller_assertion", toml_edit::value(true));
+            }
         }
         BackendSpec::Url {
             url,
@@ -1395,7 +1413,27 @@ addrs = ["127.0.0.1:4433"]
             );
         }
         let e = error_of("[services.x]\nrun = \"a\"\ncaller_assertion = true\n");
-        assert!(e.contains("only a url service"), "{e}");
+        assert!(
+            e.contains("services.x.caller_assertion: only url and socket"),
+            "{e}"
+        );
+        let e = error_of("[services.x]\nsocket = \"/s\"\ncaller_header = \"X\"\n");
+        assert!(
+            e.contains("services.x.caller_header: only a url service"),
+            "{e}"
+        );
+        let socket = |extra: &str| {
+            let text = format!("[services.x]\nsocket = \"/s\"\n{extra}");
+            Config::parse(&text, "c").unwrap().services[0]
+                .backend
+                .clone()
+        };
+        let asked = |caller_assertion| BackendSpec::Socket {
+            path: "/s".into(),
+            caller_assertion,
+        };
+        assert_eq!(socket(""), asked(false), "a socket service asks for one");
+        assert_eq!(socket("caller_assertion = true\n"), asked(true));
     }
 
     #[test]

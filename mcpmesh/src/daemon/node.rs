@@ -349,7 +349,24 @@ impl Node {
         let existing = self.service_spec(&serve.name);
         let backend = match (serve.run, serve.socket, serve.url) {
             (Some(cmd), None, None) => config::BackendSpec::Run(cmd),
-            (None, Some(path), None) => config::BackendSpec::Socket(path),
+            (None, Some(path), None) => {
+                if serve.caller_header.is_some() {
+                    return Err(ControlError::invalid_params(
+                        "--caller-header goes with --url: a socket service gets the assertion in _meta",
+                    ));
+                }
+                let was = matches!(
+                    existing.as_ref().map(|old| &old.backend),
+                    Some(config::BackendSpec::Socket {
+                        caller_assertion: true,
+                        ..
+                    })
+                );
+                config::BackendSpec::Socket {
+                    path,
+                    caller_assertion: serve.caller_assertion.unwrap_or(was),
+                }
+            }
             (None, None, Some(url)) => {
                 let was = match existing.as_ref().map(|old| &old.backend) {
                     Some(config::BackendSpec::Url { caller_header, .. }) => caller_header.clone(),
