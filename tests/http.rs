@@ -1100,7 +1100,7 @@ async fn an_idle_gateway_session_is_reaped_and_a_refused_initialize_gets_no_sess
     assert_eq!(r.status(), 404);
     let body = r.text().await.unwrap();
     let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
-    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(answer["error"]["code"], -32058, "{answer}");
     assert_eq!(answer["id"], 2, "{answer}");
 }
 

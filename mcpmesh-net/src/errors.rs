@@ -20,6 +20,9 @@ pub enum ErrorCode {
     UnknownService,
     /// Peer unreachable, or the session was lost before the answer.
     Unreachable,
+    /// A `url` service that needs an OAuth grant this node does not have (or that lapsed);
+    /// `data.service` and `data.command` say what to run.
+    NeedsGrant,
     /// A gateway session id that names no session (never issued, or ended).
     UnknownSession,
     /// A feature that cannot be bridged between MCP eras (`data.feature` names it).
@@ -38,8 +41,9 @@ impl ErrorCode {
             ErrorCode::Busy => -32053,
             ErrorCode::UnknownService => -32054,
             ErrorCode::Unreachable => -32055,
-            ErrorCode::UnknownSession => -32056,
+            ErrorCode::NeedsGrant => -32056,
             ErrorCode::Unbridged => -32057,
+            ErrorCode::UnknownSession => -32058,
             ErrorCode::Parse => -32700,
             ErrorCode::InvalidRequest => -32600,
         }
@@ -53,6 +57,7 @@ impl ErrorCode {
             ErrorCode::Busy => "rate limited or at capacity, retry later",
             ErrorCode::UnknownService => "unknown or unauthorized service",
             ErrorCode::Unreachable => "peer unreachable or session lost",
+            ErrorCode::NeedsGrant => "the service needs an OAuth grant this node does not have",
             ErrorCode::UnknownSession => "unknown or ended session",
             ErrorCode::Unbridged => "a feature that cannot be bridged between MCP eras",
             ErrorCode::Parse => "parse error: not a JSON value",
@@ -142,6 +147,7 @@ mod tests {
             ErrorCode::Busy,
             ErrorCode::UnknownService,
             ErrorCode::Unreachable,
+            ErrorCode::NeedsGrant,
             ErrorCode::UnknownSession,
             ErrorCode::Parse,
             ErrorCode::InvalidRequest,
