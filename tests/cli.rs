@@ -10,21 +10,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-fn error_line(out: &std::process::Output) -> Value {
-    assert!(!out.status.success(), "expected a failure");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let line = stderr.lines().last().unwrap_or_default();
-    let v: Value = serde_json::from_str(line)
-        .unwrap_or_else(|_| panic!("stderr ends in one JSON line: {stderr}"));
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty())
-    );
-    v
-}
-
 #[test]
 fn json_output_has_the_documented_shapes() {
     let alice = TestNode::start("alice");

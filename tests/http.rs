@@ -2037,3 +2037,250 @@ async fn a_url_server_verifies_the_signed_caller_with_a_jose_library_and_refuses
         assert!(!text.contains("eyJ"), "no JWS in the log or audit");
     }
 }
+
+/// The official Python SDK's authorization server and, behind it, its Streamable HTTP server
+/// (`oauth_server.py`: grants made with PKCE, short-lived access tokens, rotated refresh
+/// tokens, an admin endpoint that revokes them all).
+struct SdkOAuth {
+    process: Started,
+    url: String,
+}
+
+impl SdkOAuth {
+    async fn start(args: &[&str]) -> Self {
+        let mut cmd = Command::new(python());
+        cmd.arg(interop_script("oauth_server.py")).args(args);
+        let (process, ready) = Started::until(&mut cmd, "listening on").await;
+        let url = ready.rsplit(' ').next().unwrap().to_owned();
+        SdkOAuth { process, url }
+    }
+
+    /// Revokes every token the server issued.
+    async fn revoke_all(&self) {
+        let base = self.url.trim_end_matches("/mcp");
+        let r = http_client()
+            .post(format!("{base}/admin/revoke-all"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+}
+
+/// `mcpmesh --json auth ARGS…` for `node`, with no `$BROWSER` of the test's own.
+fn auth(node: &TestNode, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["--json", "auth"];
+    all.extend_from_slice(args);
+    node.command(&all).env_remove("BROWSER").output().unwrap()
+}
+
+/// The grant `node` keeps for `service`, as the test reads it from its own profile.
+fn grant_of(node: &TestNode, service: &str) -> Value {
+    let path = node.home().join(format!("oauth/{service}.grant.json"));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_refreshed_as_it_lapses()
+ {
+    let mut server = SdkOAuth::start(&["--token-ttl", "3"]).await;
+    let (alice, bob) = two_nodes();
+    alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
+
+    // Without a grant, the caller is told what the owner runs; nothing reaches the server.
+    let mut s = bob.connect("alice/wiki");
+    let answer = s.initialize().await;
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(answer["error"]["data"]["service"], "wiki", "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["command"], "mcpmesh auth wiki",
+        "{answer}"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
+    // `doctor` fails (exit 1) and says what to run.
+    let doctor = alice.cli(&["--json", "doctor", "--offline"]);
+    assert!(!doctor.status.success());
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.contains("run `mcpmesh auth wiki`"), "{doctor}");
+    assert!(
+        !server
+            .process
+            .drain()
+            .iter()
+            .any(|l| l.starts_with("request: POST /mcp")),
+        "nothing was sent without a grant"
+    );
+
+    // The grant: discovery from the server's 401, dynamic registration, PKCE, the code on
+    // the loopback redirect, through a stand-in for the user's browser.
+    let browser = format!("{} {}", python().display(), interop_script("browser.py"));
+    let made = parse_ok(&auth(&alice, &["wiki", "--browser", &browser]));
+    assert_eq!(made["authorized"], true, "{made}");
+    assert_eq!(made["service"], "wiki", "{made}");
+    assert!(made["expires_at"].as_u64().is_some(), "{made}");
+    let status = parse_ok(&auth(&alice, &["wiki", "--status"]));
+    assert_eq!(status["authorized"], true, "{status}");
+    let file = alice.home().join("oauth/wiki.grant.json");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let first = grant_of(&alice, "wiki");
+
+    // Both eras through the mesh, with the token; it lapses (3 s) mid-session and is refreshed
+    // without the caller seeing an error.
+    for era in ["modern", "legacy"] {
+        let mut args = modern_client(era, false);
+        args.push("--".into());
+        args.extend(connect_args(&bob, "alice/wiki"));
+        let report = run_driver(&args).await;
+        assert!(report.contains(r#""failed": 0}"#), "{era}: {report}");
+    }
+    // Every request carried the token: the POSTs, and the legacy session's GET stream.
+    let seen = server.process.drain();
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("request: GET /mcp auth=present")),
+        "{seen:?}"
+    );
+    // (Before the grant, only `mcpmesh auth`'s own probe went without.)
+    let granted = seen
+        .iter()
+        .position(|l| l.starts_with("token: grant=authorization_code"))
+        .expect("the grant in the server's log");
+    assert!(
+        !seen[granted..]
+            .iter()
+            .any(|l| l.starts_with("request: ") && l.contains("/mcp auth=absent")),
+        "{seen:?}"
+    );
+    let mut s = bob.connect("alice/wiki");
+    s.initialize().await;
+    let echo = s.call("echo", json!({ "text": "before" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "before", "{echo}");
+    let lapse = first["expires_at"].as_u64().unwrap() + 1;
+    while unix_now() < lapse {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let echo = s.call("echo", json!({ "text": "after" })).await;
+    assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
+    let refreshed = grant_of(&alice, "wiki");
+    assert_ne!(refreshed["access_token"], first["access_token"]);
+    assert_ne!(
+        refreshed["refresh_token"], first["refresh_token"],
+        "rotated"
+    );
+    server.process.wait_for("token: grant=refresh_token").await;
+
+    // Every token revoked: once the access token lapses, the refresh fails and the caller is
+    // told to have the grant made again — in the session already open.
+    server.revoke_all().await;
+    let lapse = refreshed["expires_at"].as_u64().unwrap() + 1;
+    while unix_now() < lapse {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused = s.call("echo", json!({ "text": "revoked" })).await;
+    assert_eq!(refused["error"]["code"], -32056, "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["command"], "mcpmesh auth wiki",
+        "{refused}"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
+
+    // No token or secret in the node's log, audit records or status.
+    let log = alice.log();
+    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
+    let status = alice.json(&["status"]).to_string();
+    for grant in [&first, &refreshed] {
+        for key in ["access_token", "refresh_token", "client_secret"] {
+            let Some(secret) = grant[key].as_str() else {
+                continue;
+            };
+            for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
+                assert!(!text.contains(secret), "{key} in the {what}");
+            }
+        }
+    }
+
+    // Forgotten: the next session is refused again.
+    let out = parse_ok(&auth(&alice, &["wiki", "--logout"]));
+    assert_eq!(out["authorized"], false, "{out}");
+    assert!(!file.exists());
+    let mut s = bob.connect("alice/wiki");
+    assert_eq!(s.initialize().await["error"]["code"], -32056);
+    s.close_stdin();
+    s.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_to() {
+    let server = SdkOAuth::start(&[]).await;
+    let (alice, bob) = two_nodes();
+    alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
+
+    // No browser: the URL to open, and nothing else happens.
+    let begun = parse_ok(&auth(&alice, &["wiki"]));
+    assert_eq!(begun["authorized"], false, "{begun}");
+    let url = begun["authorize_url"].as_str().unwrap();
+    assert!(url.contains("code_challenge_method=S256"), "{url}");
+    assert!(url.contains("resource="), "{url}");
+    // The user's browser, elsewhere: it is sent to a loopback address that does not answer.
+    let out = Command::new(python())
+        .arg(interop_script("browser.py"))
+        .arg("--stop-at-callback")
+        .arg(url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent_to = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(sent_to.starts_with("http://127.0.0.1:"), "{sent_to}");
+
+    // Someone else's redirect (another state) is refused; the right one finishes the grant.
+    let forged = sent_to.replace("state=", "state=x");
+    let e = error_line(&auth(&alice, &["wiki", "--redirect-url", &forged]));
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("state differs"),
+        "{e}"
+    );
+    let made = parse_ok(&auth(&alice, &["wiki", "--redirect-url", &sent_to]));
+    assert_eq!(made["authorized"], true, "{made}");
+    // The pending authorization is spent.
+    let again = error_line(&auth(&alice, &["wiki", "--redirect-url", &sent_to]));
+    assert!(
+        again["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("run `mcpmesh auth wiki` first"),
+        "{again}"
+    );
+
+    let mut s = bob.connect("alice/wiki");
+    let init = s.initialize().await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    s.close_stdin();
+    s.wait_eof().await;
+
+    // A service not marked --oauth learns it from the server's 401, and grants are per
+    // service: this one has none yet.
+    alice.serve("plain", &["bob"], &["--url", &server.url]);
+    let mut s = bob.connect("alice/plain");
+    let answer = s.initialize().await;
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["command"], "mcpmesh auth plain",
+        "{answer}"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
+}

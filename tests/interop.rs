@@ -921,3 +921,25 @@ async fn the_official_python_sdk_is_told_its_tools_changed_and_lists_what_it_may
     assert_eq!(echo["error"]["code"], -32054, "{echo}");
     driver.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_oauth_test_bed_does_what_the_authorization_spec_says_for_the_sdks_own_client() {
+    // tests/http.rs makes grants against oauth_server.py; this holds that server to the spec
+    // by itself, and shows the official SDK's own OAuth client using it.
+    let report = run_driver(&[interop_script("oauth_selfcheck.py")]).await;
+    for check in [
+        "pkce",
+        "refresh",
+        "invalid-target",
+        "sdk-echo-modern",
+        "sdk-refresh",
+        "log",
+    ] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("ok   {check} "))),
+            "{check}: {report}"
+        );
+    }
+}

@@ -67,10 +67,6 @@ fn refused(out: &std::process::Output) -> Value {
     v
 }
 
-fn unix_now() -> u64 {
-    mcpmesh::time::unix_ms() / 1000
-}
-
 /// The admin mints an invite for `node`'s nickname with `groups`; `node` joins with it.
 /// Returns the join result, its fields checked.
 fn join(admin: &TestNode, node: &TestNode, groups: &str) -> Value {

@@ -118,6 +118,10 @@ pub enum Command {
         /// the server verifies it against `mcpmesh id --jwks`.
         #[arg(long, value_name = "NAME", requires = "url")]
         caller_header: Option<String>,
+        /// The server requires an OAuth grant: sessions send the one `mcpmesh auth NAME` makes
+        /// (and without it are answered -32056 saying so).
+        #[arg(long, requires = "url")]
+        oauth: bool,
         /// Send `--url` no signed caller assertion (it still gets `_meta`).
         #[arg(long, requires = "url", conflicts_with = "caller_header")]
         no_caller_assertion: bool,
@@ -227,6 +231,29 @@ pub enum Command {
         /// Ask every reachable peer now instead of answering from what they last said.
         #[arg(long)]
         refresh: bool,
+    },
+    /// Make the OAuth grant a `url` service's server requires (the node is its OAuth client):
+    /// open the authorization URL, take the code on a loopback redirect, keep the tokens.
+    #[command(
+        after_help = "Examples:\n  mcpmesh auth wiki --browser firefox\n  mcpmesh auth wiki            # no browser: prints the URL to open anywhere\n  mcpmesh auth wiki --redirect-url 'http://127.0.0.1:PORT/callback?code=…&state=…'\n  mcpmesh auth wiki --status\n  mcpmesh auth wiki --logout"
+    )]
+    Auth {
+        /// The `url` service.
+        name: String,
+        /// The command that opens a URL (default: $BROWSER; without either, the URL is printed
+        /// and a second call with --redirect-url finishes).
+        #[arg(long, value_name = "CMD", conflicts_with_all = ["redirect_url", "status", "logout"])]
+        browser: Option<String>,
+        /// Finish an authorization begun without a browser: the URL the browser was sent to
+        /// after approving (it fails to load on a headless node; copy it from the address bar).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["status", "logout"])]
+        redirect_url: Option<String>,
+        /// Whether the service has a grant, until when, for which scopes.
+        #[arg(long, conflicts_with = "logout")]
+        status: bool,
+        /// Forget the service's grant.
+        #[arg(long)]
+        logout: bool,
     },
     /// Print how to mount a peer's service in Claude Code, Claude Desktop, Cursor, VS Code;
     /// with no argument, list what can be mounted.

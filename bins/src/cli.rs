@@ -238,6 +238,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Doctor { offline } => doctor(&profile, offline, &out),
         Command::Watch => watch(&ctx),
         Command::Completions { shell } => completions(shell, &out),
+        Command::Auth {
+            name,
+            browser,
+            redirect_url,
+            status,
+            logout,
+        } => crate::auth::run(
+            &profile,
+            &out,
+            crate::auth::Auth {
+                name,
+                browser,
+                redirect_url,
+                status,
+                logout,
+            },
+        ),
         Command::Serve {
             name,
             allow,
@@ -250,14 +267,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             caller_header,
             no_caller_assertion,
             caller_assertion,
+            oauth,
             env,
             cmd,
         } => {
-            let url_only = !headers.is_empty() || caller_header.is_some() || no_caller_assertion;
+            let url_only =
+                !headers.is_empty() || caller_header.is_some() || no_caller_assertion || oauth;
             if url.is_none() && url_only {
                 return Err(Failure::new(
                     codes::USAGE,
-                    "--header, --caller-header and --no-caller-assertion go with --url",
+                    "--header, --caller-header, --no-caller-assertion and --oauth go with --url",
                 ));
             }
             if socket.is_none() && caller_assertion {
@@ -276,6 +295,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     headers,
                     caller_header,
                     no_caller_assertion,
+                    oauth,
                 },
                 (None, None) => Backend::Run(cmd),
             };
@@ -709,6 +729,7 @@ enum Backend {
         headers: Vec<String>,
         caller_header: Option<String>,
         no_caller_assertion: bool,
+        oauth: bool,
     },
 }
 
@@ -772,7 +793,11 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
             headers,
             caller_header,
             no_caller_assertion,
+            oauth,
         } => {
+            if oauth {
+                params["oauth"] = json!(true);
+            }
             params["url"] = json!(url);
             params["headers"] = pairs("--header", &headers)?;
             if no_caller_assertion {

@@ -32,6 +32,49 @@ fn log_message(profile: &Profile) -> String {
     }
 }
 
+/// What `doctor` says of a `url` service's OAuth grant: missing, made for another URL, lapsed
+/// for good, or fine; nothing for a service that neither requires nor has one.
+fn grant_check(
+    profile: &Profile,
+    svc: &mcpmesh::config::ServiceSpec,
+    url: &str,
+    required: bool,
+) -> Option<(&'static str, String)> {
+    let files = mcpmesh::oauth::GrantFiles::new(profile);
+    let run = format!("run `mcpmesh auth {}`", svc.name);
+    match files.load(&svc.name) {
+        Err(e) => Some(("error", e.to_string())),
+        Ok(None) if required => Some((
+            "error",
+            format!("the server requires an OAuth grant and this node has none: {run}"),
+        )),
+        Ok(None) => None,
+        Ok(Some(grant)) if grant.url != url => Some((
+            "error",
+            format!("the grant was made for {}, not {url}: {run}", grant.url),
+        )),
+        Ok(Some(grant))
+            if grant.lapses_within(std::time::Duration::ZERO) && grant.refresh_token.is_none() =>
+        {
+            Some((
+                "error",
+                format!("the grant's access token lapsed and it has no refresh token: {run}"),
+            ))
+        }
+        Ok(Some(grant)) => Some((
+            "ok",
+            format!(
+                "authorized by {} (scopes: {})",
+                grant.issuer,
+                match grant.scopes.is_empty() {
+                    true => "as granted".to_owned(),
+                    false => grant.scopes.join(" "),
+                }
+            ),
+        )),
+    }
+}
+
 pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Failure> {
     use mcpmesh::files::{Rule, open_checked, shared};
     use std::os::unix::fs::MetadataExt;
@@ -182,7 +225,12 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
                     url,
                     headers,
                     caller_header,
+                    oauth,
                 } => {
+                    if let Some((status, message)) = grant_check(profile, svc, url, oauth.is_some())
+                    {
+                        check(&format!("service {} oauth", svc.name), status, message);
+                    }
                     let caller = match caller_header {
                         Some(name) => format!("; the caller is asserted in {name}"),
                         None => "; no caller assertion".to_owned(),

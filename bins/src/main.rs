@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod auth;
 mod cli;
 mod demo_server;
 mod doctor;

@@ -106,6 +106,13 @@ impl ErrorFrame {
         self
     }
 
+    /// The service and the command its owner runs, for [`ErrorCode::NeedsGrant`].
+    pub fn grant_needed(mut self, service: &str, command: &str) -> Self {
+        self.data.insert("service".into(), Value::from(service));
+        self.data.insert("command".into(), Value::from(command));
+        self
+    }
+
     pub fn retry_after_ms(mut self, ms: u64) -> Self {
         self.data.insert("retry_after_ms".into(), Value::from(ms));
         self

@@ -27,6 +27,7 @@ pub mod keys;
 pub mod limits;
 pub mod logfile;
 pub mod memory;
+pub mod oauth;
 pub mod pairing;
 pub mod paths;
 pub mod peers;

@@ -78,6 +78,11 @@ impl Profile {
         self.config_dir.join("gateway.token")
     }
 
+    /// The OAuth grants of `url` services (`0600` files, one per service), kept like keys.
+    pub fn oauth_dir(&self) -> PathBuf {
+        self.config_dir.join("oauth")
+    }
+
     /// The status page's token (`0600`), apart from the gateway's: it only lets one look.
     pub fn status_token_file(&self) -> PathBuf {
         self.config_dir.join("status.token")
@@ -139,7 +144,7 @@ fn absolute(path: PathBuf) -> PathBuf {
     std::path::absolute(&path).unwrap_or(path)
 }
 
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)

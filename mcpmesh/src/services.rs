@@ -20,6 +20,7 @@ use crate::backends::spawn::{Launcher, SpawnBackend, SpawnOptions};
 use crate::backends::url::{CallerAssertion, UrlBackend};
 use crate::config::{BackendSpec, ServiceSpec};
 use crate::limits::RateLimiter;
+use crate::oauth::GrantBook;
 use crate::principal::{Held, Principal, PrincipalSource, is_allowed, principal_set};
 use crate::tool_policy::{ListedTools, ToolAccess, ToolPolicy, access, may_use};
 
@@ -160,6 +161,8 @@ pub struct ServiceHost {
     principals: Option<Arc<dyn PrincipalSource>>,
     /// Signs the caller assertions `url` services get.
     issuer: Option<Arc<Issuer>>,
+    /// The OAuth grants `url` services send.
+    grants: Option<Arc<GrantBook>>,
 }
 
 /// A session being served.
@@ -205,6 +208,7 @@ impl ServiceHost {
             launcher: None,
             principals: None,
             issuer: None,
+            grants: None,
         }
     }
 
@@ -255,6 +259,12 @@ impl ServiceHost {
     /// it, none is sent.
     pub fn with_issuer(mut self, issuer: Arc<Issuer>) -> Self {
         self.issuer = Some(issuer);
+        self
+    }
+
+    /// `url` services send the grants `book` keeps (`mcpmesh auth`).
+    pub fn with_grants(mut self, book: Arc<GrantBook>) -> Self {
+        self.grants = Some(book);
         self
     }
 
@@ -403,6 +413,7 @@ impl SessionHandler for ServiceHost {
                     url: configured,
                     headers,
                     caller_header,
+                    oauth,
                 } => match crate::config::validate_url(configured) {
                     Ok(url) => {
                         let backend = UrlBackend {
@@ -411,6 +422,9 @@ impl SessionHandler for ServiceHost {
                             ctx,
                             timeout: entry.spec.request_timeout,
                             caller: self.caller_assertion(configured, caller_header.as_deref()),
+                            grants: self.grants.clone(),
+                            oauth_required: oauth.is_some(),
+                            configured: configured.clone(),
                         };
                         backend.run_session(peer.clone(), transport, &session).await
                     }

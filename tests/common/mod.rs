@@ -224,6 +224,27 @@ impl Drop for TestNode {
     }
 }
 
+/// The one JSON error line a failed command ends its stderr with (exit status 1).
+pub fn error_line(out: &Output) -> Value {
+    assert!(!out.status.success(), "expected a failure");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line)
+        .unwrap_or_else(|_| panic!("stderr ends in one JSON line: {stderr}"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    v
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> u64 {
+    mcpmesh::time::unix_ms() / 1000
+}
+
 pub fn parse_ok(out: &Output) -> Value {
     assert!(
         out.status.success(),

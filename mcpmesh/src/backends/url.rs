@@ -41,6 +41,7 @@ use crate::backends::BackendError;
 use crate::backends::session::{ServiceCtx, SessionOptions, held_of};
 use crate::backends::sse::SseParser;
 use crate::backends::stamp::PeerStamp;
+use crate::oauth::{Grant, GrantBook, NeedsGrant};
 
 const SESSION_ID: &str = "mcp-session-id";
 const PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -69,6 +70,13 @@ pub struct UrlBackend {
     pub timeout: Duration,
     /// The signed caller assertion every request carries; `None`: turned off.
     pub caller: Option<CallerAssertion>,
+    /// Where the service's OAuth grant is kept; `None`: the node keeps none.
+    pub grants: Option<Arc<GrantBook>>,
+    /// The service requires a grant (`[services.NAME.oauth]`): without one, requests are
+    /// answered `-32056` and never sent.
+    pub oauth_required: bool,
+    /// The service URL as configured (what its grant was made for).
+    pub configured: String,
 }
 
 /// How a service's sessions assert their caller.
@@ -132,6 +140,14 @@ impl UrlBackend {
             requests: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
             others: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
             asserting,
+            oauth: self.grants.clone().map(|book| OAuthUse {
+                book,
+                url: self.configured.clone(),
+                required: self.oauth_required,
+                grant: Mutex::new(None),
+                header: StdMutex::new(None),
+                consulted: std::sync::atomic::AtomicBool::new(false),
+            }),
         });
         let bridge = tokio::spawn(upstream.clone().run(bridge_r));
         let teardown = |_patience| async move {
@@ -258,6 +274,22 @@ struct Upstream {
     /// POSTs of everything else (notifications, answers to the server) open at once.
     others: Arc<Semaphore>,
     asserting: Option<Asserting>,
+    oauth: Option<OAuthUse>,
+}
+
+/// A session's use of its service's OAuth grant.
+struct OAuthUse {
+    book: Arc<GrantBook>,
+    url: String,
+    required: bool,
+    /// The grant this session sends, once it has one.
+    grant: Mutex<Option<Grant>>,
+    /// Its `Authorization` header, which every request of the session carries (POSTs, the
+    /// GET stream, the DELETE).
+    header: StdMutex<Option<HeaderValue>>,
+    /// Whether the book was asked yet: a service that needs no grant costs nothing more
+    /// than that one look.
+    consulted: std::sync::atomic::AtomicBool,
 }
 
 /// One session's caller assertion and the header it goes in.
@@ -272,6 +304,19 @@ impl Asserting {
         let mut value = HeaderValue::from_str(&self.session.token()?).ok()?;
         value.set_sensitive(true);
         Some(value)
+    }
+}
+
+impl OAuthUse {
+    /// Makes `grant` the one this session sends; returns its access token.
+    fn take(&self, held: &mut Option<Grant>, grant: Grant) -> String {
+        let token = grant.access_token.clone();
+        if let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {token}")) {
+            value.set_sensitive(true);
+            Upstream::set(&self.header, value);
+        }
+        *held = Some(grant);
+        token
     }
 }
 
@@ -333,6 +378,9 @@ impl Upstream {
         if let Some(id) = Self::get(&self.session) {
             builder = builder.header(SESSION_ID, id);
         }
+        if let Some(bearer) = self.oauth.as_ref().and_then(|o| Self::get(&o.header)) {
+            builder = builder.header(reqwest::header::AUTHORIZATION, bearer);
+        }
         if let Some(v) = Self::get(&self.protocol) {
             builder = builder.header(PROTOCOL_VERSION, v);
         }
@@ -340,6 +388,85 @@ impl Upstream {
     }
 
     async fn post(self: Arc<Self>, frame: Frame) {
+        let bearer = match self.bearer().await {
+            Ok(bearer) => bearer,
+            Err(needs) => return self.needs_grant(&frame, &needs).await,
+        };
+        let Some(mut response) = self.send(&frame).await else {
+            return;
+        };
+        if response.status() == reqwest::StatusCode::UNAUTHORIZED
+            && let Some(oauth) = &self.oauth
+            && (bearer.is_some() || oauth.required || asks_for_oauth(&response))
+        {
+            // The token lapsed or was revoked, or the server wants a grant: a refreshed (or
+            // newly made) one goes once; without one the caller learns what its owner runs.
+            match oauth
+                .book
+                .refused(
+                    &self.service,
+                    &oauth.url,
+                    bearer.as_deref().unwrap_or_default(),
+                )
+                .await
+            {
+                Ok(grant) => {
+                    oauth.take(&mut *oauth.grant.lock().await, grant);
+                    let Some(again) = self.send(&frame).await else {
+                        return;
+                    };
+                    response = again;
+                }
+                Err(needs) => return self.needs_grant(&frame, &needs).await,
+            }
+        }
+        self.answered(frame, response).await;
+    }
+
+    /// The access token to send: the session's, refreshed when it lapses; on the first
+    /// request, the service's grant if it has one. `Err` when the service requires a grant
+    /// and there is none.
+    async fn bearer(&self) -> Result<Option<String>, NeedsGrant> {
+        let Some(oauth) = &self.oauth else {
+            return Ok(None);
+        };
+        let mut held = oauth.grant.lock().await;
+        if let Some(grant) = held.as_ref()
+            && !grant.lapses_within(crate::oauth::REFRESH_AHEAD)
+        {
+            return Ok(Some(grant.access_token.clone()));
+        }
+        let first = !oauth
+            .consulted
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        if held.is_none() && !first && !oauth.required {
+            return Ok(None);
+        }
+        match oauth.book.current(&self.service, &oauth.url).await {
+            Ok(grant) => Ok(Some(oauth.take(&mut held, grant))),
+            Err(needs) if oauth.required || held.is_some() => Err(needs),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Answers `frame` `-32056`: the service needs a grant its node does not have.
+    async fn needs_grant(&self, frame: &Frame, needs: &NeedsGrant) {
+        if !frame.is_request() {
+            return;
+        }
+        let error = ErrorFrame::new(ErrorCode::NeedsGrant)
+            .id(frame.id.as_deref())
+            .message(format!(
+                "{}: its owner runs `{}` on the serving node",
+                needs.why,
+                needs.command()
+            ))
+            .grant_needed(&needs.service, &needs.command());
+        let _ = self.out.lock().await.write_all(&error.to_line()).await;
+    }
+
+    /// POSTs `frame`; `None` when it failed and was answered.
+    async fn send(&self, frame: &Frame) -> Option<reqwest::Response> {
         let mut req = self
             .session_headers(self.client.post(self.url.clone()))
             .header(CONTENT_TYPE, "application/json")
@@ -369,9 +496,12 @@ impl Upstream {
             tracing::debug!(service = %self.service, "POST on a closing connection, sent again: {e}");
             sent = tokio::time::timeout(self.timeout, retry.body(frame.line.clone()).send()).await;
         }
-        let response = match sent {
-            Err(_) => return self.timed_out(&frame).await,
-            Ok(Ok(r)) => r,
+        match sent {
+            Err(_) => {
+                self.timed_out(frame).await;
+                None
+            }
+            Ok(Ok(r)) => Some(r),
             Ok(Err(e)) => {
                 let why = if e.is_connect() || e.is_timeout() {
                     "the upstream server is unreachable"
@@ -379,9 +509,14 @@ impl Upstream {
                     "the upstream connection failed"
                 };
                 tracing::debug!(service = %self.service, "POST failed: {e}");
-                return self.fail(&frame, ErrorCode::Unreachable, why, None).await;
+                self.fail(frame, ErrorCode::Unreachable, why, None).await;
+                None
             }
-        };
+        }
+    }
+
+    /// Relays the server's response to `frame`.
+    async fn answered(&self, frame: Frame, response: reqwest::Response) {
         if frame.method.as_deref() == Some("initialize")
             && let Some(id) = response.headers().get(SESSION_ID)
             && id.to_str().is_ok_and(|s| !s.is_empty())
@@ -679,6 +814,18 @@ fn answers(message: &[u8], id: Option<&RawValue>) -> bool {
     jsonrpc::peek_response(message)
         .and_then(|p| Some(jsonrpc::id_key(p.answers()?) == jsonrpc::id_key(id?)))
         .unwrap_or(false)
+}
+
+/// Whether a 401 is an MCP server asking for an OAuth grant: a `Bearer` challenge naming
+/// its protected-resource metadata.
+fn asks_for_oauth(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(crate::oauth::discovery::parse_challenge)
+        .any(|c| c.resource_metadata.is_some())
 }
 
 fn content_type(response: &reqwest::Response) -> String {

@@ -219,6 +219,9 @@ pub struct ServiceConfig {
     pub caller_assertion: Option<bool>,
     /// The header it goes in (default `Mcpmesh-Caller`).
     pub caller_header: Option<String>,
+    /// `url`: the server requires an OAuth grant (`mcpmesh auth NAME` makes it); how the node
+    /// registers as its client.
+    pub oauth: Option<OAuthConfig>,
     /// Principals admitted: a peer name (bare or `peer:NAME`), `eid:<hex>`, `user:<id>` or
     /// `group:<name>` (the last two only from a roster). Empty: nobody.
     #[serde(default)]
@@ -235,6 +238,19 @@ pub struct ServiceConfig {
     /// Per-tool rules (`[[services.NAME.tools]]`); none: every tool.
     #[serde(default)]
     pub tools: Vec<ToolRuleConfig>,
+}
+
+/// `[services.NAME.oauth]` as written: every key optional (an empty table says the service
+/// requires a grant, with the client registered dynamically).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    /// A Client ID Metadata Document the user serves over HTTPS.
+    pub client_metadata_url: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
 }
 
 /// One `[[services.NAME.tools]]` rule as written.
@@ -297,6 +313,8 @@ pub enum BackendSpec {
         headers: BTreeMap<String, String>,
         /// The header the signed caller assertion goes in; `None`: none is sent.
         caller_header: Option<String>,
+        /// The server requires an OAuth grant, and how the node registers as its client.
+        oauth: Option<crate::oauth::flow::ClientSettings>,
     },
 }
 
@@ -623,6 +641,21 @@ fn validate_service(
             "services.{name}.headers: only a url service sends headers"
         ));
     }
+    if svc.url.is_none() && svc.oauth.is_some() {
+        return Err(format!(
+            "services.{name}.oauth: only a url service is an OAuth client"
+        ));
+    }
+    if svc.oauth.is_some()
+        && svc
+            .headers
+            .keys()
+            .any(|h| h.eq_ignore_ascii_case("authorization"))
+    {
+        return Err(format!(
+            "services.{name}.oauth: the grant's token goes in Authorization, which headers also sets; remove one"
+        ));
+    }
     if svc.url.is_none() && svc.caller_header.is_some() {
         return Err(format!(
             "services.{name}.caller_header: only a url service sends headers"
@@ -661,6 +694,12 @@ fn validate_service(
             url: url.clone(),
             headers: svc.headers.clone(),
             caller_header: caller_header(svc).map_err(|e| format!("services.{name}.{e}"))?,
+            oauth: svc
+                .oauth
+                .as_ref()
+                .map(oauth_settings)
+                .transpose()
+                .map_err(|e| format!("services.{name}.oauth.{e}"))?,
         }
     } else {
         return Err(format!(
@@ -944,6 +983,35 @@ pub fn set_description(
     Ok(())
 }
 
+/// A `[services.NAME.oauth]` table, checked.
+fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSettings, String> {
+    if let Some(url) = &oauth.client_metadata_url {
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| format!("client_metadata_url: {url:?} is not a URL: {e}"))?;
+        if parsed.scheme() != "https" || parsed.path().trim_matches('/').is_empty() {
+            return Err(format!(
+                "client_metadata_url: {url:?} must be an https:// URL with a path (the document you serve)"
+            ));
+        }
+    }
+    if oauth.client_secret.is_some() && oauth.client_id.is_none() {
+        return Err("client_secret: given without client_id".into());
+    }
+    if let Some(bad) = oauth
+        .scopes
+        .iter()
+        .find(|s| s.is_empty() || s.contains(char::is_whitespace))
+    {
+        return Err(format!("scopes: {bad:?} is not one scope"));
+    }
+    Ok(crate::oauth::flow::ClientSettings {
+        client_id: oauth.client_id.clone(),
+        client_secret: oauth.client_secret.clone(),
+        client_metadata_url: oauth.client_metadata_url.clone(),
+        scopes: oauth.scopes.clone(),
+    })
+}
+
 /// The header a `url` service's caller assertion goes in, `None` when it is turned off.
 pub fn caller_header(svc: &ServiceConfig) -> Result<Option<String>, String> {
     match (svc.caller_assertion, &svc.caller_header) {
@@ -990,6 +1058,7 @@ pub fn set_service(
             entry.remove("headers");
             entry.remove("caller_assertion");
             entry.remove("caller_header");
+            entry.remove("oauth");
             entry.insert(
                 "run",
                 toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
@@ -1004,6 +1073,7 @@ pub fn set_service(
             entry.remove("headers");
             entry.remove("caller_assertion");
             entry.remove("caller_header");
+            entry.remove("oauth");
             entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
             if *caller_assertion {
                 entry.insert("caller_assertion", toml_edit::value(true));
@@ -1013,9 +1083,20 @@ pub fn set_service(
             url,
             headers,
             caller_header,
+            oauth,
         } => {
             entry.remove("run");
             entry.remove("socket");
+            // An `[oauth]` table already there keeps its keys (client, scopes).
+            match oauth {
+                Some(_) if entry.get("oauth").is_some() => {}
+                Some(_) => {
+                    entry.insert("oauth", toml_edit::Item::Table(toml_edit::Table::new()));
+                }
+                None => {
+                    entry.remove("oauth");
+                }
+            }
             entry.insert("url", toml_edit::value(url.as_str()));
             entry.remove("caller_assertion");
             entry.remove("caller_header");
@@ -1437,12 +1518,51 @@ addrs = ["127.0.0.1:4433"]
     }
 
     #[test]
+    fn an_oauth_table_makes_a_url_service_an_oauth_client_and_bad_keys_are_named() {
+        let oauth_of = |extra: &str| {
+            let text = format!("[services.x]\nurl = \"http://127.0.0.1:9/mcp\"\n{extra}");
+            match &Config::parse(&text, "c").unwrap().services[0].backend {
+                BackendSpec::Url { oauth, .. } => oauth.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(oauth_of(""), None);
+        assert_eq!(oauth_of("[services.x.oauth]\n"), Some(Default::default()));
+        let set = oauth_of(
+            "[services.x.oauth]\nclient_id = \"c\"\nclient_secret = \"s\"\nscopes = [\"a\", \"b\"]\n",
+        )
+        .unwrap();
+        assert_eq!(set.client_id.as_deref(), Some("c"));
+        assert_eq!(set.scopes, ["a", "b"]);
+        let url = "[services.x]\nurl = \"http://h/\"\n[services.x.oauth]\n";
+        for (extra, says) in [
+            (
+                "client_metadata_url = \"http://h/c.json\"\n",
+                "client_metadata_url",
+            ),
+            ("client_secret = \"s\"\n", "client_secret"),
+            ("scopes = [\"a b\"]\n", "scopes"),
+            ("bogus = 1\n", "bogus"),
+            (
+                "[services.x.headers]\nAuthorization = \"Bearer t\"\n",
+                "remove one",
+            ),
+        ] {
+            let e = error_of(&format!("{url}{extra}"));
+            assert!(e.contains(says), "{e}");
+        }
+        let e = error_of("[services.x]\nrun = \"a\"\n[services.x.oauth]\n");
+        assert!(e.contains("services.x.oauth: only a url service"), "{e}");
+    }
+
+    #[test]
     fn serve_writes_the_caller_assertion_only_where_it_departs_from_the_default() {
         let mut doc: toml_edit::DocumentMut = "".parse().unwrap();
         let url = |caller_header: Option<&str>| BackendSpec::Url {
             url: "http://127.0.0.1:9/mcp".into(),
             headers: BTreeMap::new(),
             caller_header: caller_header.map(str::to_owned),
+            oauth: None,
         };
         set_service(&mut doc, "x", &url(Some("Mcpmesh-Caller")), &[], None).unwrap();
         assert!(!doc.to_string().contains("caller_"), "{doc}");

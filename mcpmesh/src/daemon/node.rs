@@ -326,6 +326,10 @@ impl Node {
             url: Option<String>,
             #[serde(default)]
             headers: std::collections::BTreeMap<String, String>,
+            /// `url`: the server requires an OAuth grant (absent: as the service being
+            /// replaced did).
+            #[serde(default)]
+            oauth: bool,
             /// `url`: whether to send the signed caller assertion (absent: as the service
             /// being replaced did, else yes), and in which header.
             #[serde(default)]
@@ -388,10 +392,17 @@ impl Node {
                     config::valid_caller_header(name, &serve.headers)
                         .map_err(|e| ControlError::invalid_params(format!("--{e}")))?;
                 }
+                let oauth = match existing.as_ref().map(|old| &old.backend) {
+                    Some(config::BackendSpec::Url {
+                        oauth: Some(kept), ..
+                    }) => Some(kept.clone()),
+                    _ => serve.oauth.then(Default::default),
+                };
                 config::BackendSpec::Url {
                     url,
                     headers: serve.headers,
                     caller_header,
+                    oauth,
                 }
             }
             _ => {

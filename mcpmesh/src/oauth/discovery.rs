@@ -1,0 +1,295 @@
+//! Finding a server's authorization server, as the MCP authorization spec says: the server's
+//! 401 names its protected-resource metadata (RFC 9728; else the well-known path), which
+//! names the authorization server, whose own metadata (RFC 8414; OpenID discovery as the
+//! fallback) names its endpoints.
+
+use serde::Deserialize;
+
+use super::{OAuthError, body_of};
+
+/// What a 401's `WWW-Authenticate: Bearer …` said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Challenge {
+    pub resource_metadata: Option<String>,
+    pub scope: Option<String>,
+    pub error: Option<String>,
+}
+
+/// The `Bearer` challenge of a `WWW-Authenticate` value, its parameters unquoted; `None` when
+/// it has none.
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    let rest = header.trim_start();
+    let params = rest
+        .get(..6)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|_| &rest[6..])?;
+    let mut challenge = Challenge::default();
+    let mut input = params.trim_start();
+    while !input.is_empty() {
+        let Some((name, after)) = input.split_once('=') else {
+            break;
+        };
+        let name = name
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, next) = match after.strip_prefix('"') {
+            Some(quoted) => {
+                let mut value = String::new();
+                let mut chars = quoted.char_indices();
+                let mut end = quoted.len();
+                while let Some((i, c)) = chars.next() {
+                    match c {
+                        '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                        '"' => {
+                            end = i + 1;
+                            break;
+                        }
+                        c => value.push(c),
+                    }
+                }
+                (value, &quoted[end..])
+            }
+            None => {
+                let end = after.find(',').unwrap_or(after.len());
+                (after[..end].trim().to_owned(), &after[end..])
+            }
+        };
+        match name.as_str() {
+            "resource_metadata" => challenge.resource_metadata = Some(value),
+            "scope" => challenge.scope = Some(value),
+            "error" => challenge.error = Some(value),
+            _ => {}
+        }
+        input = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(challenge)
+}
+
+/// RFC 9728 protected-resource metadata, the part used.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Protected {
+    pub resource: String,
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    #[serde(default)]
+    pub scopes_supported: Vec<String>,
+}
+
+/// RFC 8414 authorization-server metadata, the part used.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuthServer {
+    pub issuer: String,
+    pub authorization_endpoint: String,
+    pub token_endpoint: String,
+    #[serde(default)]
+    pub registration_endpoint: Option<String>,
+    #[serde(default)]
+    pub scopes_supported: Vec<String>,
+    #[serde(default)]
+    pub code_challenge_methods_supported: Vec<String>,
+    #[serde(default)]
+    pub client_id_metadata_document_supported: bool,
+    #[serde(default)]
+    pub authorization_response_iss_parameter_supported: bool,
+}
+
+/// What discovery found for a service.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub protected: Protected,
+    pub server: AuthServer,
+    /// The scope the server's 401 asked for, if it named one.
+    pub challenge_scope: Option<String>,
+}
+
+/// Discovers the authorization server of the MCP server at `url`: one unauthenticated
+/// `initialize` (a server that answers it without a 401 needs no grant), its challenge, the
+/// protected-resource metadata and the authorization server's.
+pub async fn discover(http: &reqwest::Client, url: &reqwest::Url) -> Result<Found, OAuthError> {
+    let probe = serde_json::json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": { "name": "mcpmesh", "version": env!("CARGO_PKG_VERSION") } }
+    });
+    let answer = http
+        .post(url.clone())
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(probe.to_string())
+        .send()
+        .await
+        .map_err(|e| OAuthError::Http(format!("{url}: {e}")))?;
+    if answer.status() != reqwest::StatusCode::UNAUTHORIZED {
+        return Err(OAuthError::Discovery(format!(
+            "{url} answered {} without asking for authorization: the service needs no grant",
+            answer.status()
+        )));
+    }
+    let challenge = answer
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(parse_challenge)
+        .unwrap_or_default();
+    let protected = protected_metadata(http, url, challenge.resource_metadata.as_deref()).await?;
+    if !same_resource(&protected.resource, url) {
+        return Err(OAuthError::Discovery(format!(
+            "the server's metadata is for {:?}, not {url}",
+            protected.resource
+        )));
+    }
+    let issuer = protected.authorization_servers.first().ok_or_else(|| {
+        OAuthError::Discovery(format!("{url}'s metadata names no authorization server"))
+    })?;
+    let server = server_metadata(http, issuer).await?;
+    if !server
+        .code_challenge_methods_supported
+        .iter()
+        .any(|m| m == "S256")
+    {
+        return Err(OAuthError::Discovery(format!(
+            "the authorization server {issuer} does not offer PKCE with S256"
+        )));
+    }
+    Ok(Found {
+        protected,
+        server,
+        challenge_scope: challenge.scope,
+    })
+}
+
+/// Whether metadata for `resource` describes `url` (scheme, host, port and path; a trailing
+/// slash and the query aside).
+fn same_resource(resource: &str, url: &reqwest::Url) -> bool {
+    let Ok(resource) = reqwest::Url::parse(resource) else {
+        return false;
+    };
+    resource.scheme() == url.scheme()
+        && resource.host_str() == url.host_str()
+        && resource.port_or_known_default() == url.port_or_known_default()
+        && resource.path().trim_end_matches('/') == url.path().trim_end_matches('/')
+}
+
+async fn protected_metadata(
+    http: &reqwest::Client,
+    url: &reqwest::Url,
+    named: Option<&str>,
+) -> Result<Protected, OAuthError> {
+    let mut candidates = Vec::new();
+    if let Some(named) = named {
+        candidates.push(named.to_owned());
+    }
+    let path = url.path().trim_end_matches('/');
+    let origin = url.origin().ascii_serialization();
+    if !path.is_empty() {
+        candidates.push(format!(
+            "{origin}/.well-known/oauth-protected-resource{path}"
+        ));
+    }
+    candidates.push(format!("{origin}/.well-known/oauth-protected-resource"));
+    first_document(http, &candidates, "protected-resource metadata").await
+}
+
+async fn server_metadata(http: &reqwest::Client, issuer: &str) -> Result<AuthServer, OAuthError> {
+    let parsed = reqwest::Url::parse(issuer)
+        .map_err(|e| OAuthError::Discovery(format!("issuer {issuer:?}: {e}")))?;
+    let origin = parsed.origin().ascii_serialization();
+    let path = parsed.path().trim_end_matches('/');
+    let candidates = if path.is_empty() {
+        vec![
+            format!("{origin}/.well-known/oauth-authorization-server"),
+            format!("{origin}/.well-known/openid-configuration"),
+        ]
+    } else {
+        vec![
+            format!("{origin}/.well-known/oauth-authorization-server{path}"),
+            format!("{origin}/.well-known/openid-configuration{path}"),
+            format!("{origin}{path}/.well-known/openid-configuration"),
+        ]
+    };
+    let server: AuthServer =
+        first_document(http, &candidates, "authorization-server metadata").await?;
+    // RFC 8414 §3.3: the metadata is the issuer's own.
+    if server.issuer.trim_end_matches('/') != issuer.trim_end_matches('/') {
+        return Err(OAuthError::Discovery(format!(
+            "the metadata of {issuer} names another issuer ({:?})",
+            server.issuer
+        )));
+    }
+    Ok(server)
+}
+
+/// The first of `candidates` that answers 200 with a JSON document of type `T`.
+async fn first_document<T: for<'de> Deserialize<'de>>(
+    http: &reqwest::Client,
+    candidates: &[String],
+    what: &str,
+) -> Result<T, OAuthError> {
+    let mut tried = Vec::new();
+    for candidate in candidates {
+        let answer = match http
+            .get(candidate)
+            .header("accept", "application/json")
+            .send()
+            .await
+        {
+            Ok(answer) if answer.status().is_success() => answer,
+            Ok(answer) => {
+                tried.push(format!("{candidate} ({})", answer.status()));
+                continue;
+            }
+            Err(e) => {
+                tried.push(format!("{candidate} ({e})"));
+                continue;
+            }
+        };
+        let body = body_of(answer).await?;
+        return serde_json::from_slice(&body)
+            .map_err(|e| OAuthError::Discovery(format!("{what} at {candidate}: {e}")));
+    }
+    Err(OAuthError::Discovery(format!(
+        "no {what} found: {}",
+        tried.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bearer_challenge_gives_its_parameters_quoted_or_not() {
+        let c = parse_challenge(
+            r#"Bearer error="invalid_token", error_description="the \"token\" lapsed", resource_metadata="http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp", scope=mcp:read"#,
+        )
+        .unwrap();
+        assert_eq!(c.error.as_deref(), Some("invalid_token"));
+        assert_eq!(
+            c.resource_metadata.as_deref(),
+            Some("http://127.0.0.1:9/.well-known/oauth-protected-resource/mcp")
+        );
+        assert_eq!(c.scope.as_deref(), Some("mcp:read"));
+        assert_eq!(parse_challenge("bearer").unwrap(), Challenge::default());
+        assert_eq!(parse_challenge("Basic realm=\"x\""), None);
+        assert_eq!(parse_challenge(""), None);
+        // Cut short or odd: no panic, what could be read is kept.
+        let c = parse_challenge(r#"Bearer scope="a b"#).unwrap();
+        assert_eq!(c.scope.as_deref(), Some("a b"));
+        assert!(parse_challenge("Bearer =,=\"").is_some());
+    }
+
+    #[test]
+    fn metadata_describes_a_url_by_scheme_host_port_and_path() {
+        let url = reqwest::Url::parse("http://127.0.0.1:9/mcp").unwrap();
+        assert!(same_resource("http://127.0.0.1:9/mcp", &url));
+        assert!(same_resource("http://127.0.0.1:9/mcp/", &url));
+        assert!(!same_resource("http://127.0.0.1:9/other", &url));
+        assert!(!same_resource("https://127.0.0.1:9/mcp", &url));
+        assert!(!same_resource("http://127.0.0.1:10/mcp", &url));
+        assert!(!same_resource("not a url", &url));
+    }
+}

@@ -1,0 +1,441 @@
+//! Making a grant: client registration, the authorization-code flow with PKCE (S256), the
+//! RFC 8707 `resource` on every request, the RFC 9207 `iss` check on the redirect — and
+//! refreshing the grant later.
+
+use std::time::Duration;
+
+use oauth2::basic::BasicClient;
+use oauth2::{
+    AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, PkceCodeChallenge,
+    PkceCodeVerifier, RedirectUrl, RefreshToken, Scope, TokenResponse, TokenUrl,
+};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use super::discovery::{self, Found};
+use super::{Grant, OAuthError, Pending, body_of};
+
+/// How long an authorization begun may be finished.
+pub const PENDING_FOR: Duration = Duration::from_secs(10 * 60);
+
+/// How a service's node registers as a client, from `[services.NAME.oauth]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// A client registered beforehand with the authorization server.
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    /// A Client ID Metadata Document the user serves over HTTPS: its URL is the client id,
+    /// where the authorization server supports that.
+    pub client_metadata_url: Option<String>,
+    /// The scopes to ask for; otherwise the server's challenge or metadata decides.
+    pub scopes: Vec<String>,
+}
+
+/// An authorization begun: the URL to open, and what finishing it needs.
+#[derive(Debug)]
+pub struct Begun {
+    pub authorize_url: String,
+    pub pending: Pending,
+}
+
+/// Discovers `url`'s authorization server, registers (or uses the configured client) with
+/// `redirect_uri`, and builds the authorization URL.
+pub async fn begin(
+    http: &reqwest::Client,
+    url: &str,
+    settings: &ClientSettings,
+    redirect_uri: &str,
+) -> Result<Begun, OAuthError> {
+    let parsed = crate::config::validate_url(url).map_err(OAuthError::Discovery)?;
+    let found = discovery::discover(http, &parsed).await?;
+    let (client_id, client_secret) = client(http, &found, settings, redirect_uri).await?;
+    let scopes = scopes(&found, settings);
+    let resource = found.protected.resource.clone();
+    let mut oauth = BasicClient::new(ClientId::new(client_id.clone()))
+        .set_auth_uri(
+            AuthUrl::new(found.server.authorization_endpoint.clone())
+                .map_err(|e| OAuthError::Discovery(format!("authorization_endpoint: {e}")))?,
+        )
+        .set_redirect_uri(
+            RedirectUrl::new(redirect_uri.to_owned())
+                .map_err(|e| OAuthError::Discovery(format!("redirect URI: {e}")))?,
+        );
+    if let Some(secret) = &client_secret {
+        oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
+    }
+    let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+    let mut request = oauth
+        .authorize_url(CsrfToken::new_random)
+        .set_pkce_challenge(challenge)
+        .add_extra_param("resource", resource.clone());
+    for scope in &scopes {
+        request = request.add_scope(Scope::new(scope.clone()));
+    }
+    let (authorize_url, state) = request.url();
+    Ok(Begun {
+        authorize_url: authorize_url.to_string(),
+        pending: Pending {
+            url: url.to_owned(),
+            resource,
+            issuer: found.server.issuer.clone(),
+            token_endpoint: found.server.token_endpoint.clone(),
+            client_id,
+            client_secret,
+            redirect_uri: redirect_uri.to_owned(),
+            state: state.secret().clone(),
+            verifier: verifier.secret().clone(),
+            scopes,
+            iss_required: found.server.authorization_response_iss_parameter_supported,
+            created_at: crate::time::unix_ms() / 1000,
+        },
+    })
+}
+
+/// The scopes to ask for: configured ones, else what the server's 401 asked for, else all
+/// its metadata lists (the resource's, else the authorization server's).
+fn scopes(found: &Found, settings: &ClientSettings) -> Vec<String> {
+    if !settings.scopes.is_empty() {
+        return settings.scopes.clone();
+    }
+    if let Some(scope) = &found.challenge_scope {
+        return scope.split_whitespace().map(str::to_owned).collect();
+    }
+    if !found.protected.scopes_supported.is_empty() {
+        return found.protected.scopes_supported.clone();
+    }
+    found.server.scopes_supported.clone()
+}
+
+/// The client id (and secret) to use: configured, a Client ID Metadata Document where the
+/// server takes one, else a dynamic registration (RFC 7591).
+async fn client(
+    http: &reqwest::Client,
+    found: &Found,
+    settings: &ClientSettings,
+    redirect_uri: &str,
+) -> Result<(String, Option<String>), OAuthError> {
+    if let Some(id) = &settings.client_id {
+        return Ok((id.clone(), settings.client_secret.clone()));
+    }
+    if let Some(document) = &settings.client_metadata_url
+        && found.server.client_id_metadata_document_supported
+    {
+        return Ok((document.clone(), None));
+    }
+    let endpoint = found.server.registration_endpoint.as_deref().ok_or_else(|| {
+        OAuthError::Discovery(format!(
+            "the authorization server {} offers no client registration: set client_id in [services.NAME.oauth]",
+            found.server.issuer
+        ))
+    })?;
+    #[derive(Deserialize)]
+    struct Registered {
+        client_id: String,
+        #[serde(default)]
+        client_secret: Option<String>,
+    }
+    let metadata = serde_json::json!({
+        "client_name": "mcpmesh",
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    });
+    let answer = http
+        .post(endpoint)
+        .header("content-type", "application/json")
+        .body(metadata.to_string())
+        .send()
+        .await
+        .map_err(|e| OAuthError::Http(format!("registering at {endpoint}: {e}")))?;
+    let status = answer.status();
+    let body = body_of(answer).await?;
+    if !status.is_success() {
+        return Err(OAuthError::Refused(format!(
+            "registration at {endpoint}: {status} {}",
+            String::from_utf8_lossy(&body[..body.len().min(512)])
+        )));
+    }
+    let registered: Registered = serde_json::from_slice(&body)
+        .map_err(|e| OAuthError::Refused(format!("registration at {endpoint}: {e}")))?;
+    Ok((registered.client_id, registered.client_secret))
+}
+
+/// What the authorization server's redirect carried.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Redirect {
+    pub code: Option<String>,
+    pub state: Option<String>,
+    pub iss: Option<String>,
+    pub error: Option<String>,
+    pub error_description: Option<String>,
+}
+
+impl Redirect {
+    /// The query of a redirect URL (or of the request line's target, `/callback?…`).
+    pub fn parse(target: &str) -> Redirect {
+        let query = target.split_once('?').map_or("", |(_, q)| q);
+        let query = query.split('#').next().unwrap_or_default();
+        let mut redirect = Redirect::default();
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            let slot = match key.as_ref() {
+                "code" => &mut redirect.code,
+                "state" => &mut redirect.state,
+                "iss" => &mut redirect.iss,
+                "error" => &mut redirect.error,
+                "error_description" => &mut redirect.error_description,
+                _ => continue,
+            };
+            *slot = Some(value.into_owned());
+        }
+        redirect
+    }
+}
+
+/// Finishes `pending` with the redirect the browser was sent to: state and issuer checked,
+/// the code exchanged for tokens.
+pub async fn finish(
+    http: &reqwest::Client,
+    pending: &Pending,
+    redirect: &Redirect,
+) -> Result<Grant, OAuthError> {
+    let age = (crate::time::unix_ms() / 1000).saturating_sub(pending.created_at);
+    if age > PENDING_FOR.as_secs() {
+        return Err(OAuthError::Callback(
+            "this authorization was begun over 10 minutes ago; run `mcpmesh auth` again".into(),
+        ));
+    }
+    if let Some(error) = &redirect.error {
+        let more = redirect.error_description.as_deref().unwrap_or_default();
+        return Err(OAuthError::Refused(
+            format!("{error} {more}").trim().to_owned(),
+        ));
+    }
+    let state = redirect.state.as_deref().unwrap_or_default();
+    if !bool::from(state.as_bytes().ct_eq(pending.state.as_bytes())) {
+        return Err(OAuthError::Callback(
+            "the redirect is not for this authorization (its state differs)".into(),
+        ));
+    }
+    match &redirect.iss {
+        Some(iss) if iss.trim_end_matches('/') != pending.issuer.trim_end_matches('/') => {
+            return Err(OAuthError::Callback(format!(
+                "the redirect comes from another issuer ({iss:?}, not {:?})",
+                pending.issuer
+            )));
+        }
+        None if pending.iss_required => {
+            return Err(OAuthError::Callback(
+                "the redirect lacks the issuer its server promised (iss)".into(),
+            ));
+        }
+        _ => {}
+    }
+    let code = redirect
+        .code
+        .clone()
+        .ok_or_else(|| OAuthError::Callback("the redirect carries no code".into()))?;
+    let mut oauth = BasicClient::new(ClientId::new(pending.client_id.clone()))
+        .set_token_uri(token_url(&pending.token_endpoint)?)
+        .set_redirect_uri(
+            RedirectUrl::new(pending.redirect_uri.clone())
+                .map_err(|e| OAuthError::Callback(e.to_string()))?,
+        );
+    if let Some(secret) = &pending.client_secret {
+        oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
+    }
+    let send = Exchanger(http.clone());
+    let tokens = oauth
+        .exchange_code(AuthorizationCode::new(code))
+        .set_pkce_verifier(PkceCodeVerifier::new(pending.verifier.clone()))
+        .add_extra_param("resource", pending.resource.clone())
+        .request_async(&send)
+        .await
+        .map_err(|e| OAuthError::Refused(describe(&e)))?;
+    Ok(Grant {
+        url: pending.url.clone(),
+        resource: pending.resource.clone(),
+        issuer: pending.issuer.clone(),
+        token_endpoint: pending.token_endpoint.clone(),
+        client_id: pending.client_id.clone(),
+        client_secret: pending.client_secret.clone(),
+        access_token: tokens.access_token().secret().clone(),
+        refresh_token: tokens.refresh_token().map(|t| t.secret().clone()),
+        expires_at: tokens
+            .expires_in()
+            .map(|d| crate::time::unix_ms() / 1000 + d.as_secs()),
+        issued_at: crate::time::unix_ms() / 1000,
+        scopes: tokens
+            .scopes()
+            .map(|s| s.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_else(|| pending.scopes.clone()),
+    })
+}
+
+/// `grant` with a fresh access token (and the rotated refresh token, when the server rotates).
+pub async fn refresh(http: &reqwest::Client, grant: &Grant) -> Result<Grant, OAuthError> {
+    let refresh = grant
+        .refresh_token
+        .clone()
+        .ok_or_else(|| OAuthError::Refused("the grant has no refresh token".into()))?;
+    let mut oauth = BasicClient::new(ClientId::new(grant.client_id.clone()))
+        .set_token_uri(token_url(&grant.token_endpoint)?);
+    if let Some(secret) = &grant.client_secret {
+        oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
+    }
+    let send = Exchanger(http.clone());
+    let tokens = oauth
+        .exchange_refresh_token(&RefreshToken::new(refresh))
+        .add_extra_param("resource", grant.resource.clone())
+        .request_async(&send)
+        .await
+        .map_err(|e| OAuthError::Refused(describe(&e)))?;
+    Ok(Grant {
+        access_token: tokens.access_token().secret().clone(),
+        refresh_token: tokens
+            .refresh_token()
+            .map(|t| t.secret().clone())
+            .or_else(|| grant.refresh_token.clone()),
+        expires_at: tokens
+            .expires_in()
+            .map(|d| crate::time::unix_ms() / 1000 + d.as_secs()),
+        issued_at: crate::time::unix_ms() / 1000,
+        scopes: tokens
+            .scopes()
+            .map(|s| s.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_else(|| grant.scopes.clone()),
+        ..grant.clone()
+    })
+}
+
+fn token_url(endpoint: &str) -> Result<TokenUrl, OAuthError> {
+    TokenUrl::new(endpoint.to_owned())
+        .map_err(|e| OAuthError::Discovery(format!("token_endpoint: {e}")))
+}
+
+/// A token-endpoint failure in a few words, never a token.
+fn describe<RE: std::error::Error + 'static, T: oauth2::ErrorResponse>(
+    e: &oauth2::RequestTokenError<RE, T>,
+) -> String {
+    match e {
+        oauth2::RequestTokenError::ServerResponse(answer) => answer.to_string(),
+        oauth2::RequestTokenError::Request(e) => e.to_string(),
+        oauth2::RequestTokenError::Parse(e, _) => format!("an answer that is not a token: {e}"),
+        oauth2::RequestTokenError::Other(e) => e.clone(),
+    }
+}
+
+/// The failure of one OAuth HTTP exchange.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ExchangeError(String);
+
+/// Token-endpoint requests through our client. A named type rather than a closure, so the
+/// futures stay `Send` (the daemon refreshes grants on its multi-task runtime).
+struct Exchanger(reqwest::Client);
+
+impl<'c> oauth2::AsyncHttpClient<'c> for Exchanger {
+    type Error = ExchangeError;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<oauth2::HttpResponse, ExchangeError>> + Send + 'c>,
+    >;
+
+    fn call(&'c self, request: oauth2::HttpRequest) -> Self::Future {
+        Box::pin(exchange(&self.0, request))
+    }
+}
+
+/// One token-endpoint request through our client.
+async fn exchange(
+    http: &reqwest::Client,
+    request: oauth2::HttpRequest,
+) -> Result<oauth2::HttpResponse, ExchangeError> {
+    let (parts, body) = request.into_parts();
+    let answer = http
+        .request(parts.method, parts.uri.to_string())
+        .headers(parts.headers)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| ExchangeError(e.to_string()))?;
+    let mut response = oauth2::http::Response::builder().status(answer.status());
+    for (name, value) in answer.headers() {
+        response = response.header(name, value);
+    }
+    let body = body_of(answer)
+        .await
+        .map_err(|e| ExchangeError(e.to_string()))?;
+    response
+        .body(body)
+        .map_err(|e| ExchangeError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redirect_gives_its_code_state_issuer_or_error() {
+        let r = Redirect::parse(
+            "http://127.0.0.1:9/callback?code=a%2Fb&state=s&iss=http%3A%2F%2F127.0.0.1%3A8&x=1#f",
+        );
+        assert_eq!(r.code.as_deref(), Some("a/b"));
+        assert_eq!(r.state.as_deref(), Some("s"));
+        assert_eq!(r.iss.as_deref(), Some("http://127.0.0.1:8"));
+        let r = Redirect::parse("/callback?error=access_denied&error_description=no&state=s");
+        assert_eq!(r.error.as_deref(), Some("access_denied"));
+        assert_eq!(r.code, None);
+        assert_eq!(Redirect::parse("/callback"), Redirect::default());
+    }
+
+    fn pending() -> Pending {
+        Pending {
+            url: "http://127.0.0.1:9/mcp".into(),
+            resource: "http://127.0.0.1:9/mcp".into(),
+            issuer: "http://127.0.0.1:8".into(),
+            token_endpoint: "http://127.0.0.1:8/token".into(),
+            client_id: "c".into(),
+            client_secret: None,
+            redirect_uri: "http://127.0.0.1:7/callback".into(),
+            state: "the-state".into(),
+            verifier: "v".repeat(43),
+            scopes: vec![],
+            iss_required: true,
+            created_at: crate::time::unix_ms() / 1000,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_for_another_authorization_or_issuer_is_refused_before_any_exchange() {
+        let http = super::super::http_client().unwrap();
+        let p = pending();
+        let with = |q: &str| Redirect::parse(&format!("/callback?{q}"));
+        for (query, says) in [
+            (
+                "code=c&state=other&iss=http%3A%2F%2F127.0.0.1%3A8",
+                "state differs",
+            ),
+            (
+                "code=c&state=the-state&iss=http%3A%2F%2Fevil",
+                "another issuer",
+            ),
+            ("code=c&state=the-state", "lacks the issuer"),
+            ("state=the-state&iss=http%3A%2F%2F127.0.0.1%3A8", "no code"),
+            ("error=access_denied&state=the-state", "access_denied"),
+        ] {
+            let e = finish(&http, &p, &with(query))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{query}: {e}");
+        }
+        let old = Pending {
+            created_at: 1,
+            ..pending()
+        };
+        let e = finish(&http, &old, &with("code=c&state=the-state"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("10 minutes"), "{e}");
+    }
+}
