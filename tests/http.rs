@@ -587,18 +587,6 @@ impl SdkHttp {
     }
 }
 
-fn modern_client(era: &str, big: bool) -> Vec<String> {
-    let mut args = vec![
-        interop_script("modern_client.py"),
-        "--era".into(),
-        era.into(),
-    ];
-    if big {
-        args.extend(["--big".into(), "4194304".into()]);
-    }
-    args
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn both_mcp_eras_reach_an_sdk_http_server_through_url_with_the_callers_identity() {
     let mut server = SdkHttp::start().await;
@@ -617,13 +605,7 @@ async fn both_mcp_eras_reach_an_sdk_http_server_through_url_with_the_callers_ide
             report.contains("ok   big 4194304 bytes echoed intact"),
             "{report}"
         );
-        let whoami: Value = serde_json::from_str(
-            report
-                .lines()
-                .find_map(|l| l.strip_prefix("ok   whoami "))
-                .expect("a whoami line"),
-        )
-        .unwrap();
+        let whoami = whoami_in(&report);
         assert_eq!(whoami["meta_peer"], peer, "{era}");
     }
     // The 2026-07-28 requests carried their routing headers (the SDK's server insists: it
@@ -1872,13 +1854,7 @@ async fn a_url_server_verifies_the_signed_caller_with_a_jose_library_and_refuses
         args.extend(connect_args(&bob, "alice/who"));
         let report = run_driver(&args).await;
         assert!(report.contains(r#""failed": 0}"#), "{era}: {report}");
-        let whoami: Value = serde_json::from_str(
-            report
-                .lines()
-                .find_map(|l| l.strip_prefix("ok   whoami "))
-                .expect("a whoami line"),
-        )
-        .unwrap();
+        let whoami = whoami_in(&report);
         let caller = &whoami["caller"];
         assert_eq!(
             caller["iss"],

@@ -623,20 +623,12 @@ async fn an_sdk_server_on_a_socket_serves_both_eras_and_its_tools_see_the_caller
     let peer =
         json!({ "eid": format!("eid:{}", bob.id), "groups": [], "name": "bob", "user_id": null });
     for era in ["modern", "legacy"] {
-        let mut args = vec![
-            interop_script("modern_client.py"),
-            "--era".into(),
-            era.into(),
-            "--".into(),
-        ];
+        let mut args = modern_client(era, false);
+        args.push("--".into());
         args.extend(connect.iter().cloned());
         let report = run_driver(&args).await;
         // The tool read the identity the node wrote into the request's _meta.
-        let whoami = report
-            .lines()
-            .find_map(|l| l.strip_prefix("ok   whoami "))
-            .expect("a whoami line");
-        let whoami: Value = serde_json::from_str(whoami).unwrap();
+        let whoami = whoami_in(&report);
         assert_eq!(whoami["meta_peer"], peer, "{era}");
     }
 }
@@ -666,21 +658,11 @@ async fn a_socket_server_that_asks_for_it_verifies_the_signed_caller_and_a_forge
     // Both eras: the tool verified, with PyJWT against alice's JWKS, the assertion the node
     // put in `_meta` — for the socket as the audience.
     for era in ["modern", "legacy"] {
-        let mut args = vec![
-            interop_script("modern_client.py"),
-            "--era".into(),
-            era.into(),
-            "--".into(),
-        ];
+        let mut args = modern_client(era, false);
+        args.push("--".into());
         args.extend(connect_args(&bob, "alice/signed"));
         let report = run_driver(&args).await;
-        let whoami: Value = serde_json::from_str(
-            report
-                .lines()
-                .find_map(|l| l.strip_prefix("ok   whoami "))
-                .expect("a whoami line"),
-        )
-        .unwrap();
+        let whoami = whoami_in(&report);
         let caller = &whoami["caller"];
         assert_eq!(caller["sub"], format!("eid:{}", bob.id), "{era}: {whoami}");
         assert_eq!(

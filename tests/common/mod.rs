@@ -224,6 +224,29 @@ impl Drop for TestNode {
     }
 }
 
+/// `modern_client.py` in `era` (`modern` or `legacy`), with its 4 MiB echo when `big`; the
+/// caller appends `-- CMD…` or `--url URL`.
+pub fn modern_client(era: &str, big: bool) -> Vec<String> {
+    let mut args = vec![
+        interop_script("modern_client.py"),
+        "--era".into(),
+        era.into(),
+    ];
+    if big {
+        args.extend(["--big".into(), "4194304".into()]);
+    }
+    args
+}
+
+/// What the `whoami` check of an interop driver's report (`ok   whoami {…}`) said.
+pub fn whoami_in(report: &str) -> Value {
+    let line = report
+        .lines()
+        .find_map(|l| l.strip_prefix("ok   whoami "))
+        .unwrap_or_else(|| panic!("a whoami line in {report}"));
+    serde_json::from_str(line).unwrap()
+}
+
 /// The one JSON error line a failed command ends its stderr with (exit status 1).
 pub fn error_line(out: &Output) -> Value {
     assert!(!out.status.success(), "expected a failure");

@@ -62,21 +62,19 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 from typing import Any
 
 import jwt
-import uvicorn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modern_server  # noqa: E402  (the `mcp.run("stdio")` there is under `if __name__ == "__main__"`)
 from caller_check import CallerCheck  # noqa: E402
+import loopback_asgi  # noqa: E402
 
 HOST = "127.0.0.1"
 PATH = "/mcp"
 MAX_REQUEST_BODY = 16 * 1024 * 1024
-GRACEFUL_SHUTDOWN_SECONDS = 2
 LOGGED_HEADERS = (b"mcp-method", b"mcp-name", b"mcp-protocol-version")
 
 
@@ -139,51 +137,21 @@ class RequestLog:
 
 
 async def serve(port: int, jwks: str | None) -> None:
-    # Bind first (loopback only) so `--port 0` yields the real port to announce. uvicorn's
-    # startup calls listen() on it (loop.create_server(sock=...)); `server.started` flips after
-    # that and after the app's lifespan startup (the session manager's task group) has run.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((HOST, port))
-    except OSError:
-        sock.close()
-        raise
-    bound_port = sock.getsockname()[1]
-
-    app = modern_server.mcp.streamable_http_app(
-        streamable_http_path=PATH,
-        max_request_body_size=MAX_REQUEST_BODY,
-        host=HOST,  # -> the SDK's loopback DNS-rebinding defaults (Host 127.0.0.1:* etc. allowed)
-    )
-    if jwks is not None:
-        check = CallerCheck(jwks, f"http://{HOST}:{bound_port}{PATH}")
-        modern_server.CALLER_CHECK = lambda ctx: check.claims(
-            ctx.request_context.request.headers.get(CALLER_HEADER)
+    def build(bound_port: int) -> Any:
+        app = modern_server.mcp.streamable_http_app(
+            streamable_http_path=PATH,
+            max_request_body_size=MAX_REQUEST_BODY,
+            host=HOST,  # -> the SDK's loopback DNS-rebinding defaults (Host 127.0.0.1:* etc. allowed)
         )
-        app = RequireCaller(app, check)
-    config = uvicorn.Config(
-        RequestLog(app),
-        interface="asgi3",
-        lifespan="on",
-        ws="none",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
-    server = uvicorn.Server(config)
+        if jwks is not None:
+            check = CallerCheck(jwks, f"http://{HOST}:{bound_port}{PATH}")
+            modern_server.CALLER_CHECK = lambda ctx: check.claims(
+                ctx.request_context.request.headers.get(CALLER_HEADER)
+            )
+            app = RequireCaller(app, check)
+        return RequestLog(app)
 
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        print(f"listening on http://{HOST}:{bound_port}{PATH}", file=sys.stderr, flush=True)
-
-    announcer = asyncio.create_task(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announcer.cancel()
-        sock.close()
+    await loopback_asgi.serve(port, build, PATH, lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def main() -> int:

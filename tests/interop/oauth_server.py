@@ -106,13 +106,11 @@ import math
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import uvicorn
 from pydantic import AnyHttpUrl, ConfigDict, TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -146,12 +144,12 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modern_server  # noqa: E402  (the `mcp.run("stdio")` there is under `if __name__ == "__main__"`)
+import loopback_asgi  # noqa: E402
 
 HOST = "127.0.0.1"
 PATH = "/mcp"
 MAX_REQUEST_BODY = 16 * 1024 * 1024
 MAX_TOKEN_REQUEST_BODY = 64 * 1024
-GRACEFUL_SHUTDOWN_SECONDS = 2
 CODE_TTL_SECONDS = 300
 SUBJECT = "interop-user"  # the one resource owner who "approves" every authorization
 
@@ -574,39 +572,11 @@ def build_app(port: int, token_ttl: int, scopes: list[str], required_scopes: lis
 
 
 async def serve(port: int, token_ttl: int, scopes: list[str], required_scopes: list[str]) -> None:
-    # Bind first (loopback only): the issuer and resource URLs carry the real port.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((HOST, port))
-    except OSError:
-        sock.close()
-        raise
-    bound_port = sock.getsockname()[1]
+    # Bound first (loopback only): the issuer and resource URLs carry the real port.
+    def build(bound_port: int) -> Any:
+        return RequestLog(build_app(bound_port, token_ttl, scopes, required_scopes))
 
-    app = build_app(bound_port, token_ttl, scopes, required_scopes)
-    config = uvicorn.Config(
-        RequestLog(app),
-        interface="asgi3",
-        lifespan="on",
-        ws="none",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
-    server = uvicorn.Server(config)
-
-    async def announce() -> None:
-        while not server.started:
-            await asyncio.sleep(0.01)
-        log(f"listening on http://{HOST}:{bound_port}{PATH}")
-
-    announcer = asyncio.create_task(announce())
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        announcer.cancel()
-        sock.close()
+    await loopback_asgi.serve(port, build, PATH, log)
 
 
 def main() -> int:

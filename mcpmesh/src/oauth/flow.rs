@@ -252,24 +252,40 @@ pub async fn finish(
         .request_async(&send)
         .await
         .map_err(|e| OAuthError::Refused(describe(&e)))?;
-    Ok(Grant {
+    let asked = Grant {
         url: pending.url.clone(),
         resource: pending.resource.clone(),
         issuer: pending.issuer.clone(),
         token_endpoint: pending.token_endpoint.clone(),
         client_id: pending.client_id.clone(),
         client_secret: pending.client_secret.clone(),
-        access_token: tokens.access_token().secret().clone(),
-        refresh_token: tokens.refresh_token().map(|t| t.secret().clone()),
-        expires_at: tokens
-            .expires_in()
-            .map(|d| crate::time::unix_ms() / 1000 + d.as_secs()),
-        issued_at: crate::time::unix_ms() / 1000,
-        scopes: tokens
+        access_token: String::new(),
+        refresh_token: None,
+        expires_at: None,
+        issued_at: 0,
+        scopes: pending.scopes.clone(),
+    };
+    Ok(renewed(asked, &tokens))
+}
+
+/// `grant` holding the tokens of `answer`: a refresh token, expiry or scope the answer does
+/// not give stays as it was.
+fn renewed(grant: Grant, answer: &oauth2::basic::BasicTokenResponse) -> Grant {
+    let now = crate::time::unix_ms() / 1000;
+    Grant {
+        access_token: answer.access_token().secret().clone(),
+        refresh_token: answer
+            .refresh_token()
+            .map(|t| t.secret().clone())
+            .or(grant.refresh_token.clone()),
+        expires_at: answer.expires_in().map(|d| now + d.as_secs()),
+        issued_at: now,
+        scopes: answer
             .scopes()
             .map(|s| s.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_else(|| pending.scopes.clone()),
-    })
+            .unwrap_or_else(|| grant.scopes.clone()),
+        ..grant
+    }
 }
 
 /// `grant` with a fresh access token (and the rotated refresh token, when the server rotates).
@@ -290,22 +306,7 @@ pub async fn refresh(http: &reqwest::Client, grant: &Grant) -> Result<Grant, OAu
         .request_async(&send)
         .await
         .map_err(|e| OAuthError::Refused(describe(&e)))?;
-    Ok(Grant {
-        access_token: tokens.access_token().secret().clone(),
-        refresh_token: tokens
-            .refresh_token()
-            .map(|t| t.secret().clone())
-            .or_else(|| grant.refresh_token.clone()),
-        expires_at: tokens
-            .expires_in()
-            .map(|d| crate::time::unix_ms() / 1000 + d.as_secs()),
-        issued_at: crate::time::unix_ms() / 1000,
-        scopes: tokens
-            .scopes()
-            .map(|s| s.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_else(|| grant.scopes.clone()),
-        ..grant.clone()
-    })
+    Ok(renewed(grant.clone(), &tokens))
 }
 
 fn token_url(endpoint: &str) -> Result<TokenUrl, OAuthError> {

@@ -171,10 +171,7 @@ impl GrantFiles {
     }
 
     fn read<T: for<'de> Deserialize<'de>>(&self, path: &Path) -> Result<Option<T>, OAuthError> {
-        let store = |message: String| OAuthError::Store {
-            path: path.display().to_string(),
-            message,
-        };
+        let store = store_error(path);
         let Some(bytes) =
             crate::files::read_secret(path, MAX_BODY as u64).map_err(|e| store(e.to_string()))?
         else {
@@ -188,10 +185,7 @@ impl GrantFiles {
     }
 
     fn write<T: Serialize>(&self, path: &Path, value: &T) -> Result<(), OAuthError> {
-        let store = |message: String| OAuthError::Store {
-            path: path.display().to_string(),
-            message,
-        };
+        let store = store_error(path);
         crate::paths::create_private_dir(&self.dir).map_err(|e| store(e.to_string()))?;
         let bytes = serde_json::to_vec(value).map_err(|e| store(e.to_string()))?;
         crate::files::write_atomically(path, &bytes).map_err(|e| store(e.to_string()))
@@ -201,11 +195,16 @@ impl GrantFiles {
         match std::fs::remove_file(path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(OAuthError::Store {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            }),
+            Err(e) => Err(store_error(path)(e.to_string())),
         }
+    }
+}
+
+/// The error of keeping a grant in `path`.
+fn store_error(path: &Path) -> impl Fn(String) -> OAuthError + '_ {
+    move |message| OAuthError::Store {
+        path: path.display().to_string(),
+        message,
     }
 }
 
