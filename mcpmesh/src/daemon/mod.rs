@@ -190,11 +190,8 @@ pub async fn run(
     if let Some(issuer) = issuer {
         host = host.with_issuer(issuer);
     }
-    match crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(&profile)) {
-        Ok(book) => host = host.with_grants(Arc::new(book)),
-        Err(e) => tracing::error!("{e}; url services send no OAuth grant"),
-    }
-    let host = Arc::new(host);
+    let grants = crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(&profile));
+    let host = Arc::new(host.with_grants(Arc::new(grants)));
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
         book,

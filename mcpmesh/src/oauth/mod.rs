@@ -229,17 +229,26 @@ impl NeedsGrant {
 #[derive(Debug)]
 pub struct GrantBook {
     files: GrantFiles,
-    http: reqwest::Client,
+    /// Made on the first refresh: a node that never refreshes a grant never loads TLS roots.
+    http: std::sync::OnceLock<reqwest::Client>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Grant>>>>>,
 }
 
 impl GrantBook {
-    pub fn new(files: GrantFiles) -> Result<Self, OAuthError> {
-        Ok(GrantBook {
+    pub fn new(files: GrantFiles) -> Self {
+        GrantBook {
             files,
-            http: http_client()?,
+            http: std::sync::OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
-        })
+        }
+    }
+
+    fn http(&self) -> Result<&reqwest::Client, OAuthError> {
+        if let Some(client) = self.http.get() {
+            return Ok(client);
+        }
+        let client = http_client()?;
+        Ok(self.http.get_or_init(|| client))
     }
 
     fn slot(&self, service: &str) -> Arc<tokio::sync::Mutex<Option<Grant>>> {
@@ -290,7 +299,11 @@ impl GrantBook {
         if !stale && !grant.lapses_within(REFRESH_AHEAD) {
             return Ok(grant);
         }
-        match flow::refresh(&self.http, &grant).await {
+        let refreshed = match self.http() {
+            Ok(http) => flow::refresh(http, &grant).await,
+            Err(e) => Err(e),
+        };
+        match refreshed {
             Ok(fresh) => {
                 let (files, name, kept) = (self.files.clone(), service.to_owned(), fresh.clone());
                 let saved = tokio::task::spawn_blocking(move || files.save(&name, &kept)).await;
