@@ -2136,18 +2136,20 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
     s.initialize().await;
     let echo = s.call("echo", json!({ "text": "before" })).await;
     assert_eq!(echo["result"]["content"][0]["text"], "before", "{echo}");
-    let lapse = first["expires_at"].as_u64().unwrap() + 1;
+    // The token this session holds (the eras may have refreshed the first one already), past
+    // its expiry: the next call refreshes it.
+    let held = grant_of(&alice, "wiki");
+    let lapse = held["expires_at"].as_u64().unwrap() + 1;
     while unix_now() < lapse {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    server.process.drain();
     let echo = s.call("echo", json!({ "text": "after" })).await;
     assert_eq!(echo["result"]["content"][0]["text"], "after", "{echo}");
     let refreshed = grant_of(&alice, "wiki");
+    assert_ne!(refreshed["access_token"], held["access_token"]);
+    assert_ne!(refreshed["refresh_token"], held["refresh_token"], "rotated");
     assert_ne!(refreshed["access_token"], first["access_token"]);
-    assert_ne!(
-        refreshed["refresh_token"], first["refresh_token"],
-        "rotated"
-    );
     server.process.wait_for("token: grant=refresh_token").await;
 
     // Every token revoked: once the access token lapses, the refresh fails and the caller is
