@@ -2262,3 +2262,42 @@ async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_
     s.close_stdin();
     s.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
+    // The server needs mcp:read and mcp:write; the service asks for mcp:read alone.
+    let server = SdkOAuth::start(&["--required-scopes", "mcp:read,mcp:write"]).await;
+    let config = format!(
+        "[services.wiki]\nurl = \"{}\"\nallow = [\"bob\"]\n[services.wiki.oauth]\nscopes = [\"mcp:read\"]\n",
+        server.url
+    );
+    let (alice, bob) = two_nodes_with(&config);
+    let browser = format!("{} {}", python().display(), interop_script("browser.py"));
+    let made = parse_ok(&auth(&alice, &["wiki", "--browser", &browser]));
+    assert_eq!(made["scopes"], json!(["mcp:read"]), "{made}");
+
+    // 403 insufficient_scope: the caller is told what the owner runs, in a session that goes on.
+    let mut s = bob.connect("alice/wiki");
+    let answer = s.initialize().await;
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more scope"),
+        "{answer}"
+    );
+
+    // The next grant asks for what it had and what the resource lists.
+    let made = parse_ok(&auth(&alice, &["wiki", "--browser", &browser]));
+    let scopes = made["scopes"].as_array().unwrap();
+    assert!(
+        scopes.contains(&json!("mcp:read")) && scopes.contains(&json!("mcp:write")),
+        "{made}"
+    );
+    // The session already open takes the new grant at its next request.
+    let init = s.initialize().await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    s.close_stdin();
+    s.wait_eof().await;
+}

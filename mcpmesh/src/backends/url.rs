@@ -420,6 +420,24 @@ impl Upstream {
                 Err(needs) => return self.needs_grant(&frame, &needs).await,
             }
         }
+        if response.status() == reqwest::StatusCode::FORBIDDEN
+            && let Some(oauth) = &self.oauth
+            && let Some(wanted) = insufficient_scope(&response)
+        {
+            // Only the owner can grant more (a browser and a person): the grant is marked, and
+            // the caller told what to run.
+            oauth.book.needs_scope(&self.service, wanted).await;
+            // The next request reads the grant again: the one `mcpmesh auth` makes next.
+            *oauth.grant.lock().await = None;
+            oauth
+                .consulted
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+            let needs = NeedsGrant {
+                service: self.service.clone(),
+                why: "the server asks for more scope than the service's OAuth grant holds",
+            };
+            return self.needs_grant(&frame, &needs).await;
+        }
         self.answered(frame, response).await;
     }
 
@@ -826,6 +844,25 @@ fn asks_for_oauth(response: &reqwest::Response) -> bool {
         .filter_map(|v| v.to_str().ok())
         .filter_map(crate::oauth::discovery::parse_challenge)
         .any(|c| c.resource_metadata.is_some())
+}
+
+/// The scopes a 403 `insufficient_scope` challenge names (empty when it names none); `None`
+/// for any other 403.
+fn insufficient_scope(response: &reqwest::Response) -> Option<Vec<String>> {
+    response
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(crate::oauth::discovery::parse_challenge)
+        .find(|c| c.error.as_deref() == Some("insufficient_scope"))
+        .map(|c| {
+            c.scope
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
 }
 
 fn content_type(response: &reqwest::Response) -> String {

@@ -70,9 +70,17 @@ pub async fn authorize(
 ) -> Result<Outcome, OAuthError> {
     let files = GrantFiles::new(profile);
     files.remove_pending(&target.service)?;
+    let previous = files.load(&target.service)?;
     let http = super::http_client()?;
     let loopback = Loopback::bind().await?;
-    let begun = flow::begin(&http, &target.url, &target.settings, &loopback.redirect_uri).await?;
+    let begun = flow::begin(
+        &http,
+        &target.url,
+        &target.settings,
+        &loopback.redirect_uri,
+        previous.as_ref(),
+    )
+    .await?;
     files.save_pending(&target.service, &begun.pending)?;
     let Some(browser) = browser else {
         return Ok(Outcome::Open {

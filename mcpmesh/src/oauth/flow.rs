@@ -45,11 +45,12 @@ pub async fn begin(
     url: &str,
     settings: &ClientSettings,
     redirect_uri: &str,
+    previous: Option<&Grant>,
 ) -> Result<Begun, OAuthError> {
     let parsed = crate::config::validate_url(url).map_err(OAuthError::Discovery)?;
     let found = discovery::discover(http, &parsed).await?;
     let (client_id, client_secret) = client(http, &found, settings, redirect_uri).await?;
-    let scopes = scopes(&found, settings);
+    let scopes = scopes(&found, settings, previous);
     let resource = found.protected.resource.clone();
     let mut oauth = BasicClient::new(ClientId::new(client_id.clone()))
         .set_auth_uri(
@@ -93,17 +94,33 @@ pub async fn begin(
 
 /// The scopes to ask for: configured ones, else what the server's 401 asked for, else all
 /// its metadata lists (the resource's, else the authorization server's).
-fn scopes(found: &Found, settings: &ClientSettings) -> Vec<String> {
-    if !settings.scopes.is_empty() {
-        return settings.scopes.clone();
+///
+/// A step-up (the `previous` grant was refused for want of scope) asks for what it held, what
+/// the refusal named — or, when it named nothing, every scope the resource lists — as well.
+fn scopes(found: &Found, settings: &ClientSettings, previous: Option<&Grant>) -> Vec<String> {
+    let mut scopes = if !settings.scopes.is_empty() {
+        settings.scopes.clone()
+    } else if let Some(scope) = &found.challenge_scope {
+        scope.split_whitespace().map(str::to_owned).collect()
+    } else if !found.protected.scopes_supported.is_empty() {
+        found.protected.scopes_supported.clone()
+    } else {
+        found.server.scopes_supported.clone()
+    };
+    if let Some(previous) = previous
+        && let Some(wanted) = &previous.wanted
+    {
+        let more = match wanted.is_empty() {
+            true => &found.protected.scopes_supported,
+            false => wanted,
+        };
+        for scope in previous.scopes.iter().chain(more) {
+            if !scopes.contains(scope) {
+                scopes.push(scope.clone());
+            }
+        }
     }
-    if let Some(scope) = &found.challenge_scope {
-        return scope.split_whitespace().map(str::to_owned).collect();
-    }
-    if !found.protected.scopes_supported.is_empty() {
-        return found.protected.scopes_supported.clone();
-    }
-    found.server.scopes_supported.clone()
+    scopes
 }
 
 /// The client id (and secret) to use: configured, a Client ID Metadata Document where the
@@ -264,6 +281,7 @@ pub async fn finish(
         expires_at: None,
         issued_at: 0,
         scopes: pending.scopes.clone(),
+        wanted: None,
     };
     Ok(renewed(asked, &tokens))
 }

@@ -72,6 +72,10 @@ pub struct Grant {
     pub issued_at: u64,
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// The server refused this grant for want of scope (403 `insufficient_scope`): the scopes
+    /// its challenge named, if any. The next `mcpmesh auth` asks for them as well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for Grant {
@@ -323,6 +327,30 @@ impl GrantBook {
         }
     }
 
+    /// Records that the server refused `service`'s grant for want of scope (`wanted`, what
+    /// its challenge named): the next `mcpmesh auth` asks for more.
+    pub async fn needs_scope(&self, service: &str, wanted: Vec<String>) {
+        let slot = self.slot(service);
+        let _held = slot.lock().await;
+        let (files, name) = (self.files.clone(), service.to_owned());
+        let saved = tokio::task::spawn_blocking(move || {
+            let Some(grant) = files.load(&name)? else {
+                return Ok(());
+            };
+            files.save(
+                &name,
+                &Grant {
+                    wanted: Some(wanted),
+                    ..grant
+                },
+            )
+        })
+        .await;
+        if let Ok(Err(e)) | Err(e) = saved.map_err(|e| OAuthError::Http(e.to_string())) {
+            tracing::warn!(%service, "{e}");
+        }
+    }
+
     async fn read(&self, service: &str) -> Option<Grant> {
         let (files, name) = (self.files.clone(), service.to_owned());
         match tokio::task::spawn_blocking(move || files.load(&name)).await {
@@ -384,6 +412,7 @@ mod tests {
             expires_at: Some(1),
             issued_at: 0,
             scopes: vec!["mcp:read".into()],
+            wanted: None,
         }
     }
 
