@@ -325,7 +325,18 @@ impl Upstream {
     pub async fn start(
         &self,
         method: &str,
+        params: Value,
+    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+        self.start_noting(method, params, |_| {}).await
+    }
+
+    /// As [`Upstream::start`], with `noted` told the request's id before the request goes: what
+    /// the server sends back during it (its own requests) may arrive before `start` returns.
+    pub async fn start_noting(
+        &self,
+        method: &str,
         mut params: Value,
+        noted: impl FnOnce(u64),
     ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
         match (&self.envelope, self.era()) {
             (Some(envelope), Era::Stateless) => {
@@ -338,6 +349,7 @@ impl Upstream {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiting().insert(id, tx);
+        noted(id);
         let mut frame = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if !params.is_null() {
             frame["params"] = params;

@@ -196,19 +196,34 @@ impl Hub {
             String::new()
         };
         let retry = (!stateless && up.era() == Era::Stateless).then(|| params.clone());
-        let Ok((upstream_id, rx)) = up.start(method, params).await else {
-            if let Some(k) = token_key {
-                lock(&self.tokens).remove(&k);
-            }
-            return lost(id, &target);
-        };
         // A stateless client's call to a handshake-era server: the server's requests to the
-        // client during it come to this call, to be bridged.
+        // client during it come to this call, to be bridged. The call is findable before it
+        // goes, since the server may ask before `start` returns.
         let (asks, asked) = if bridged {
             let (tx, rx) = mpsc::channel(bridge::ASKS_AT_ONCE);
             (Some(tx), Some(rx))
         } else {
             (None, None)
+        };
+        let noted = |upstream_id| {
+            if asks.is_some() {
+                lock(&self.forwarded).insert(
+                    key(id),
+                    Forwarded {
+                        up: up.clone(),
+                        upstream_id,
+                        cancelled: false,
+                        asks: asks.clone(),
+                    },
+                );
+            }
+        };
+        let Ok((upstream_id, rx)) = up.start_noting(method, params, noted).await else {
+            lock(&self.forwarded).remove(&key(id));
+            if let Some(k) = token_key {
+                lock(&self.tokens).remove(&k);
+            }
+            return lost(id, &target);
         };
         let call = Call {
             lease,
@@ -233,15 +248,15 @@ impl Hub {
         mut call: Call,
         asks: Option<mpsc::Sender<bridge::Ask>>,
     ) -> Vec<u8> {
-        lock(&self.forwarded).insert(
-            key(id),
-            Forwarded {
+        // A bridged call is there already (noted before it went, perhaps cancelled since).
+        lock(&self.forwarded)
+            .entry(key(id))
+            .or_insert_with(|| Forwarded {
                 up: call.lease.up.clone(),
                 upstream_id: call.upstream_id,
                 cancelled: false,
                 asks: asks.clone(),
-            },
-        );
+            });
         let asked = async {
             match call.asked.as_mut() {
                 Some(asked) => asked.recv().await,
