@@ -837,24 +837,13 @@ fn answers(message: &[u8], id: Option<&RawValue>) -> bool {
 /// Whether a 401 is an MCP server asking for an OAuth grant: a `Bearer` challenge naming
 /// its protected-resource metadata.
 fn asks_for_oauth(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get_all(reqwest::header::WWW_AUTHENTICATE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .filter_map(crate::oauth::discovery::parse_challenge)
-        .any(|c| c.resource_metadata.is_some())
+    crate::oauth::discovery::challenges(response).any(|c| c.resource_metadata.is_some())
 }
 
 /// The scopes a 403 `insufficient_scope` challenge names (empty when it names none); `None`
 /// for any other 403.
 fn insufficient_scope(response: &reqwest::Response) -> Option<Vec<String>> {
-    response
-        .headers()
-        .get_all(reqwest::header::WWW_AUTHENTICATE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .filter_map(crate::oauth::discovery::parse_challenge)
+    crate::oauth::discovery::challenges(response)
         .find(|c| c.error.as_deref() == Some("insufficient_scope"))
         .map(|c| {
             c.scope

@@ -68,6 +68,16 @@ pub fn parse_challenge(header: &str) -> Option<Challenge> {
     Some(challenge)
 }
 
+/// The `Bearer` challenges of a response's `WWW-Authenticate` headers.
+pub fn challenges(response: &reqwest::Response) -> impl Iterator<Item = Challenge> + '_ {
+    response
+        .headers()
+        .get_all(reqwest::header::WWW_AUTHENTICATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(parse_challenge)
+}
+
 /// RFC 9728 protected-resource metadata, the part used.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Protected {
@@ -128,13 +138,7 @@ pub async fn discover(http: &reqwest::Client, url: &reqwest::Url) -> Result<Foun
             answer.status()
         )));
     }
-    let challenge = answer
-        .headers()
-        .get_all(reqwest::header::WWW_AUTHENTICATE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find_map(parse_challenge)
-        .unwrap_or_default();
+    let challenge = challenges(&answer).next().unwrap_or_default();
     let protected = protected_metadata(http, url, challenge.resource_metadata.as_deref()).await?;
     if !same_resource(&protected.resource, url) {
         return Err(OAuthError::Discovery(format!(
