@@ -122,6 +122,36 @@ pub enum Command {
         /// (and without it are answered -32056 saying so).
         #[arg(long, requires = "url")]
         oauth: bool,
+        /// With --oauth: a client registered beforehand with the server's authorization
+        /// server (otherwise a Client ID Metadata Document or dynamic registration).
+        #[arg(long, value_name = "ID", requires = "url")]
+        client_id: Option<String>,
+        /// With --client-id: a file holding that client's secret (kept in config.toml, 0600).
+        #[arg(long, value_name = "PATH", requires = "client_id")]
+        client_secret_file: Option<PathBuf>,
+        /// With --oauth: the https:// URL of a Client ID Metadata Document you serve, used
+        /// as the client id where the authorization server takes one.
+        #[arg(long, value_name = "URL", requires = "url")]
+        client_metadata_url: Option<String>,
+        /// With --oauth: a scope to ask for (otherwise the server's challenge or metadata
+        /// decides). Repeatable.
+        #[arg(long = "scope", value_name = "SCOPE", requires = "url")]
+        scopes: Vec<String>,
+        /// With --client-id and --client-secret-file: the node acts for itself, with the
+        /// client-credentials grant (`mcpmesh auth NAME` needs no browser, and the node asks
+        /// for a new token whenever one lapses).
+        #[arg(long, requires = "client_id")]
+        client_credentials: bool,
+        /// With --client-credentials: a PKCS#8 PEM private key (P-256 or Ed25519, mode 0600)
+        /// the client authenticates with (`private_key_jwt`) instead of a secret; the file
+        /// stays where it is and is read at each token request.
+        #[arg(
+            long,
+            value_name = "PATH",
+            requires = "client_credentials",
+            conflicts_with = "client_secret_file"
+        )]
+        client_key_file: Option<PathBuf>,
         /// Send `--url` no signed caller assertion (it still gets `_meta`).
         #[arg(long, requires = "url", conflicts_with = "caller_header")]
         no_caller_assertion: bool,

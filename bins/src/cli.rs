@@ -268,15 +268,44 @@ fn run(cli: Cli) -> Result<(), Failure> {
             no_caller_assertion,
             caller_assertion,
             oauth,
+            client_id,
+            client_secret_file,
+            client_metadata_url,
+            scopes,
+            client_credentials,
+            client_key_file,
             env,
             cmd,
         } => {
-            let url_only =
-                !headers.is_empty() || caller_header.is_some() || no_caller_assertion || oauth;
+            let oauth_client = (client_id.is_some()
+                || client_metadata_url.is_some()
+                || !scopes.is_empty())
+            .then(|| {
+                let client_secret = client_secret_file
+                    .as_deref()
+                    .map(read_secret_file)
+                    .transpose()?;
+                Ok::<_, Failure>(json!({
+                    "client_id": client_id,
+                    "client_secret": client_secret,
+                    "client_metadata_url": client_metadata_url,
+                    "scopes": scopes,
+                    "client_credentials": client_credentials,
+                    "client_key": client_key_file
+                        .map(|p| std::path::absolute(&p).map_err(|e| Failure::from(anyhow::Error::from(e))))
+                        .transpose()?,
+                }))
+            })
+            .transpose()?;
+            let url_only = !headers.is_empty()
+                || caller_header.is_some()
+                || no_caller_assertion
+                || oauth
+                || oauth_client.is_some();
             if url.is_none() && url_only {
                 return Err(Failure::new(
                     codes::USAGE,
-                    "--header, --caller-header, --no-caller-assertion and --oauth go with --url",
+                    "--header, --caller-header, --no-caller-assertion, --oauth and its client flags go with --url",
                 ));
             }
             if socket.is_none() && caller_assertion {
@@ -296,6 +325,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     caller_header,
                     no_caller_assertion,
                     oauth,
+                    oauth_client,
                 },
                 (None, None) => Backend::Run(cmd),
             };
@@ -730,6 +760,8 @@ enum Backend {
         caller_header: Option<String>,
         no_caller_assertion: bool,
         oauth: bool,
+        /// How the node registers as the OAuth client, when a flag said.
+        oauth_client: Option<Value>,
     },
 }
 
@@ -742,6 +774,23 @@ struct Serve {
     backend: Backend,
     /// KEY=VALUE, as given.
     env: Vec<String>,
+}
+
+/// The secret in `path` (one line; surrounding whitespace dropped).
+fn read_secret_file(path: &std::path::Path) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--client-secret-file {}", path.display()))?;
+    let secret = text.trim();
+    if secret.is_empty() || secret.contains(['\n', '\r']) {
+        return Err(Failure::new(
+            codes::INVALID_PARAMS,
+            format!(
+                "--client-secret-file {}: expected the secret alone on one line",
+                path.display()
+            ),
+        ));
+    }
+    Ok(secret.to_owned())
 }
 
 /// `NAME=VALUE` pairs of a repeatable `flag`, as a JSON object.
@@ -794,9 +843,13 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
             caller_header,
             no_caller_assertion,
             oauth,
+            oauth_client,
         } => {
-            if oauth {
+            if oauth || oauth_client.is_some() {
                 params["oauth"] = json!(true);
+            }
+            if let Some(client) = oauth_client {
+                params["oauth_client"] = client;
             }
             params["url"] = json!(url);
             params["headers"] = pairs("--header", &headers)?;

@@ -40,38 +40,21 @@ fn grant_check(
     url: &str,
     required: bool,
 ) -> Option<(&'static str, String)> {
-    let files = mcpmesh::oauth::GrantFiles::new(profile);
-    let run = format!("run `mcpmesh auth {}`", svc.name);
-    match files.load(&svc.name) {
-        Err(e) => Some(("error", e.to_string())),
-        Ok(None) if required => Some((
-            "error",
-            format!("the server requires an OAuth grant and this node has none: {run}"),
-        )),
-        Ok(None) => None,
-        Ok(Some(grant)) if grant.url != url => Some((
-            "error",
-            format!("the grant was made for {}, not {url}: {run}", grant.url),
-        )),
-        Ok(Some(grant))
-            if grant.lapses_within(std::time::Duration::ZERO) && grant.refresh_token.is_none() =>
-        {
-            Some((
-                "error",
-                format!("the grant's access token lapsed and it has no refresh token: {run}"),
-            ))
-        }
-        Ok(Some(grant)) => Some((
+    use mcpmesh::oauth::{GrantFiles, GrantState};
+    let state = GrantState::of(&GrantFiles::new(profile), &svc.name, url, required);
+    match state {
+        GrantState::NotNeeded => None,
+        GrantState::Authorized { issuer, scopes, .. } => Some((
             "ok",
             format!(
-                "authorized by {} (scopes: {})",
-                grant.issuer,
-                match grant.scopes.is_empty() {
+                "authorized by {issuer} (scopes: {})",
+                match scopes.is_empty() {
                     true => "as granted".to_owned(),
-                    false => grant.scopes.join(" "),
+                    false => scopes.join(" "),
                 }
             ),
         )),
+        other => Some(("error", other.problem(&svc.name).unwrap_or_default())),
     }
 }
 

@@ -285,6 +285,9 @@ pub fn render_status(v: &Value) -> String {
         ));
         let peers = v["peers"].as_array().cloned().unwrap_or_default();
         s.push_str(&restricted_tools(&peers, svc["name"].as_str()));
+        if let Some(problem) = svc["oauth"]["problem"].as_str() {
+            s.push_str(&format!("  ! {problem}\n"));
+        }
         if let Some(reason) = svc["last_failure"]["reason"].as_str() {
             s.push_str(&format!(
                 "  ! could not serve {} at {}: {reason}\n",

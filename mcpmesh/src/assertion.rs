@@ -5,13 +5,17 @@
 //! A session mints one when it starts and again at half its lifetime, so signing stays off
 //! the per-call path and a group change reaches the server within half a lifetime. The JOSE
 //! encoding is `jsonwebtoken`'s; the signing behind it is a provider of ours over the
-//! `ed25519-dalek` iroh already links, because the crate's own backends bring RSA and ECDSA
-//! code (and their advisories) this node never uses.
+//! `ed25519-dalek` iroh already links (and `p256`, for the ES256 client assertions of an OAuth
+//! client registered with a P-256 key), because the crate's own backends bring RSA code (and
+//! its advisories) this node never uses.
+//!
+//! [`client_assertion`] signs the other JWT the node makes: its `private_key_jwt`
+//! authentication (RFC 7523) at an authorization server's token endpoint.
 
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
+use ed25519_dalek::pkcs8::{self, DecodePrivateKey, EncodePrivateKey};
 use jsonwebtoken::crypto::{CryptoProvider, JwtSigner, JwtVerifier, KeyUtils};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::jwk::{
@@ -333,16 +337,80 @@ impl JwtVerifier for EdVerifier {
     }
 }
 
+struct EsSigner(p256::ecdsa::SigningKey);
+
+impl signature::Signer<Vec<u8>> for EsSigner {
+    fn try_sign(&self, msg: &[u8]) -> Result<Vec<u8>, signature::Error> {
+        let signature: p256::ecdsa::Signature = self.0.try_sign(msg)?;
+        Ok(signature.to_bytes().to_vec())
+    }
+}
+
+impl JwtSigner for EsSigner {
+    fn algorithm(&self) -> Algorithm {
+        Algorithm::ES256
+    }
+}
+
 fn signer_for(
     algorithm: &Algorithm,
     key: &EncodingKey,
 ) -> jsonwebtoken::errors::Result<Box<dyn JwtSigner>> {
-    if *algorithm != Algorithm::EdDSA {
-        return Err(ErrorKind::InvalidAlgorithm.into());
+    match algorithm {
+        Algorithm::EdDSA => {
+            let key = ed25519_dalek::SigningKey::from_pkcs8_der(key.as_bytes())
+                .map_err(|_| ErrorKind::InvalidEddsaKey)?;
+            Ok(Box::new(EdSigner(key)))
+        }
+        Algorithm::ES256 => {
+            let key = p256::ecdsa::SigningKey::from_pkcs8_der(key.as_bytes())
+                .map_err(|_| ErrorKind::InvalidEcdsaKey)?;
+            Ok(Box::new(EsSigner(key)))
+        }
+        _ => Err(ErrorKind::InvalidAlgorithm.into()),
     }
-    let key = ed25519_dalek::SigningKey::from_pkcs8_der(key.as_bytes())
-        .map_err(|_| ErrorKind::InvalidEddsaKey)?;
-    Ok(Box::new(EdSigner(key)))
+}
+
+/// How long a client assertion is good for: one token request.
+const CLIENT_ASSERTION_FOR: u64 = 60;
+
+/// A `private_key_jwt` client assertion (RFC 7523 §2.2): `iss` and `sub` the client id, `aud`
+/// the authorization server's issuer, a minute's lifetime and a unique `jti`, signed with the
+/// PKCS#8 PEM `key` — P-256 (ES256) or Ed25519 (EdDSA).
+pub fn client_assertion(
+    key: &[u8],
+    client_id: &str,
+    audience: &str,
+) -> Result<String, AssertionError> {
+    install_provider();
+    let pem = std::str::from_utf8(key).map_err(|_| AssertionError::Key("not a PEM file".into()))?;
+    let der_of = |der: Result<pkcs8::SecretDocument, pkcs8::Error>| {
+        der.map_err(|e| AssertionError::Key(e.to_string()))
+    };
+    let (algorithm, key) = if let Ok(k) = p256::ecdsa::SigningKey::from_pkcs8_pem(pem) {
+        let der = der_of(k.to_pkcs8_der())?;
+        (Algorithm::ES256, EncodingKey::from_ec_der(der.as_bytes()))
+    } else if let Ok(k) = ed25519_dalek::SigningKey::from_pkcs8_pem(pem) {
+        let der = der_of(k.to_pkcs8_der())?;
+        (Algorithm::EdDSA, EncodingKey::from_ed_der(der.as_bytes()))
+    } else {
+        return Err(AssertionError::Key(
+            "expected a PKCS#8 PEM private key, P-256 (ES256) or Ed25519 (EdDSA)".into(),
+        ));
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| AssertionError::Sign(e.to_string()))?
+        .as_secs();
+    let mut jti = [0u8; 16];
+    getrandom::fill(&mut jti).map_err(|e| AssertionError::Sign(e.to_string()))?;
+    let claims = serde_json::json!({
+        "iss": client_id, "sub": client_id, "aud": audience,
+        "iat": now, "exp": now + CLIENT_ASSERTION_FOR,
+        "jti": data_encoding::BASE64URL_NOPAD.encode(&jti),
+    });
+    jsonwebtoken::encode(&Header::new(algorithm), &claims, &key)
+        .map_err(|e| AssertionError::Sign(e.to_string()))
 }
 
 fn verifier_for(
@@ -371,6 +439,66 @@ mod tests {
             held,
             service: "notes",
             audience: "http://127.0.0.1:9/mcp",
+        }
+    }
+
+    #[test]
+    fn a_client_assertion_is_signed_es256_or_eddsa_for_the_authorization_server() {
+        use p256::pkcs8::{EncodePrivateKey as _, LineEnding};
+        use signature::Verifier as _;
+        let parts = |jwt: &str| -> (serde_json::Value, serde_json::Value, Vec<u8>, String) {
+            let mut it = jwt.split('.');
+            let (h, p, sig) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+            let json = |part: &str| {
+                serde_json::from_slice(
+                    &data_encoding::BASE64URL_NOPAD
+                        .decode(part.as_bytes())
+                        .unwrap(),
+                )
+                .unwrap()
+            };
+            let sig = data_encoding::BASE64URL_NOPAD
+                .decode(sig.as_bytes())
+                .unwrap();
+            (json(h), json(p), sig, format!("{h}.{p}"))
+        };
+        let es = p256::ecdsa::SigningKey::from_slice(&[9u8; 32]).unwrap();
+        let pem = es.to_pkcs8_pem(LineEnding::LF).unwrap();
+        let jwt = client_assertion(pem.as_bytes(), "client-1", "http://127.0.0.1:8").unwrap();
+        let (header, claims, sig, signed) = parts(&jwt);
+        assert_eq!(header["alg"], "ES256");
+        assert_eq!(claims["iss"], "client-1");
+        assert_eq!(claims["sub"], "client-1");
+        assert_eq!(claims["aud"], "http://127.0.0.1:8");
+        assert_eq!(
+            claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap(),
+            60
+        );
+        let sig = p256::ecdsa::Signature::from_slice(&sig).unwrap();
+        es.verifying_key().verify(signed.as_bytes(), &sig).unwrap();
+        let again = client_assertion(pem.as_bytes(), "client-1", "http://127.0.0.1:8").unwrap();
+        assert_ne!(parts(&again).1["jti"], claims["jti"], "a unique jti");
+
+        let ed = ed25519_dalek::SigningKey::from_bytes(&[3u8; 32]);
+        let pem = ed
+            .to_pkcs8_pem(ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF)
+            .unwrap();
+        let jwt = client_assertion(pem.as_bytes(), "client-2", "http://as").unwrap();
+        let (header, claims, sig, signed) = parts(&jwt);
+        assert_eq!(header["alg"], "EdDSA");
+        assert_eq!(claims["iss"], "client-2");
+        let sig = ed25519_dalek::Signature::from_slice(&sig).unwrap();
+        ed.verifying_key()
+            .verify_strict(signed.as_bytes(), &sig)
+            .unwrap();
+
+        for bad in [
+            &b"not a key"[..],
+            b"\xff\xfe",
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        ] {
+            let e = client_assertion(bad, "c", "a").unwrap_err();
+            assert!(matches!(e, AssertionError::Key(_)), "{e}");
         }
     }
 

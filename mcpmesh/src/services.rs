@@ -262,6 +262,11 @@ impl ServiceHost {
         self
     }
 
+    /// The grants `url` services send, when the host has them.
+    pub fn grants(&self) -> Option<&Arc<GrantBook>> {
+        self.grants.as_ref()
+    }
+
     /// `url` services send the grants `book` keeps (`mcpmesh auth`).
     pub fn with_grants(mut self, book: Arc<GrantBook>) -> Self {
         self.grants = Some(book);

@@ -251,6 +251,12 @@ pub struct OAuthConfig {
     pub client_metadata_url: Option<String>,
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// The client-credentials grant (machine to machine) instead of a user's authorization.
+    #[serde(default)]
+    pub client_credentials: bool,
+    /// With `client_credentials`: a PKCS#8 PEM private key file (P-256 or Ed25519, `0600`)
+    /// the client authenticates with (`private_key_jwt`) instead of `client_secret`.
+    pub client_key: Option<PathBuf>,
 }
 
 /// One `[[services.NAME.tools]]` rule as written.
@@ -984,7 +990,7 @@ pub fn set_description(
 }
 
 /// A `[services.NAME.oauth]` table, checked.
-fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSettings, String> {
+pub fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSettings, String> {
     if let Some(url) = &oauth.client_metadata_url {
         let parsed = reqwest::Url::parse(url)
             .map_err(|e| format!("client_metadata_url: {url:?} is not a URL: {e}"))?;
@@ -996,6 +1002,17 @@ fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSetti
     }
     if oauth.client_secret.is_some() && oauth.client_id.is_none() {
         return Err("client_secret: given without client_id".into());
+    }
+    if oauth.client_key.is_some() && (oauth.client_id.is_none() || !oauth.client_credentials) {
+        return Err("client_key: goes with client_id and client_credentials = true".into());
+    }
+    if oauth.client_key.is_some() && oauth.client_secret.is_some() {
+        return Err("client_key: the client authenticates with a key or a secret, not both".into());
+    }
+    if oauth.client_credentials && oauth.client_secret.is_none() && oauth.client_key.is_none() {
+        return Err(
+            "client_credentials: needs the client_id it was registered with, and its client_secret or client_key".into(),
+        );
     }
     if let Some(bad) = oauth
         .scopes
@@ -1009,7 +1026,40 @@ fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSetti
         client_secret: oauth.client_secret.clone(),
         client_metadata_url: oauth.client_metadata_url.clone(),
         scopes: oauth.scopes.clone(),
+        client_credentials: oauth.client_credentials,
+        client_key: oauth.client_key.clone(),
     })
+}
+
+/// `[services.NAME.oauth]` as `set_service` writes it: the keys `settings` gives.
+fn oauth_table(settings: &crate::oauth::flow::ClientSettings) -> toml_edit::Table {
+    let mut table = toml_edit::Table::new();
+    let keys = [
+        ("client_id", &settings.client_id),
+        ("client_secret", &settings.client_secret),
+        ("client_metadata_url", &settings.client_metadata_url),
+    ];
+    for (key, value) in keys {
+        if let Some(value) = value {
+            table.insert(key, toml_edit::value(value.as_str()));
+        }
+    }
+    if settings.client_credentials {
+        table.insert("client_credentials", toml_edit::value(true));
+    }
+    if let Some(key) = &settings.client_key {
+        table.insert(
+            "client_key",
+            toml_edit::value(key.to_string_lossy().as_ref()),
+        );
+    }
+    if !settings.scopes.is_empty() {
+        table.insert(
+            "scopes",
+            toml_edit::value(settings.scopes.iter().collect::<toml_edit::Array>()),
+        );
+    }
+    table
 }
 
 /// The header a `url` service's caller assertion goes in, `None` when it is turned off.
@@ -1087,11 +1137,9 @@ pub fn set_service(
         } => {
             entry.remove("run");
             entry.remove("socket");
-            // An `[oauth]` table already there keeps its keys (client, scopes).
             match oauth {
-                Some(_) if entry.get("oauth").is_some() => {}
-                Some(_) => {
-                    entry.insert("oauth", toml_edit::Item::Table(toml_edit::Table::new()));
+                Some(settings) => {
+                    entry.insert("oauth", toml_edit::Item::Table(oauth_table(settings)));
                 }
                 None => {
                     entry.remove("oauth");
@@ -1534,6 +1582,12 @@ addrs = ["127.0.0.1:4433"]
         .unwrap();
         assert_eq!(set.client_id.as_deref(), Some("c"));
         assert_eq!(set.scopes, ["a", "b"]);
+        let machine = oauth_of(
+            "[services.x.oauth]\nclient_id = \"c\"\nclient_credentials = true\nclient_key = \"/k.pem\"\n",
+        )
+        .unwrap();
+        assert!(machine.client_credentials);
+        assert_eq!(machine.client_key.as_deref(), Some(Path::new("/k.pem")));
         let url = "[services.x]\nurl = \"http://h/\"\n[services.x.oauth]\n";
         for (extra, says) in [
             (
@@ -1542,6 +1596,15 @@ addrs = ["127.0.0.1:4433"]
             ),
             ("client_secret = \"s\"\n", "client_secret"),
             ("scopes = [\"a b\"]\n", "scopes"),
+            (
+                "client_id = \"c\"\nclient_credentials = true\n",
+                "client_credentials: needs",
+            ),
+            ("client_id = \"c\"\nclient_key = \"/k.pem\"\n", "client_key"),
+            (
+                "client_id = \"c\"\nclient_credentials = true\nclient_secret = \"s\"\nclient_key = \"/k.pem\"\n",
+                "not both",
+            ),
             ("bogus = 1\n", "bogus"),
             (
                 "[services.x.headers]\nAuthorization = \"Bearer t\"\n",

@@ -330,6 +330,10 @@ impl Node {
             /// replaced did).
             #[serde(default)]
             oauth: bool,
+            /// `url`: how the node registers as the server's OAuth client (a configured
+            /// client, a Client ID Metadata Document, scopes), over what the service had.
+            #[serde(default)]
+            oauth_client: Option<config::OAuthConfig>,
             /// `url`: whether to send the signed caller assertion (absent: as the service
             /// being replaced did, else yes), and in which header.
             #[serde(default)]
@@ -392,11 +396,18 @@ impl Node {
                     config::valid_caller_header(name, &serve.headers)
                         .map_err(|e| ControlError::invalid_params(format!("--{e}")))?;
                 }
-                let oauth = match existing.as_ref().map(|old| &old.backend) {
+                let kept = match existing.as_ref().map(|old| &old.backend) {
                     Some(config::BackendSpec::Url {
                         oauth: Some(kept), ..
                     }) => Some(kept.clone()),
                     _ => serve.oauth.then(Default::default),
+                };
+                let oauth = match serve.oauth_client {
+                    Some(given) => Some(
+                        config::oauth_settings(&given)
+                            .map_err(|e| ControlError::invalid_params(format!("--{e}")))?,
+                    ),
+                    None => kept,
                 };
                 config::BackendSpec::Url {
                     url,

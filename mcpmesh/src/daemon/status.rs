@@ -190,6 +190,38 @@ impl Node {
         })
     }
 
+    /// The grant of each `url` service, read off the runtime (a file per service).
+    async fn grant_states(&self) -> std::collections::HashMap<String, crate::oauth::GrantState> {
+        let Some(files) = self.host.grants().map(|book| book.files().clone()) else {
+            return Default::default();
+        };
+        let wanted: Vec<(String, String, bool)> = self
+            .settings()
+            .services
+            .iter()
+            .filter_map(|s| match &s.backend {
+                crate::config::BackendSpec::Url { url, oauth, .. } => {
+                    Some((s.name.clone(), url.clone(), oauth.is_some()))
+                }
+                _ => None,
+            })
+            .collect();
+        if wanted.is_empty() {
+            return Default::default();
+        }
+        tokio::task::spawn_blocking(move || {
+            wanted
+                .into_iter()
+                .map(|(name, url, required)| {
+                    let state = crate::oauth::GrantState::of(&files, &name, &url, required);
+                    (name, state)
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     pub(super) async fn status(&self) -> Value {
         self.status_as_checked(true).await
     }
@@ -197,13 +229,14 @@ impl Node {
     async fn status_as_checked(&self, recheck: bool) -> Value {
         let peers = self.peers_as_checked(recheck).await["peers"].take();
         let sessions = self.host.live_sessions();
-        let services: Vec<Value> = self
-            .settings()
+        let grants = self.grant_states().await;
+        let settings = self.settings();
+        let services: Vec<Value> = settings
             .services
             .iter()
             .map(|s| {
                 let (kind, target) = s.backend.describe();
-                json!({
+                let mut row = json!({
                     "name": s.name,
                     kind: target,
                     "allow": s.allow,
@@ -212,7 +245,11 @@ impl Node {
                     "max_sessions": s.max_sessions,
                     "sessions": sessions.iter().filter(|x| x.service == s.name).count(),
                     "last_failure": self.audit.last_failure(&s.name),
-                })
+                });
+                if let Some(grant) = grants.get(&s.name).and_then(|g| g.to_json(&s.name)) {
+                    row["oauth"] = grant;
+                }
+                row
             })
             .collect();
         let pairings: Vec<Value> = self

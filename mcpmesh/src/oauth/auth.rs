@@ -72,6 +72,13 @@ pub async fn authorize(
     files.remove_pending(&target.service)?;
     let previous = files.load(&target.service)?;
     let http = super::http_client()?;
+    if target.settings.client_credentials {
+        let grant =
+            flow::client_credentials(&http, &target.url, &target.settings, previous.as_ref())
+                .await?;
+        files.save(&target.service, &grant)?;
+        return Ok(Outcome::Authorized(Box::new(grant)));
+    }
     let loopback = Loopback::bind().await?;
     let begun = flow::begin(
         &http,

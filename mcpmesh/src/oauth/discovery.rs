@@ -89,7 +89,7 @@ pub struct Protected {
 }
 
 /// RFC 8414 authorization-server metadata, the part used.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct AuthServer {
     pub issuer: String,
     pub authorization_endpoint: String,
@@ -100,6 +100,8 @@ pub struct AuthServer {
     pub scopes_supported: Vec<String>,
     #[serde(default)]
     pub code_challenge_methods_supported: Vec<String>,
+    #[serde(default)]
+    pub token_endpoint_auth_methods_supported: Vec<String>,
     #[serde(default)]
     pub client_id_metadata_document_supported: bool,
     #[serde(default)]
@@ -115,48 +117,46 @@ pub struct Found {
     pub challenge_scope: Option<String>,
 }
 
-/// Discovers the authorization server of the MCP server at `url`: one unauthenticated
-/// `initialize` (a server that answers it without a 401 needs no grant), its challenge, the
-/// protected-resource metadata and the authorization server's.
+/// Discovers the authorization server of the MCP server at `url`: its challenge to an
+/// unauthenticated client ([`probe`]), the protected-resource metadata and the authorization
+/// server's — or, for a server of the 2025-03-26 revision that publishes no protected-resource
+/// metadata, the server's own origin as its authorization server.
 pub async fn discover(http: &reqwest::Client, url: &reqwest::Url) -> Result<Found, OAuthError> {
-    let probe = serde_json::json!({
-        "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": { "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": { "name": "mcpmesh", "version": env!("CARGO_PKG_VERSION") } }
-    });
-    let answer = http
-        .post(url.clone())
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(probe.to_string())
-        .send()
-        .await
-        .map_err(|e| OAuthError::Http(format!("{url}: {e}")))?;
-    if answer.status() != reqwest::StatusCode::UNAUTHORIZED {
-        return Err(OAuthError::Discovery(format!(
-            "{url} answered {} without asking for authorization: the service needs no grant",
-            answer.status()
-        )));
-    }
-    let challenge = challenges(&answer).next().unwrap_or_default();
-    let protected = protected_metadata(http, url, challenge.resource_metadata.as_deref()).await?;
-    if !same_resource(&protected.resource, url) {
-        return Err(OAuthError::Discovery(format!(
-            "the server's metadata is for {:?}, not {url}",
-            protected.resource
-        )));
-    }
-    let issuer = protected.authorization_servers.first().ok_or_else(|| {
-        OAuthError::Discovery(format!("{url}'s metadata names no authorization server"))
-    })?;
-    let server = server_metadata(http, issuer).await?;
+    let challenge = probe(http, url).await?;
+    let (protected, server) =
+        match protected_metadata(http, url, challenge.resource_metadata.as_deref()).await {
+            Ok(protected) => {
+                if !covers(&protected.resource, url) {
+                    return Err(OAuthError::Discovery(format!(
+                        "the server's metadata is for {:?}, not {url}",
+                        protected.resource
+                    )));
+                }
+                let issuer = protected.authorization_servers.first().ok_or_else(|| {
+                    OAuthError::Discovery(format!("{url}'s metadata names no authorization server"))
+                })?;
+                let server = server_metadata(http, issuer).await?;
+                (protected, server)
+            }
+            Err(_) if challenge.resource_metadata.is_none() => {
+                let origin = url.origin().ascii_serialization();
+                let protected = Protected {
+                    resource: url.as_str().to_owned(),
+                    authorization_servers: vec![origin.clone()],
+                    scopes_supported: Vec::new(),
+                };
+                (protected, origin_as_server(http, &origin).await)
+            }
+            Err(e) => return Err(e),
+        };
     if !server
         .code_challenge_methods_supported
         .iter()
         .any(|m| m == "S256")
     {
         return Err(OAuthError::Discovery(format!(
-            "the authorization server {issuer} does not offer PKCE with S256"
+            "the authorization server {} does not offer PKCE with S256",
+            server.issuer
         )));
     }
     Ok(Found {
@@ -166,16 +166,104 @@ pub async fn discover(http: &reqwest::Client, url: &reqwest::Url) -> Result<Foun
     })
 }
 
-/// Whether metadata for `resource` describes `url` (scheme, host, port and path; a trailing
-/// slash and the query aside).
-fn same_resource(resource: &str, url: &reqwest::Url) -> bool {
+/// The challenge `url` gives a client without a grant: the answer to an unauthenticated
+/// `initialize` — or, from a server that lets anyone initialize, to the request after it
+/// (`tools/list` in that session, which then ends). A server that answers both without a
+/// 401 needs no grant.
+async fn probe(http: &reqwest::Client, url: &reqwest::Url) -> Result<Challenge, OAuthError> {
+    const VERSION: &str = "2025-11-25";
+    let post = |body: serde_json::Value, session: Option<&reqwest::header::HeaderValue>| {
+        let mut request = http
+            .post(url.clone())
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(id) = session {
+            request = request
+                .header("mcp-session-id", id)
+                .header("mcp-protocol-version", VERSION);
+        }
+        request.send()
+    };
+    let failed = |e: reqwest::Error| OAuthError::Http(format!("{url}: {e}"));
+    let initialize = serde_json::json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": { "protocolVersion": VERSION, "capabilities": {},
+                    "clientInfo": { "name": "mcpmesh", "version": env!("CARGO_PKG_VERSION") } }
+    });
+    let answer = post(initialize, None).await.map_err(failed)?;
+    if answer.status() == reqwest::StatusCode::UNAUTHORIZED {
+        return Ok(challenges(&answer).next().unwrap_or_default());
+    }
+    let status = answer.status();
+    let session = answer.headers().get("mcp-session-id").cloned();
+    let _ = body_of(answer).await;
+    if status.is_success() {
+        let initialized =
+            serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        if let Ok(answer) = post(initialized, session.as_ref()).await {
+            let _ = body_of(answer).await;
+        }
+        let list = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+        let answer = post(list, session.as_ref()).await.map_err(failed)?;
+        let challenge = (answer.status() == reqwest::StatusCode::UNAUTHORIZED)
+            .then(|| challenges(&answer).next().unwrap_or_default());
+        drop(answer);
+        if let Some(id) = &session {
+            let end = http.delete(url.clone()).header("mcp-session-id", id);
+            let _ = end.send().await;
+        }
+        if let Some(challenge) = challenge {
+            return Ok(challenge);
+        }
+    }
+    Err(OAuthError::Discovery(match status.is_success() {
+        true => format!(
+            "{url} answered {status} without asking for authorization: the service needs no grant"
+        ),
+        false => format!(
+            "{url} answered {status} to an unauthenticated initialize, not 401 with a Bearer challenge"
+        ),
+    }))
+}
+
+/// A 2025-03-26 server's authorization server, at its own origin: its RFC 8414 metadata, else
+/// the default endpoints that revision names (`/authorize`, `/token`, `/register`).
+async fn origin_as_server(http: &reqwest::Client, origin: &str) -> AuthServer {
+    match server_metadata(http, origin).await {
+        Ok(server) => server,
+        Err(e) => {
+            tracing::debug!(
+                "{origin} publishes no authorization-server metadata ({e}); using the default endpoints"
+            );
+            AuthServer {
+                issuer: origin.to_owned(),
+                authorization_endpoint: format!("{origin}/authorize"),
+                token_endpoint: format!("{origin}/token"),
+                registration_endpoint: Some(format!("{origin}/register")),
+                code_challenge_methods_supported: vec!["S256".into()],
+                ..AuthServer::default()
+            }
+        }
+    }
+}
+
+/// Whether metadata for `resource` describes `url`: the same scheme, host and port, and a
+/// path that is `url`'s or a parent of it, segment by segment (a trailing slash and the query
+/// aside) — the MCP authorization spec lets one resource cover the endpoints beneath it.
+fn covers(resource: &str, url: &reqwest::Url) -> bool {
     let Ok(resource) = reqwest::Url::parse(resource) else {
         return false;
     };
+    let parent = resource.path().trim_end_matches('/');
+    let path = url.path().trim_end_matches('/');
     resource.scheme() == url.scheme()
         && resource.host_str() == url.host_str()
         && resource.port_or_known_default() == url.port_or_known_default()
-        && resource.path().trim_end_matches('/') == url.path().trim_end_matches('/')
+        && (path == parent
+            || path
+                .strip_prefix(parent)
+                .is_some_and(|rest| rest.starts_with('/')))
 }
 
 async fn protected_metadata(
@@ -287,13 +375,20 @@ mod tests {
     }
 
     #[test]
-    fn metadata_describes_a_url_by_scheme_host_port_and_path() {
+    fn metadata_describes_a_url_by_scheme_host_port_and_path_or_a_parent_of_it() {
         let url = reqwest::Url::parse("http://127.0.0.1:9/mcp").unwrap();
-        assert!(same_resource("http://127.0.0.1:9/mcp", &url));
-        assert!(same_resource("http://127.0.0.1:9/mcp/", &url));
-        assert!(!same_resource("http://127.0.0.1:9/other", &url));
-        assert!(!same_resource("https://127.0.0.1:9/mcp", &url));
-        assert!(!same_resource("http://127.0.0.1:10/mcp", &url));
-        assert!(!same_resource("not a url", &url));
+        assert!(covers("http://127.0.0.1:9/mcp", &url));
+        assert!(covers("http://127.0.0.1:9/mcp/", &url));
+        assert!(covers("http://127.0.0.1:9", &url));
+        assert!(covers("http://127.0.0.1:9/", &url));
+        assert!(!covers("http://127.0.0.1:9/other", &url));
+        assert!(!covers("http://127.0.0.1:9/mc", &url));
+        assert!(!covers("http://127.0.0.1:9/mcp/deeper", &url));
+        assert!(!covers("https://127.0.0.1:9/mcp", &url));
+        assert!(!covers("http://127.0.0.1:10/mcp", &url));
+        assert!(!covers("not a url", &url));
+        let deep = reqwest::Url::parse("http://127.0.0.1:9/team/mcp").unwrap();
+        assert!(covers("http://127.0.0.1:9/team", &deep));
+        assert!(!covers("http://127.0.0.1:9/tea", &deep));
     }
 }

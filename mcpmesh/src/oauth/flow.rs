@@ -29,6 +29,13 @@ pub struct ClientSettings {
     pub client_metadata_url: Option<String>,
     /// The scopes to ask for; otherwise the server's challenge or metadata decides.
     pub scopes: Vec<String>,
+    /// The node acts for itself, not for a user: tokens come from the client-credentials
+    /// grant (with `client_id` and `client_secret`), no browser, and are asked for again
+    /// when they lapse.
+    pub client_credentials: bool,
+    /// A PKCS#8 PEM private key (P-256 or Ed25519, a `0600` file) the client authenticates
+    /// with instead of a secret (`private_key_jwt`, RFC 7523); client credentials only.
+    pub client_key: Option<std::path::PathBuf>,
 }
 
 /// An authorization begun: the URL to open, and what finishing it needs.
@@ -49,7 +56,11 @@ pub async fn begin(
 ) -> Result<Begun, OAuthError> {
     let parsed = crate::config::validate_url(url).map_err(OAuthError::Discovery)?;
     let found = discovery::discover(http, &parsed).await?;
-    let (client_id, client_secret) = client(http, &found, settings, redirect_uri).await?;
+    let Client {
+        id: client_id,
+        secret: client_secret,
+        secret_in_body,
+    } = client(http, &found, settings, redirect_uri).await?;
     let scopes = scopes(&found, settings, previous);
     let resource = found.protected.resource.clone();
     let mut oauth = BasicClient::new(ClientId::new(client_id.clone()))
@@ -82,6 +93,7 @@ pub async fn begin(
             token_endpoint: found.server.token_endpoint.clone(),
             client_id,
             client_secret,
+            secret_in_body,
             redirect_uri: redirect_uri.to_owned(),
             state: state.secret().clone(),
             verifier: verifier.secret().clone(),
@@ -123,21 +135,45 @@ fn scopes(found: &Found, settings: &ClientSettings, previous: Option<&Grant>) ->
     scopes
 }
 
-/// The client id (and secret) to use: configured, a Client ID Metadata Document where the
-/// server takes one, else a dynamic registration (RFC 7591).
+/// The OAuth client the node is to its server's authorization server.
+struct Client {
+    id: String,
+    secret: Option<String>,
+    /// `client_secret_post` rather than `client_secret_basic`.
+    secret_in_body: bool,
+}
+
+/// How a client with a secret authenticates at the token endpoint, among the methods the
+/// authorization server lists (none listed: HTTP Basic, RFC 8414's default).
+fn secret_in_body(supported: &[String]) -> bool {
+    let offers = |m: &str| supported.iter().any(|s| s == m);
+    !supported.is_empty() && !offers("client_secret_basic") && offers("client_secret_post")
+}
+
+/// The client to use: configured, a Client ID Metadata Document where the server takes one,
+/// else a dynamic registration (RFC 7591).
 async fn client(
     http: &reqwest::Client,
     found: &Found,
     settings: &ClientSettings,
     redirect_uri: &str,
-) -> Result<(String, Option<String>), OAuthError> {
+) -> Result<Client, OAuthError> {
+    let supported = &found.server.token_endpoint_auth_methods_supported;
     if let Some(id) = &settings.client_id {
-        return Ok((id.clone(), settings.client_secret.clone()));
+        return Ok(Client {
+            id: id.clone(),
+            secret: settings.client_secret.clone(),
+            secret_in_body: secret_in_body(supported),
+        });
     }
     if let Some(document) = &settings.client_metadata_url
         && found.server.client_id_metadata_document_supported
     {
-        return Ok((document.clone(), None));
+        return Ok(Client {
+            id: document.clone(),
+            secret: None,
+            secret_in_body: false,
+        });
     }
     let endpoint = found.server.registration_endpoint.as_deref().ok_or_else(|| {
         OAuthError::Discovery(format!(
@@ -150,13 +186,21 @@ async fn client(
         client_id: String,
         #[serde(default)]
         client_secret: Option<String>,
+        #[serde(default)]
+        token_endpoint_auth_method: Option<String>,
     }
+    // A public client where the server takes one; else the secret method it offers.
+    let method = match supported.iter().any(|m| m == "none") || supported.is_empty() {
+        true => "none",
+        false if secret_in_body(supported) => "client_secret_post",
+        false => "client_secret_basic",
+    };
     let metadata = serde_json::json!({
         "client_name": "mcpmesh",
         "redirect_uris": [redirect_uri],
         "grant_types": ["authorization_code", "refresh_token"],
         "response_types": ["code"],
-        "token_endpoint_auth_method": "none",
+        "token_endpoint_auth_method": method,
     });
     let answer = http
         .post(endpoint)
@@ -175,7 +219,13 @@ async fn client(
     }
     let registered: Registered = serde_json::from_slice(&body)
         .map_err(|e| OAuthError::Refused(format!("registration at {endpoint}: {e}")))?;
-    Ok((registered.client_id, registered.client_secret))
+    // The method the server registered, else the one asked for.
+    let registered_method = registered.token_endpoint_auth_method.as_deref();
+    Ok(Client {
+        id: registered.client_id,
+        secret: registered.client_secret,
+        secret_in_body: registered_method.unwrap_or(method) == "client_secret_post",
+    })
 }
 
 /// What the authorization server's redirect carried.
@@ -261,6 +311,9 @@ pub async fn finish(
     if let Some(secret) = &pending.client_secret {
         oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
     }
+    if pending.secret_in_body {
+        oauth = oauth.set_auth_type(oauth2::AuthType::RequestBody);
+    }
     let send = Exchanger(http.clone());
     let tokens = oauth
         .exchange_code(AuthorizationCode::new(code))
@@ -276,6 +329,9 @@ pub async fn finish(
         token_endpoint: pending.token_endpoint.clone(),
         client_id: pending.client_id.clone(),
         client_secret: pending.client_secret.clone(),
+        secret_in_body: pending.secret_in_body,
+        client_credentials: false,
+        client_key: None,
         access_token: String::new(),
         refresh_token: None,
         expires_at: None,
@@ -306,8 +362,102 @@ fn renewed(grant: Grant, answer: &oauth2::basic::BasicTokenResponse) -> Grant {
     }
 }
 
-/// `grant` with a fresh access token (and the rotated refresh token, when the server rotates).
+/// A grant by the client-credentials grant (RFC 6749 §4.4) for `url`: discovery as for a
+/// user's grant, then the configured client asks the token endpoint itself — no browser.
+pub async fn client_credentials(
+    http: &reqwest::Client,
+    url: &str,
+    settings: &ClientSettings,
+    previous: Option<&Grant>,
+) -> Result<Grant, OAuthError> {
+    let parsed = crate::config::validate_url(url).map_err(OAuthError::Discovery)?;
+    let found = discovery::discover(http, &parsed).await?;
+    let Some(client_id) = &settings.client_id else {
+        return Err(OAuthError::Discovery(
+            "the client-credentials grant needs client_id in [services.NAME.oauth]".into(),
+        ));
+    };
+    let asked = Grant {
+        url: url.to_owned(),
+        resource: found.protected.resource.clone(),
+        issuer: found.server.issuer.clone(),
+        token_endpoint: found.server.token_endpoint.clone(),
+        client_id: client_id.clone(),
+        client_secret: settings.client_secret.clone(),
+        secret_in_body: secret_in_body(&found.server.token_endpoint_auth_methods_supported),
+        client_credentials: true,
+        client_key: settings.client_key.clone(),
+        access_token: String::new(),
+        refresh_token: None,
+        expires_at: None,
+        issued_at: 0,
+        scopes: scopes(&found, settings, previous),
+        wanted: None,
+    };
+    reissue(http, asked).await
+}
+
+/// `grant` (a client-credentials one) with a new access token, asked for as it was first.
+async fn reissue(http: &reqwest::Client, grant: Grant) -> Result<Grant, OAuthError> {
+    let mut oauth = BasicClient::new(ClientId::new(grant.client_id.clone()))
+        .set_token_uri(token_url(&grant.token_endpoint)?);
+    if let Some(secret) = &grant.client_secret {
+        oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
+    }
+    let mut assertion = None;
+    if let Some(path) = &grant.client_key {
+        assertion = Some(client_assertion(path.clone(), &grant.client_id, &grant.issuer).await?);
+    }
+    if grant.secret_in_body || assertion.is_some() {
+        oauth = oauth.set_auth_type(oauth2::AuthType::RequestBody);
+    }
+    let send = Exchanger(http.clone());
+    let mut request = oauth
+        .exchange_client_credentials()
+        .add_scopes(grant.scopes.iter().cloned().map(Scope::new))
+        .add_extra_param("resource", grant.resource.clone());
+    if let Some(assertion) = assertion {
+        request = request
+            .add_extra_param("client_assertion_type", JWT_BEARER)
+            .add_extra_param("client_assertion", assertion);
+    }
+    let tokens = request
+        .request_async(&send)
+        .await
+        .map_err(|e| OAuthError::Refused(describe(&e)))?;
+    Ok(renewed(grant, &tokens))
+}
+
+/// RFC 7523's client assertion type.
+const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+
+/// A client assertion signed with the key in `path` (read off the runtime; a secret file:
+/// `0600`, not a link), for the authorization server `issuer`.
+async fn client_assertion(
+    path: std::path::PathBuf,
+    client_id: &str,
+    issuer: &str,
+) -> Result<String, OAuthError> {
+    let shown = path.display().to_string();
+    let read = tokio::task::spawn_blocking(move || crate::files::read_secret(&path, 64 * 1024))
+        .await
+        .map_err(|e| OAuthError::Http(e.to_string()))?;
+    let store = |message: String| OAuthError::Store {
+        path: shown.clone(),
+        message,
+    };
+    let pem = read
+        .map_err(|e| store(e.to_string()))?
+        .ok_or_else(|| store("no such file".into()))?;
+    crate::assertion::client_assertion(&pem, client_id, issuer).map_err(|e| store(e.to_string()))
+}
+
+/// `grant` with a fresh access token (and the rotated refresh token, when the server rotates);
+/// a client-credentials grant asks for a new one.
 pub async fn refresh(http: &reqwest::Client, grant: &Grant) -> Result<Grant, OAuthError> {
+    if grant.client_credentials {
+        return reissue(http, grant.clone()).await;
+    }
     let refresh = grant
         .refresh_token
         .clone()
@@ -316,6 +466,9 @@ pub async fn refresh(http: &reqwest::Client, grant: &Grant) -> Result<Grant, OAu
         .set_token_uri(token_url(&grant.token_endpoint)?);
     if let Some(secret) = &grant.client_secret {
         oauth = oauth.set_client_secret(ClientSecret::new(secret.clone()));
+    }
+    if grant.secret_in_body {
+        oauth = oauth.set_auth_type(oauth2::AuthType::RequestBody);
     }
     let send = Exchanger(http.clone());
     let tokens = oauth
@@ -415,6 +568,7 @@ mod tests {
             token_endpoint: "http://127.0.0.1:8/token".into(),
             client_id: "c".into(),
             client_secret: None,
+            secret_in_body: false,
             redirect_uri: "http://127.0.0.1:7/callback".into(),
             state: "the-state".into(),
             verifier: "v".repeat(43),

@@ -61,6 +61,15 @@ pub struct Grant {
     pub client_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
+    /// The secret goes in the token request's body (`client_secret_post`), not in HTTP Basic.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_in_body: bool,
+    /// Made with the client-credentials grant: renewed by asking again, no refresh token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_credentials: bool,
+    /// The key file the client authenticates with (`private_key_jwt`), instead of a secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<PathBuf>,
     pub access_token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh_token: Option<String>,
@@ -112,6 +121,8 @@ pub struct Pending {
     pub client_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret_in_body: bool,
     pub redirect_uri: String,
     pub state: String,
     pub verifier: String,
@@ -204,6 +215,85 @@ impl GrantFiles {
     }
 }
 
+/// What a service's grant is good for now, as `status` and `doctor` tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantState {
+    /// The service is not known to need one, and has none.
+    NotNeeded,
+    Missing,
+    ForAnotherUrl(String),
+    /// Its access token lapsed and nothing can renew it (no refresh token, not client
+    /// credentials).
+    Lapsed,
+    Authorized {
+        issuer: String,
+        scopes: Vec<String>,
+        expires_at: Option<u64>,
+    },
+    Unreadable(String),
+}
+
+impl GrantState {
+    /// The state of `service`'s grant for `url`; `required` when the service is configured as
+    /// an OAuth client (one that is not may still hold a grant found on a 401).
+    pub fn of(files: &GrantFiles, service: &str, url: &str, required: bool) -> GrantState {
+        match files.load(service) {
+            Err(e) => GrantState::Unreadable(e.to_string()),
+            Ok(None) if required => GrantState::Missing,
+            Ok(None) => GrantState::NotNeeded,
+            Ok(Some(grant)) if grant.url != url => GrantState::ForAnotherUrl(grant.url),
+            Ok(Some(grant))
+                if grant.lapses_within(Duration::ZERO)
+                    && grant.refresh_token.is_none()
+                    && !grant.client_credentials =>
+            {
+                GrantState::Lapsed
+            }
+            Ok(Some(grant)) => GrantState::Authorized {
+                issuer: grant.issuer,
+                scopes: grant.scopes,
+                expires_at: grant.expires_at,
+            },
+        }
+    }
+
+    /// Why the service cannot send a grant, in words ending with what to run; `None` when it
+    /// can (or needs none).
+    pub fn problem(&self, service: &str) -> Option<String> {
+        let run = format!("run `mcpmesh auth {service}`");
+        Some(match self {
+            GrantState::NotNeeded | GrantState::Authorized { .. } => return None,
+            GrantState::Missing => {
+                format!("the server requires an OAuth grant and this node has none: {run}")
+            }
+            GrantState::ForAnotherUrl(other) => {
+                format!("the grant was made for {other}, not this service's URL: {run}")
+            }
+            GrantState::Lapsed => {
+                format!("the grant's access token lapsed and it has no refresh token: {run}")
+            }
+            GrantState::Unreadable(e) => e.clone(),
+        })
+    }
+
+    /// As `status --json` shows it: `None` for a service that needs no grant.
+    pub fn to_json(&self, service: &str) -> Option<serde_json::Value> {
+        match self {
+            GrantState::NotNeeded => None,
+            GrantState::Authorized {
+                scopes, expires_at, ..
+            } => Some(serde_json::json!({
+                "authorized": true, "scopes": scopes, "expires_at": expires_at,
+            })),
+            other => Some(serde_json::json!({
+                "authorized": false,
+                "problem": other.problem(service),
+                "command": format!("mcpmesh auth {service}"),
+            })),
+        }
+    }
+}
+
 /// The error of keeping a grant in `path`.
 fn store_error(path: &Path) -> impl Fn(String) -> OAuthError + '_ {
     move |message| OAuthError::Store {
@@ -245,6 +335,11 @@ impl GrantBook {
             http: std::sync::OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where the book reads its grants.
+    pub fn files(&self) -> &GrantFiles {
+        &self.files
     }
 
     fn http(&self) -> Result<&reqwest::Client, OAuthError> {
@@ -407,6 +502,9 @@ mod tests {
             token_endpoint: "http://127.0.0.1:9/token".into(),
             client_id: "client".into(),
             client_secret: Some("client-secret-value".into()),
+            secret_in_body: false,
+            client_credentials: false,
+            client_key: None,
             access_token: "access-token-value".into(),
             refresh_token: Some("refresh-token-value".into()),
             expires_at: Some(1),
