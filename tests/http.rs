@@ -280,7 +280,8 @@ async fn the_conformance_suites_client_auth_scenarios_pass_with_the_node_as_the_
     // Every `auth/` client scenario of the official suite, twice in one run: the node as the
     // OAuth client (alice serves the scenario's server as a `url` service, bob's AI client
     // calls it, -32056 tells it to run `mcpmesh auth`), and the official Python SDK's own client.
-    let (alice, bob) = two_nodes();
+    let sink = TelemetrySink::start().await;
+    let (alice, bob) = watched_nodes(&sink);
     let python = python().display().to_string();
     let client = |role: &str| {
         format!(
@@ -320,21 +321,24 @@ async fn the_conformance_suites_client_auth_scenarios_pass_with_the_node_as_the_
     let passed = mesh.iter().filter(|(_, pass)| *pass).count();
     assert!(passed >= 20, "{mesh:?}");
 
-    // The scenarios' secrets, keys and tokens never reach the node's log, audit or status.
-    let log = alice.log();
-    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
-    let status = alice.json(&["status"]).to_string();
-    for secret in [
+    // The scenarios' secrets, keys and tokens never reach the node's log, audit, status,
+    // metrics page or traces.
+    let secrets = [
         "pre-registered-secret",
         "conformance-test-secret",
         "test-token-",
         "cc-token-",
         "PRIVATE KEY",
-    ] {
+    ];
+    let log = alice.log();
+    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
+    let status = alice.json(&["status"]).to_string();
+    for secret in secrets {
         for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
             assert!(!text.contains(secret), "{secret} in the {what}");
         }
     }
+    sink.assert_never_seen(&secrets).await;
 }
 
 /// Runs the conformance suite's client `scenarios` with `command` as the client under test
@@ -2142,6 +2146,16 @@ impl SdkOAuth {
     }
 }
 
+/// alice, whose telemetry (metrics page and traces) goes to `sink`, and bob, trusting each
+/// other: for the tests that search everything a node lets out for the grant's secrets.
+fn watched_nodes(sink: &TelemetrySink) -> (TestNode, TestNode) {
+    let alice = TestNode::start_with("alice", &sink.config(), &TelemetrySink::QUICK_EXPORT);
+    let bob = TestNode::start("bob");
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
 /// `mcpmesh --json auth ARGS…` for `node`, with no `$BROWSER` of the test's own.
 fn auth(node: &TestNode, args: &[&str]) -> std::process::Output {
     let mut all = vec!["--json", "auth"];
@@ -2159,7 +2173,8 @@ fn grant_of(node: &TestNode, service: &str) -> Value {
 async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_refreshed_as_it_lapses()
  {
     let mut server = SdkOAuth::start(&["--token-ttl", "3"]).await;
-    let (alice, bob) = two_nodes();
+    let sink = TelemetrySink::start().await;
+    let (alice, bob) = watched_nodes(&sink);
     alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
 
     // Without a grant, the caller is told what the owner runs; nothing reaches the server.
@@ -2304,6 +2319,13 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
             }
         }
     }
+    // Nor on the metrics page or in the traces.
+    let secrets: Vec<&str> = [&first, &refreshed]
+        .iter()
+        .flat_map(|g| ["access_token", "refresh_token", "client_secret"].map(|k| g[k].as_str()))
+        .flatten()
+        .collect();
+    sink.assert_never_seen(&secrets).await;
 
     // Forgotten: the next session is refused again.
     let out = parse_ok(&auth(&alice, &["wiki", "--logout"]));
@@ -2395,7 +2417,8 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
         "mesh-7:cc-secret-value",
     ])
     .await;
-    let (alice, bob) = two_nodes();
+    let sink = TelemetrySink::start().await;
+    let (alice, bob) = watched_nodes(&sink);
     let secret = alice.home().join("reports-secret");
     std::fs::write(&secret, "cc-secret-value\n").unwrap();
     let secret = secret.display().to_string();
@@ -2453,6 +2476,52 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
     s.close_stdin();
     s.wait_eof().await;
 
+    // Through bob's gateway it is an ordinary service.
+    let gateway = Gateway::start(&bob, &[]).await;
+    let (http, url) = (gateway.client(), gateway.url("alice/reports"));
+    let r = mcp_post(&http, &url, &initialize_request(), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    assert!(r.text().await.unwrap().contains("serverInfo"));
+    let call = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "echo", "arguments": { "text": "via the gateway" } } });
+    let r = mcp_post(&http, &url, &call, Some(&sid))
+        .send()
+        .await
+        .unwrap();
+    let body = r.text().await.unwrap();
+    assert!(body.contains("via the gateway"), "{body}");
+    // And through bob's hub.
+    let mut cmd = Command::new(MCPMESH);
+    cmd.arg("--home")
+        .arg(bob.home())
+        .args(["hub", "alice/reports"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut hub = McpSession::spawn(cmd);
+    hub.initialize().await;
+    let listed = hub.request("tools/list", json!({})).await;
+    let echo = listed["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .find(|n| n.ends_with("echo"))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    let answer = hub.call(&echo, json!({ "text": "via the hub" })).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "via the hub",
+        "{answer}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+
     // A wrong secret: `auth` fails with the server's word for it, and makes no grant.
     let wrong = alice.home().join("wrong-secret");
     std::fs::write(&wrong, "not-the-secret\n").unwrap();
@@ -2486,6 +2555,12 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
             assert!(!text.contains(secret), "a secret in the {what}");
         }
     }
+    sink.assert_never_seen(&[
+        "cc-secret-value",
+        grant["access_token"].as_str().unwrap(),
+        renewed["access_token"].as_str().unwrap(),
+    ])
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

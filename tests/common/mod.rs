@@ -1072,3 +1072,82 @@ impl HubClient {
         assert!(status.success(), "the driver exited {status}");
     }
 }
+
+/// Everything a node's telemetry lets out, for a test that searches it for secrets: the
+/// metrics page on a loopback port, and an OTLP/HTTP sink on loopback keeping every raw trace
+/// export (protobuf carries strings as their bytes, so a search of the bodies finds any).
+pub struct TelemetrySink {
+    metrics_port: u16,
+    otlp: String,
+    exports: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl TelemetrySink {
+    pub async fn start() -> Self {
+        let exports: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = Default::default();
+        let kept = exports.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().unwrap().extend_from_slice(&body);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let otlp = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        TelemetrySink {
+            metrics_port: free_port(),
+            otlp,
+            exports,
+        }
+    }
+
+    /// The `[telemetry]` section of the node whose telemetry this receives.
+    pub fn config(&self) -> String {
+        format!(
+            "[telemetry]\nmetrics = \"127.0.0.1:{}\"\notlp = {:?}\n",
+            self.metrics_port, self.otlp
+        )
+    }
+
+    /// Spans leave the node a tenth of a second after they end (the SDK's standard variable).
+    pub const QUICK_EXPORT: [(&str, &str); 1] = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
+
+    /// The metrics page as a scraper gets it now.
+    pub fn metrics_page(&self) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        stream.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.metrics_port
+        )
+        .unwrap();
+        let mut page = String::new();
+        stream.read_to_string(&mut page).unwrap();
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+        page
+    }
+
+    /// Waits until some trace export arrived, then fails the test if the metrics page or any
+    /// export holds one of `secrets`.
+    pub async fn assert_never_seen(&self, secrets: &[&str]) {
+        let exported =
+            eventually(ANSWER_TIMEOUT, || !self.exports.lock().unwrap().is_empty()).await;
+        assert!(exported, "the node exported no spans");
+        let page = self.metrics_page();
+        let exports = self.exports.lock().unwrap().clone();
+        for secret in secrets.iter().filter(|s| !s.is_empty()) {
+            assert!(!page.contains(secret), "a secret on the metrics page");
+            let found = exports
+                .windows(secret.len())
+                .any(|w| w == secret.as_bytes());
+            assert!(!found, "a secret in the exported traces");
+        }
+    }
+}
