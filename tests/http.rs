@@ -2561,6 +2561,18 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
         renewed["access_token"].as_str().unwrap(),
     ])
     .await;
+    // The audit log records who used the service under the node's grant, as for any service.
+    let records = alice.stop_and_audit();
+    let calls: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["service"] == "reports" && r["method"] == "tools/call")
+        .collect();
+    assert!(calls.len() >= 4, "{records:?}");
+    for call in calls {
+        assert_eq!(call["principal"], format!("eid:{}", bob.id), "{call}");
+        assert_eq!(call["name"], "echo", "{call}");
+        assert_eq!(call["outcome"], "ok", "{call}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
