@@ -281,7 +281,7 @@ async fn the_conformance_suites_client_auth_scenarios_pass_with_the_node_as_the_
     // OAuth client (alice serves the scenario's server as a `url` service, bob's AI client
     // calls it, -32056 tells it to run `mcpmesh auth`), and the official Python SDK's own client.
     let sink = TelemetrySink::start().await;
-    let (alice, bob) = watched_nodes(&sink);
+    let (alice, bob) = watched_nodes(&sink, "");
     let python = python().display().to_string();
     let client = |role: &str| {
         format!(
@@ -330,15 +330,7 @@ async fn the_conformance_suites_client_auth_scenarios_pass_with_the_node_as_the_
         "cc-token-",
         "PRIVATE KEY",
     ];
-    let log = alice.log();
-    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
-    let status = alice.json(&["status"]).to_string();
-    for secret in secrets {
-        for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
-            assert!(!text.contains(secret), "{secret} in the {what}");
-        }
-    }
-    sink.assert_never_seen(&secrets).await;
+    assert_kept_secret(&alice, &sink, &secrets).await;
 }
 
 /// Runs the conformance suite's client `scenarios` with `command` as the client under test
@@ -2146,10 +2138,33 @@ impl SdkOAuth {
     }
 }
 
-/// alice, whose telemetry (metrics page and traces) goes to `sink`, and bob, trusting each
+/// Fails the test if any of `secrets` is in `node`'s log, audit records or status, or on its
+/// metrics page or in its exported traces (`sink`).
+async fn assert_kept_secret(node: &TestNode, sink: &TelemetrySink, secrets: &[&str]) {
+    let log = node.log();
+    let audit = node.json(&["audit", "tail", "-n", "1000"]).to_string();
+    let status = node.json(&["status"]).to_string();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
+            assert!(!text.contains(secret), "a secret in the {what}");
+        }
+    }
+    sink.assert_never_seen(secrets).await;
+}
+
+/// The tokens and secret of a grant file's contents.
+fn secrets_of(grant: &Value) -> Vec<String> {
+    ["access_token", "refresh_token", "client_secret"]
+        .iter()
+        .filter_map(|k| grant[k].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// alice, whose telemetry (metrics page and traces) goes to `sink` (`extra` in her config), and bob, trusting each
 /// other: for the tests that search everything a node lets out for the grant's secrets.
-fn watched_nodes(sink: &TelemetrySink) -> (TestNode, TestNode) {
-    let alice = TestNode::start_with("alice", &sink.config(), &TelemetrySink::QUICK_EXPORT);
+fn watched_nodes(sink: &TelemetrySink, extra: &str) -> (TestNode, TestNode) {
+    let config = format!("{}\n{extra}", sink.config());
+    let alice = TestNode::start_with("alice", &config, &TelemetrySink::QUICK_EXPORT);
     let bob = TestNode::start("bob");
     alice.trust(&bob);
     bob.trust(&alice);
@@ -2174,7 +2189,7 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
  {
     let mut server = SdkOAuth::start(&["--token-ttl", "3"]).await;
     let sink = TelemetrySink::start().await;
-    let (alice, bob) = watched_nodes(&sink);
+    let (alice, bob) = watched_nodes(&sink, "");
     alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
 
     // Without a grant, the caller is told what the owner runs; nothing reaches the server.
@@ -2305,27 +2320,13 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
     s.close_stdin();
     s.wait_eof().await;
 
-    // No token or secret in the node's log, audit records or status.
-    let log = alice.log();
-    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
-    let status = alice.json(&["status"]).to_string();
-    for grant in [&first, &refreshed] {
-        for key in ["access_token", "refresh_token", "client_secret"] {
-            let Some(secret) = grant[key].as_str() else {
-                continue;
-            };
-            for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
-                assert!(!text.contains(secret), "{key} in the {what}");
-            }
-        }
-    }
-    // Nor on the metrics page or in the traces.
-    let secrets: Vec<&str> = [&first, &refreshed]
-        .iter()
-        .flat_map(|g| ["access_token", "refresh_token", "client_secret"].map(|k| g[k].as_str()))
-        .flatten()
+    // No token or secret in the node's log, audit records, status, metrics or traces.
+    let secrets: Vec<String> = [&first, &refreshed]
+        .into_iter()
+        .flat_map(secrets_of)
         .collect();
-    sink.assert_never_seen(&secrets).await;
+    let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    assert_kept_secret(&alice, &sink, &secrets).await;
 
     // Forgotten: the next session is refused again.
     let out = parse_ok(&auth(&alice, &["wiki", "--logout"]));
@@ -2340,7 +2341,8 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_to() {
     let server = SdkOAuth::start(&[]).await;
-    let (alice, bob) = two_nodes();
+    let sink = TelemetrySink::start().await;
+    let (alice, bob) = watched_nodes(&sink, "");
     alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
 
     // No browser: the URL to open, and nothing else happens.
@@ -2405,6 +2407,12 @@ async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_
     );
     s.close_stdin();
     s.wait_eof().await;
+
+    let grant = secrets_of(&grant_of(&alice, "wiki"));
+    let mut secrets: Vec<&str> = grant.iter().map(String::as_str).collect();
+    // The redirect address carries the code and the state.
+    secrets.push(&sent_to);
+    assert_kept_secret(&alice, &sink, &secrets).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2418,7 +2426,7 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
     ])
     .await;
     let sink = TelemetrySink::start().await;
-    let (alice, bob) = watched_nodes(&sink);
+    let (alice, bob) = watched_nodes(&sink, "");
     let secret = alice.home().join("reports-secret");
     std::fs::write(&secret, "cc-secret-value\n").unwrap();
     let secret = secret.display().to_string();
@@ -2542,25 +2550,13 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
     );
     assert!(!alice.home().join("oauth/wrong.grant.json").exists());
 
-    // The secret and the tokens never reach the log, the audit records or status.
-    let log = alice.log();
-    let audit = alice.json(&["audit", "tail", "-n", "1000"]).to_string();
-    let status = alice.json(&["status"]).to_string();
-    for secret in [
+    // The secret and the tokens never reach the log, audit, status, metrics or traces.
+    let secrets = [
         "cc-secret-value",
         grant["access_token"].as_str().unwrap(),
         renewed["access_token"].as_str().unwrap(),
-    ] {
-        for (what, text) in [("log", &log), ("audit", &audit), ("status", &status)] {
-            assert!(!text.contains(secret), "a secret in the {what}");
-        }
-    }
-    sink.assert_never_seen(&[
-        "cc-secret-value",
-        grant["access_token"].as_str().unwrap(),
-        renewed["access_token"].as_str().unwrap(),
-    ])
-    .await;
+    ];
+    assert_kept_secret(&alice, &sink, &secrets).await;
     // The audit log records who used the service under the node's grant, as for any service.
     let records = alice.stop_and_audit();
     let calls: Vec<&Value> = records
@@ -2583,7 +2579,8 @@ async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
         "[services.wiki]\nurl = \"{}\"\nallow = [\"bob\"]\n[services.wiki.oauth]\nscopes = [\"mcp:read\"]\n",
         server.url
     );
-    let (alice, bob) = two_nodes_with(&config);
+    let sink = TelemetrySink::start().await;
+    let (alice, bob) = watched_nodes(&sink, &config);
     let browser = format!("{} {}", python().display(), interop_script("browser.py"));
     let made = parse_ok(&auth(&alice, &["wiki", "--browser", &browser]));
     assert_eq!(made["scopes"], json!(["mcp:read"]), "{made}");
@@ -2612,4 +2609,8 @@ async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
     assert!(init["result"]["serverInfo"].is_object(), "{init}");
     s.close_stdin();
     s.wait_eof().await;
+
+    let grant = secrets_of(&grant_of(&alice, "wiki"));
+    let secrets: Vec<&str> = grant.iter().map(String::as_str).collect();
+    assert_kept_secret(&alice, &sink, &secrets).await;
 }
