@@ -2597,8 +2597,14 @@ async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
         "{answer}"
     );
 
-    // The next grant asks for what it had and what the resource lists.
-    let made = parse_ok(&auth(&alice, &["wiki", "--browser", &browser]));
+    // The next grant asks for what it had and what the resource lists (the browser, this time,
+    // from $BROWSER).
+    let out = alice
+        .command(&["--json", "auth", "wiki"])
+        .env("BROWSER", &browser)
+        .output()
+        .unwrap();
+    let made = parse_ok(&out);
     let scopes = made["scopes"].as_array().unwrap();
     assert!(
         scopes.contains(&json!("mcp:read")) && scopes.contains(&json!("mcp:write")),
