@@ -1651,6 +1651,143 @@ async fn a_2025_11_25_client_uses_a_2026_only_server_through_the_hub_its_input_r
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn resource_subscriptions_of_both_client_eras_reach_a_2026_only_server_as_listen_streams() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let filter = alice.home().join("stateless_only.py");
+    std::fs::write(&filter, STATELESS_ONLY).unwrap();
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("modern_server.py"),
+    );
+    let filter = filter.display().to_string();
+    let backend = [
+        "--env",
+        "MODERN_SERVER_TOUCH=1",
+        "--",
+        &py,
+        &filter,
+        &py,
+        &server,
+    ];
+    alice.serve("modern", &["bob"], &backend);
+    let own = "mcpmesh://interop/hello";
+    let shown = format!("mcpmesh-hub://alice/modern/{own}");
+    let touch = json!({"name": "alice__modern__touch", "arguments": {"uri": own}});
+    let touched = |answer: &Value| {
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .to_owned()
+    };
+
+    // A 2025-11-25 client's resources/subscribe: the hub listens upstream for it.
+    let mut hub = raw_hub(&bob, &["alice/modern"]);
+    let init = hub.initialize_as("2025-11-25").await;
+    assert_eq!(
+        init["result"]["capabilities"]["resources"]["subscribe"], true,
+        "{init}"
+    );
+    let listed = hub.request("resources/list", json!({})).await;
+    assert!(listed.to_string().contains(&shown), "{listed}");
+    let subscribed = hub
+        .request("resources/subscribe", json!({"uri": shown}))
+        .await;
+    assert_eq!(subscribed["result"], json!({}), "{subscribed}");
+    let answer = hub.request("tools/call", touch.clone()).await;
+    assert!(touched(&answer).ends_with("; 1 listening"), "{answer}");
+    let updated = hub
+        .notified("notifications/resources/updated", ANSWER_TIMEOUT)
+        .await
+        .expect("the update reaches the client");
+    assert_eq!(updated["params"]["uri"], shown.as_str(), "{updated}");
+    assert!(
+        updated["params"].get("_meta").is_none(),
+        "the hub's stream is its own: {updated}"
+    );
+    assert!(
+        !hub.skipped
+            .iter()
+            .any(|m| m["method"] == "notifications/subscriptions/acknowledged"),
+        "{:?}",
+        hub.skipped
+    );
+    // Subscribing twice holds one stream; unsubscribing ends it at the server.
+    let again = hub
+        .request("resources/subscribe", json!({"uri": shown}))
+        .await;
+    assert_eq!(again["result"], json!({}), "{again}");
+    let answer = hub.request("tools/call", touch.clone()).await;
+    assert!(touched(&answer).ends_with("; 1 listening"), "{answer}");
+    let gone = hub
+        .request("resources/unsubscribe", json!({"uri": shown}))
+        .await;
+    assert_eq!(gone["result"], json!({}), "{gone}");
+    let mut last = String::new();
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        last = touched(&hub.request("tools/call", touch.clone()).await);
+        if last.ends_with("; 0 listening") {
+            break;
+        }
+    }
+    assert!(
+        last.ends_with("; 0 listening"),
+        "the stream outlived the unsubscribe: {last}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+
+    // A 2026-07-28 client's stream names the resource: the hub's upstream listen carries it.
+    let mut hub = raw_hub(&bob, &["alice/modern"]);
+    hub.request("server/discover", stateless(json!({}))).await;
+    hub.send(
+        &json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+        "params": stateless(json!({"notifications": {"resourceSubscriptions": [shown]}}))}),
+    )
+    .await;
+    let ack = hub.recv().await.expect("the stream's acknowledgement");
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"]["resourceSubscriptions"],
+        json!([shown]),
+        "{ack}"
+    );
+    let answer = hub.request("tools/call", stateless(touch.clone())).await;
+    assert!(touched(&answer).ends_with("; 1 listening"), "{answer}");
+    let updated = hub
+        .notified("notifications/resources/updated", ANSWER_TIMEOUT)
+        .await
+        .expect("the update reaches the stream");
+    assert_eq!(updated["params"]["uri"], shown.as_str(), "{updated}");
+    assert_eq!(
+        updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1",
+        "{updated}"
+    );
+    // The client ends its stream: so does the hub's, at the server.
+    hub.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": stateless(json!({"requestId": "listen-1"}))}),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        last = touched(&hub.request("tools/call", stateless(touch.clone())).await);
+        if last.ends_with("; 0 listening") {
+            break;
+        }
+    }
+    assert!(
+        last.ends_with("; 0 listening"),
+        "the stream outlived its client's: {last}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_held_call_whose_client_never_retries_lapses_and_its_server_hears_cancel() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     serve_everything(&alice, "everything", &marker("hub-lapse"));

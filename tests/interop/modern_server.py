@@ -21,7 +21,10 @@ parameter the SDK fulfils per era:
 only non-deterministic field on the wire besides what the SDK itself randomizes. No network.
 
 Tools: echo(text), add(a, b), whoami, confirm(question). Resource: mcpmesh://interop/hello.
-Prompt: greet(name).
+Prompt: greet(name). With MODERN_SERVER_TOUCH=1 in the environment, also touch(uri): publishes
+"resource updated" for uri to the `subscriptions/listen` streams (2026-07-28) that named it, and
+answers "touched <uri>; N listening", N the listen streams open on this server process (read
+from the SDK's in-memory subscription bus) — how a test sees a stream's end reach the server.
 """
 
 from __future__ import annotations
@@ -97,6 +100,15 @@ def hello_resource() -> str:
 @mcp.prompt(description="A one-message greeting prompt.")
 def greet(name: str) -> str:
     return f"Please greet {name}."
+
+
+if os.environ.get("MODERN_SERVER_TOUCH") == "1":
+
+    @mcp.tool(description="Tell the subscribers of a resource that it was updated.")
+    async def touch(uri: str, ctx: Context) -> str:
+        await ctx.notify_resource_updated(uri)
+        listening = len(getattr(ctx._bus, "_listeners", ()))
+        return f"touched {uri}; {listening} listening"
 
 
 if __name__ == "__main__":

@@ -172,6 +172,17 @@ impl Hub {
         // A task the client could not reach is never made: a task call to a service that
         // offers none (or from a client the hub offers no tasks) runs plainly.
         let stateless = self.client_era_is(Era::Stateless);
+        // A stateless server has no `resources/subscribe`: the hub listens for the client.
+        if !stateless
+            && up.era() == Era::Stateless
+            && matches!(method, "resources/subscribe" | "resources/unsubscribe")
+        {
+            let own = params["uri"].as_str().unwrap_or_default().to_owned();
+            let mut shown = Some(json!(own.clone()));
+            present_uri(shown.as_mut(), &target);
+            let shown = shown.as_ref().and_then(Value::as_str).unwrap_or_default();
+            return self.subscription(id, method, shown, &own, lease).await;
+        }
         if method == "tools/call"
             && params.get("task").is_some()
             && (stateless || !tasks::offers_task_calls(&up.capabilities()))
@@ -476,6 +487,18 @@ impl Hub {
                 "notifications/resources/updated" => {
                     let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
                     present_uri(uri, &from.target);
+                    // The stream of a stateless server's update is the hub's, not the client's.
+                    if let Some(meta) = frame
+                        .pointer_mut("/params/_meta")
+                        .and_then(Value::as_object_mut)
+                    {
+                        meta.remove(era::META_SUBSCRIPTION);
+                        if meta.is_empty()
+                            && let Some(params) = frame["params"].as_object_mut()
+                        {
+                            params.remove("_meta");
+                        }
+                    }
                     if stateless {
                         let params = frame["params"].clone();
                         let shown = params["uri"].as_str().unwrap_or_default();
@@ -484,6 +507,8 @@ impl Hub {
                         self.send(line(&frame)).await;
                     }
                 }
+                // What a stateless server acknowledges is the hub's own listen.
+                "notifications/subscriptions/acknowledged" => {}
                 // Nothing else reaches a stateless client outside a request.
                 _ if stateless => {}
                 "notifications/tasks/status" => {
