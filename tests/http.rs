@@ -2328,9 +2328,11 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
     assert_kept_secret(&alice, &sink, &secrets).await;
 
-    // Forgotten: the next session is refused again.
+    // Forgotten (and revoked at the server, where it was already): the next session is
+    // refused again.
     let out = parse_ok(&auth(&alice, &["wiki", "--logout"]));
     assert_eq!(out["authorized"], false, "{out}");
+    assert_eq!(out["revoked"], true, "{out}");
     assert!(!file.exists());
     let mut s = bob.connect("alice/wiki");
     assert_eq!(s.initialize().await["error"]["code"], -32056);
@@ -2340,7 +2342,7 @@ async fn a_url_server_that_requires_oauth_is_served_once_its_node_holds_a_grant_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_to() {
-    let server = SdkOAuth::start(&[]).await;
+    let mut server = SdkOAuth::start(&[]).await;
     let sink = TelemetrySink::start().await;
     let (alice, bob) = watched_nodes(&sink, "");
     alice.serve("wiki", &["bob"], &["--url", &server.url, "--oauth"]);
@@ -2413,6 +2415,25 @@ async fn a_headless_node_finishes_a_grant_with_the_address_the_browser_was_sent_
     // The redirect address carries the code and the state.
     secrets.push(&sent_to);
     assert_kept_secret(&alice, &sink, &secrets).await;
+
+    // Logging out revokes the grant at its authorization server (RFC 7009), then forgets it;
+    // a session open under it is told to make a new one at its next request.
+    let mut s = bob.connect("alice/wiki");
+    let init = s.initialize().await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    let out = parse_ok(&auth(&alice, &["wiki", "--logout"]));
+    assert_eq!(out["authorized"], false, "{out}");
+    assert_eq!(out["revoked"], true, "{out}");
+    server.process.wait_for("revoked: client_id=").await;
+    assert!(!alice.home().join("oauth/wiki.grant.json").exists());
+    let answer = s.request("tools/list", json!({})).await;
+    assert_eq!(answer["error"]["code"], -32056, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["command"], "mcpmesh auth wiki",
+        "{answer}"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -2569,6 +2590,19 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
         assert_eq!(call["name"], "echo", "{call}");
         assert_eq!(call["outcome"], "ok", "{call}");
     }
+
+    // A server that refuses the revocation (this one's /revoke knows only the clients it
+    // registered, not the machine client): the grant is forgotten here all the same, and the
+    // answer says why it was not revoked, without a secret.
+    let out = parse_ok(&auth(&alice, &["reports", "--logout"]));
+    assert_eq!(out["authorized"], false, "{out}");
+    assert_eq!(out["revoked"], false, "{out}");
+    let why = out["revocation_failed"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(why.contains("401"), "{out}");
+    assert!(secrets.iter().all(|s| !why.contains(s)), "{out}");
+    assert!(!alice.home().join("oauth/reports.grant.json").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

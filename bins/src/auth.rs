@@ -17,18 +17,50 @@ pub struct Auth {
     pub logout: bool,
 }
 
+/// Revokes `grant` at its server; `Ok(false)` when the server offers no revocation.
+fn revoke(grant: &mcpmesh::oauth::Grant) -> Result<bool, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let http = mcpmesh::oauth::http_client().map_err(|e| e.to_string())?;
+        mcpmesh::oauth::flow::revoke(&http, grant)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
 pub fn run(profile: &Profile, out: &Output, auth: Auth) -> Result<(), Failure> {
     let files = GrantFiles::new(profile);
     if auth.logout {
+        // Revoked at the server where it can be (RFC 7009); forgotten here in any case.
+        let grant = files.load(&auth.name).ok().flatten();
+        let revoked = match &grant {
+            Some(grant) => revoke(grant),
+            None => Ok(false),
+        };
         let had = files.remove(&auth.name)?;
         files.remove_pending(&auth.name)?;
-        out.print(
-            json!({ "service": auth.name, "authorized": false }),
-            || match had {
+        let mut answer = json!({ "service": auth.name, "authorized": false, "revoked": false });
+        match &revoked {
+            Ok(done) => answer["revoked"] = json!(done),
+            Err(why) => answer["revocation_failed"] = json!(why),
+        }
+        out.print(answer, || {
+            let forgot = match had {
                 true => format!("forgot the OAuth grant of {}", auth.name),
                 false => format!("{} had no OAuth grant", auth.name),
-            },
-        );
+            };
+            match &revoked {
+                Ok(true) => format!("{forgot}; revoked it at its authorization server"),
+                Ok(false) if had => {
+                    format!("{forgot}; its authorization server offers no revocation")
+                }
+                Ok(false) => forgot,
+                Err(why) => format!("{forgot}; revoking it at its server failed: {why}"),
+            }
+        });
         return Ok(());
     }
     if auth.status {

@@ -28,7 +28,9 @@ RS = http://127.0.0.1:PORT/mcp:
                                                       client_credentials for the --machine-client
                                                       (HTTP Basic or client_secret_post; no refresh
                                                       token; scope as asked, else all of --scopes)
-    POST /revoke                                      RFC 7009 (drops the whole grant: access + refresh)
+    POST /revoke                                      RFC 7009 (drops the whole grant: access + refresh);
+                                                      a public client may leave client_secret out
+                                                      (the SDK's model requires the key: see below)
     GET  /.well-known/oauth-protected-resource/mcp    RFC 9728 metadata: resource RS,
                                                       authorization_servers [ISSUER],
                                                       scopes_supported = --required-scopes
@@ -129,6 +131,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mcp.server.auth.handlers import revoke as sdk_revoke
 from mcp.server.auth.handlers.metadata import MetadataHandler
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
@@ -155,6 +158,20 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import modern_server  # noqa: E402  (the `mcp.run("stdio")` there is under `if __name__ == "__main__"`)
 import loopback_asgi  # noqa: E402
+
+
+class PublicClientRevocation(sdk_revoke.RevocationRequest):
+    """The SDK's revocation request with `client_secret` optional, as RFC 7009 §5 and RFC 6749
+    §2.3 have it: the SDK declares it `str | None` without a default, which pydantic reads as a
+    required key, so a public client (auth method "none") or one using HTTP Basic is refused
+    400 "client_secret: Field required" (modelcontextprotocol/python-sdk#3508, open). The
+    handler reads the model from its module at each request, so replacing it there suffices;
+    client authentication stays the SDK's own."""
+
+    client_secret: str | None = None
+
+
+sdk_revoke.RevocationRequest = PublicClientRevocation
 
 HOST = "127.0.0.1"
 PATH = "/mcp"

@@ -96,6 +96,9 @@ pub struct AuthServer {
     pub token_endpoint: String,
     #[serde(default)]
     pub registration_endpoint: Option<String>,
+    /// RFC 7009: where `auth --logout` revokes the grant.
+    #[serde(default)]
+    pub revocation_endpoint: Option<String>,
     #[serde(default)]
     pub scopes_supported: Vec<String>,
     #[serde(default)]

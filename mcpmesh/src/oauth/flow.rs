@@ -91,6 +91,7 @@ pub async fn begin(
             resource,
             issuer: found.server.issuer.clone(),
             token_endpoint: found.server.token_endpoint.clone(),
+            revocation_endpoint: found.server.revocation_endpoint.clone(),
             client_id,
             client_secret,
             secret_in_body,
@@ -327,6 +328,7 @@ pub async fn finish(
         resource: pending.resource.clone(),
         issuer: pending.issuer.clone(),
         token_endpoint: pending.token_endpoint.clone(),
+        revocation_endpoint: pending.revocation_endpoint.clone(),
         client_id: pending.client_id.clone(),
         client_secret: pending.client_secret.clone(),
         secret_in_body: pending.secret_in_body,
@@ -382,6 +384,7 @@ pub async fn client_credentials(
         resource: found.protected.resource.clone(),
         issuer: found.server.issuer.clone(),
         token_endpoint: found.server.token_endpoint.clone(),
+        revocation_endpoint: found.server.revocation_endpoint.clone(),
         client_id: client_id.clone(),
         client_secret: settings.client_secret.clone(),
         secret_in_body: secret_in_body(&found.server.token_endpoint_auth_methods_supported),
@@ -480,6 +483,75 @@ pub async fn refresh(http: &reqwest::Client, grant: &Grant) -> Result<Grant, OAu
     Ok(renewed(grant.clone(), &tokens))
 }
 
+/// Revokes `grant` at its authorization server (RFC 7009): the refresh token, which takes the
+/// grant with it at most servers, and the access token. `Ok(false)` when the server offers no
+/// revocation. A client-credentials grant has no refresh token: its access token is revoked.
+/// The request is made by hand: the `oauth2` crate insists on HTTPS for this endpoint alone,
+/// while the token endpoint of the same server is taken as discovery found it.
+pub async fn revoke(http: &reqwest::Client, grant: &Grant) -> Result<bool, OAuthError> {
+    let Some(endpoint) = &grant.revocation_endpoint else {
+        return Ok(false);
+    };
+    let mut tokens = Vec::new();
+    if let Some(refresh) = &grant.refresh_token {
+        tokens.push((refresh.as_str(), "refresh_token"));
+    }
+    tokens.push((grant.access_token.as_str(), "access_token"));
+    for (token, hint) in tokens {
+        // The client id goes in the body whatever the authentication (some servers, the MCP
+        // Python SDK's among them, look for it there even beside Basic).
+        let mut form = vec![
+            ("token", token.to_owned()),
+            ("token_type_hint", hint.to_owned()),
+            ("client_id", grant.client_id.clone()),
+        ];
+        let mut request = http.post(endpoint);
+        if let Some(path) = &grant.client_key {
+            let assertion = client_assertion(path.clone(), &grant.client_id, &grant.issuer).await?;
+            form.push(("client_assertion_type", JWT_BEARER.to_owned()));
+            form.push(("client_assertion", assertion));
+        } else {
+            match &grant.client_secret {
+                Some(secret) if !grant.secret_in_body => {
+                    // RFC 6749 §2.3.1: each part form-encoded before Basic.
+                    let encode = |s: &str| {
+                        url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+                    };
+                    request = request.basic_auth(encode(&grant.client_id), Some(encode(secret)));
+                }
+                Some(secret) => form.push(("client_secret", secret.clone())),
+                None => {}
+            }
+        }
+        let answer = request
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(
+                url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(&form)
+                    .finish(),
+            )
+            .send()
+            .await
+            .map_err(|e| OAuthError::Http(e.without_url().to_string()))?;
+        let status = answer.status();
+        if !status.is_success() {
+            // The answer's `error` code only: nothing else of its body is shown.
+            let body = body_of(answer).await.unwrap_or_default();
+            let code = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_owned));
+            return Err(OAuthError::Refused(match code {
+                Some(code) => format!("revocation answered {status}: {code}"),
+                None => format!("revocation answered {status}"),
+            }));
+        }
+    }
+    Ok(true)
+}
+
 fn token_url(endpoint: &str) -> Result<TokenUrl, OAuthError> {
     TokenUrl::new(endpoint.to_owned())
         .map_err(|e| OAuthError::Discovery(format!("token_endpoint: {e}")))
@@ -566,6 +638,7 @@ mod tests {
             resource: "http://127.0.0.1:9/mcp".into(),
             issuer: "http://127.0.0.1:8".into(),
             token_endpoint: "http://127.0.0.1:8/token".into(),
+            revocation_endpoint: None,
             client_id: "c".into(),
             client_secret: None,
             secret_in_body: false,

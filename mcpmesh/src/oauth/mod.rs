@@ -58,6 +58,9 @@ pub struct Grant {
     pub resource: String,
     pub issuer: String,
     pub token_endpoint: String,
+    /// Where the grant is revoked (RFC 7009), when the authorization server has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_endpoint: Option<String>,
     pub client_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
@@ -118,6 +121,8 @@ pub struct Pending {
     pub resource: String,
     pub issuer: String,
     pub token_endpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revocation_endpoint: Option<String>,
     pub client_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
@@ -500,6 +505,7 @@ mod tests {
             resource: "http://127.0.0.1:9/mcp".into(),
             issuer: "http://127.0.0.1:9".into(),
             token_endpoint: "http://127.0.0.1:9/token".into(),
+            revocation_endpoint: None,
             client_id: "client".into(),
             client_secret: Some("client-secret-value".into()),
             secret_in_body: false,
