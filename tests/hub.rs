@@ -2811,3 +2811,128 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
         "bob's call is recorded as allowed"
     );
 }
+
+/// Two skills below `root` (one with a supporting file, one under a prefix), as FastMCP's
+/// `SkillsDirectoryProvider` serves a folder.
+fn write_skills(root: &std::path::Path) {
+    let workflow = root.join("git-workflow");
+    std::fs::create_dir_all(workflow.join("references")).unwrap();
+    std::fs::write(
+        workflow.join("SKILL.md"),
+        "---\nname: git-workflow\ndescription: Follow the team's Git conventions\nlicense: Apache-2.0\n---\n\nRead `references/BRANCHES.md` first.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        workflow.join("references/BRANCHES.md"),
+        "Branches are named topic/NAME.\n",
+    )
+    .unwrap();
+    let refunds = root.join("acme/refunds");
+    std::fs::create_dir_all(&refunds).unwrap();
+    std::fs::write(
+        refunds.join("SKILL.md"),
+        "---\nname: refunds\ndescription: Process a refund per policy\n---\n\nWithin 30 days.\n",
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under_their_service() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let root = alice.home().join("skills");
+    write_skills(&root);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("skills_server.py"),
+    );
+    alice.serve(
+        "skills",
+        &["bob"],
+        &["--", &py, &server, &root.display().to_string()],
+    );
+    let shown = |own: &str| format!("mcpmesh-hub://alice/skills/{own}");
+
+    // FastMCP's own Skills client (a 2026-07-28 one) through the hub over FastMCP's server:
+    // the list, each entry again by skills/get, each skill read and verified file by file
+    // against its manifest (sizes, digests, frontmatter, name) — every URI the hub's.
+    let args: Vec<String> = vec![
+        interop_script("skills_client.py"),
+        "--unknown".into(),
+        shown("skill://nope/SKILL.md"),
+        "--".into(),
+        MCPMESH.into(),
+        "--home".into(),
+        bob.home().display().to_string(),
+        "hub".into(),
+        "alice/skills".into(),
+    ];
+    let out = run_driver(&args).await;
+    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    let skills = report["skills"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(skills.len(), 2, "{report}");
+    let workflow = skills
+        .iter()
+        .find(|s| s["name"] == "git-workflow")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(workflow["uri"], shown("skill://git-workflow/SKILL.md"));
+    assert_eq!(
+        workflow["files"],
+        json!([
+            shown("skill://git-workflow/SKILL.md"),
+            shown("skill://git-workflow/references/BRANCHES.md")
+        ]),
+        "{report}"
+    );
+    assert_eq!(workflow["origin"], "alice/skills", "{report}");
+    assert_eq!(workflow["get_same"], true, "{report}");
+    assert_eq!(
+        workflow["read"],
+        json!({"files": ["SKILL.md", "references/BRANCHES.md"]}),
+        "{report}"
+    );
+    let refunds = skills
+        .iter()
+        .find(|s| s["name"] == "refunds")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(refunds["uri"], shown("skill://acme/refunds/SKILL.md"));
+    assert_eq!(refunds["read"], json!({"files": ["SKILL.md"]}), "{report}");
+    // A skill the service does not serve is the service's -32602.
+    assert_eq!(report["unknown"]["code"], -32602, "{report}");
+
+    // Raw, at 2026-07-28: the extension offered, the answers typed and private, a URI of no
+    // service the hub presents refused by the hub itself.
+    let mut hub = raw_hub(&bob, &["alice/skills"]);
+    let found = hub.request("server/discover", stateless(json!({}))).await;
+    assert_eq!(
+        found["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/skills"],
+        json!({}),
+        "{found}"
+    );
+    let listed = hub.request("skills/list", stateless(json!({}))).await;
+    assert_eq!(listed["result"]["resultType"], "complete", "{listed}");
+    assert_eq!(listed["result"]["cacheScope"], "private", "{listed}");
+    assert_eq!(listed["result"]["skills"].as_array().map(Vec::len), Some(2));
+    let elsewhere = "mcpmesh-hub://carol/skills/skill://git-workflow/SKILL.md";
+    let refused = hub
+        .request("skills/get", stateless(json!({"uri": elsewhere})))
+        .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+
+    // A 2025-11-25 client is offered no extension of the 2026 revision, and is told so.
+    let mut hub = raw_hub(&bob, &["alice/skills"]);
+    let init = hub.initialize_as("2025-11-25").await;
+    assert!(
+        init["result"]["capabilities"].get("extensions").is_none(),
+        "{init}"
+    );
+    let refused = hub.request("skills/list", json!({})).await;
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}

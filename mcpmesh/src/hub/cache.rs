@@ -52,6 +52,9 @@ pub struct Listing {
     pub resources: Vec<Value>,
     #[serde(default)]
     pub templates: Vec<Value>,
+    /// Its skills (the Skills extension's `skills/list` entries), when it declares them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<Value>,
 }
 
 impl Listing {
@@ -69,6 +72,7 @@ impl Listing {
             "uriTemplate",
             &mut dropped,
         );
+        keep_first(&mut self.skills, "skill", "uri", &mut dropped);
         dropped
     }
 

@@ -163,6 +163,8 @@ fn cacheable(method: &str) -> bool {
             | "resources/list"
             | "resources/templates/list"
             | "resources/read"
+            | "skills/list"
+            | "skills/get"
     )
 }
 

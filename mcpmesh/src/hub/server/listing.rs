@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::Hub;
 use super::wire::{line, lock};
+use super::{Hub, skills};
 use crate::hub::Target;
 use crate::hub::cache::{self, Listing, MAX_ITEMS};
 use crate::hub::upstream::{Upstream, UpstreamError};
@@ -193,6 +193,7 @@ fn same_items(a: &Listing, b: &Listing) -> bool {
         && a.prompts == b.prompts
         && a.resources == b.resources
         && a.templates == b.templates
+        && a.skills == b.skills
         && a.capabilities == b.capabilities
         && a.instructions == b.instructions
 }
@@ -225,6 +226,9 @@ async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError
         listing.templates = pages(up, "resources/templates/list", templates, &mut notes)
             .await?
             .0;
+    }
+    if skills::declared(&caps) {
+        listing.skills = pages(up, "skills/list", "skills", &mut notes).await?.0;
     }
     Ok((listing, notes))
 }

@@ -10,12 +10,14 @@
 //! - `view`: what the client is shown (the merged lists, and URIs under their service's place).
 //! - `listing`: each service's listing fetched into the cache, and what it leaves out said.
 //! - `routing`: requests and answers between the client and the services, ids mapped.
+//! - `skills`: the Skills extension's entries and answers presented under their service.
 //! - `wire`: lines to the client and the hub's own answers.
 
 mod bridge;
 mod listen;
 mod listing;
 mod routing;
+mod skills;
 mod tasks;
 mod view;
 mod wire;
@@ -326,7 +328,14 @@ impl Hub {
                 return;
             }
             "ping" => self.typed_answer(&id, method, json!({})),
-            "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" => {
+            // The Skills extension is a 2026-07-28 one: offered to stateless clients.
+            "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "skills/list"
+                if method != "skills/list" || stateless =>
+            {
                 self.clone().first_listings();
                 self.wait_for_first_listings().await;
                 self.refresh_stale();
@@ -352,18 +361,9 @@ impl Hub {
             | "resources/read"
             | "resources/subscribe"
             | "resources/unsubscribe"
-            | "completion/complete" => {
-                let mut routed = self.destination(method, params.clone());
-                if routed.is_err() {
-                    // A name the cache does not know yet may be in a listing on its way.
-                    self.clone().first_listings();
-                    self.wait_for_first_listings().await;
-                    routed = self.destination(method, params);
-                }
-                match routed {
-                    Ok((target, params)) => self.forward(&id, target, method, params).await,
-                    Err(message) => rpc_error(&id, -32602, message),
-                }
+            | "completion/complete" => self.route(&id, method, params).await,
+            "skills/get" | "resources/directory/read" if stateless => {
+                self.route(&id, method, params).await
             }
             "tasks/get" | "tasks/result" | "tasks/cancel" if !stateless => {
                 match self.task_destination(params) {
@@ -375,6 +375,22 @@ impl Hub {
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         self.send(reply).await;
+    }
+
+    /// Sends a request that names what it is for (a tool, a prompt, a URI) to the service
+    /// behind that name, and gives the line that answers it.
+    async fn route(self: &Arc<Self>, id: &Value, method: &str, params: Value) -> Vec<u8> {
+        let mut routed = self.destination(method, params.clone());
+        if routed.is_err() {
+            // A name the cache does not know yet may be in a listing on its way.
+            self.clone().first_listings();
+            self.wait_for_first_listings().await;
+            routed = self.destination(method, params);
+        }
+        match routed {
+            Ok((target, params)) => self.forward(id, target, method, params).await,
+            Err(message) => rpc_error(id, -32602, message),
+        }
     }
 
     /// Learns or checks the client's era from a request: `initialize` says the handshake era,
@@ -602,6 +618,22 @@ impl Hub {
         }
         if any("completions") {
             caps.insert("completions".into(), json!({}));
+        }
+        // Skills as the services offer them (while one is unknown, as it may), to a stateless
+        // client (the extension's revision); directory reads likewise (a URI of a service
+        // that reads none goes to it all the same, and it answers as it does).
+        let skills_from =
+            |has: fn(&Value) -> bool| !all_known || known.iter().any(|l| has(&l.capabilities));
+        if stateless && skills_from(skills::declared) {
+            let directories = skills_from(skills::reads_directories);
+            let mut setting = Map::new();
+            if directories {
+                setting.insert("directoryRead".into(), json!(true));
+            }
+            caps.insert(
+                "extensions".into(),
+                json!({ skills::EXTENSION: Value::Object(setting) }),
+            );
         }
         // Tasks as the services that are known offer them (a task call to another runs
         // plainly); not to a stateless client, whose revision makes tasks an extension.

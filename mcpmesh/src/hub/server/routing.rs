@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Hub;
 use super::bridge;
+use super::skills;
 use super::tasks;
 use super::view::{present_uri, present_uris};
 use super::wire::{key, line, lock, mesh_error, rpc_error};
@@ -308,6 +309,7 @@ impl Hub {
                 name_the_service(&mut frame, &target);
                 present_uris(&method, &mut frame, &target);
                 tasks::present_answer(&method, &mut frame, &target);
+                skills::present_answer(&method, &mut frame, &target);
                 if self.client_era_is(Era::Stateless)
                     && let Some(result) = frame.get_mut("result")
                 {

@@ -46,6 +46,8 @@ pub(super) struct View {
     /// Resources and templates under the URIs the hub presents.
     resources: Vec<Value>,
     templates: Vec<Value>,
+    /// Skill entries, their URIs likewise.
+    skills: Vec<Value>,
     /// Why the last rebuild failed (two items sharing a name), while it does.
     error: Option<String>,
 }
@@ -59,6 +61,7 @@ impl Hub {
         let mut prompts = Vec::new();
         let mut resources = Vec::new();
         let mut templates = Vec::new();
+        let mut skills = Vec::new();
         for target in &self.targets() {
             let Some(listing) = cache.get(target) else {
                 continue;
@@ -84,6 +87,11 @@ impl Hub {
             };
             resources.extend(presented(&listing.resources, "uri"));
             templates.extend(presented(&listing.templates, "uriTemplate"));
+            skills.extend(listing.skills.iter().map(|entry| {
+                let mut shown = entry.clone();
+                super::skills::present_entry(&mut shown, target);
+                shown
+            }));
         }
         let naming = self.config.naming;
         let named = |items: Vec<Item>| -> Result<(Routes, Vec<(String, Item)>), Collision> {
@@ -103,6 +111,7 @@ impl Hub {
                     prompt_routes,
                     resources,
                     templates,
+                    skills,
                     error: None,
                 };
                 Ok(())
@@ -143,6 +152,7 @@ impl Hub {
                     .collect(),
             ),
             "resources/list" => ("resources", view.resources.clone()),
+            "skills/list" => ("skills", view.skills.clone()),
             _ => ("resourceTemplates", view.templates.clone()),
         };
         match page(field, all, params.get("cursor"), PAGE) {
