@@ -2654,3 +2654,59 @@ async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
     let secrets: Vec<&str> = grant.iter().map(String::as_str).collect();
     assert_kept_secret(&alice, &sink, &secrets).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_over_http() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let root = alice.home().join("skills");
+    write_skills(&root);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("skills_server.py"),
+    );
+    alice.serve(
+        "skills",
+        &["bob"],
+        &["--", &py, &server, &root.display().to_string()],
+    );
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/skills"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    // FastMCP's Skills client over Streamable HTTP, sessionless at 2026-07-28.
+    let shown = |own: &str| format!("mcpmesh-hub://alice/skills/{own}");
+    let mut args = vec![
+        interop_script("skills_client.py"),
+        "--unknown".into(),
+        shown("skill://nope/SKILL.md"),
+    ];
+    args.extend(gateway.header_args());
+    args.extend(["--url".into(), gateway.url("hub")]);
+    let out = run_driver(&args).await;
+    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    let skills = report["skills"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(skills.len(), 2, "{report}");
+    for skill in skills {
+        assert_eq!(skill["origin"], "alice/skills", "{report}");
+        assert_eq!(skill["get_same"], true, "{report}");
+        assert!(skill["read"]["files"].is_array(), "{report}");
+    }
+    let workflow = skills
+        .iter()
+        .find(|s| s["name"] == "git-workflow")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(workflow["uri"], shown("skill://git-workflow/SKILL.md"));
+    assert_eq!(
+        workflow["read"],
+        json!({"files": ["SKILL.md", "references/BRANCHES.md"]}),
+        "{report}"
+    );
+    assert_eq!(report["unknown"]["code"], -32602, "{report}");
+}

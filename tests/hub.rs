@@ -2812,30 +2812,6 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
     );
 }
 
-/// Two skills below `root` (one with a supporting file, one under a prefix), as FastMCP's
-/// `SkillsDirectoryProvider` serves a folder.
-fn write_skills(root: &std::path::Path) {
-    let workflow = root.join("git-workflow");
-    std::fs::create_dir_all(workflow.join("references")).unwrap();
-    std::fs::write(
-        workflow.join("SKILL.md"),
-        "---\nname: git-workflow\ndescription: Follow the team's Git conventions\nlicense: Apache-2.0\n---\n\nRead `references/BRANCHES.md` first.\n",
-    )
-    .unwrap();
-    std::fs::write(
-        workflow.join("references/BRANCHES.md"),
-        "Branches are named topic/NAME.\n",
-    )
-    .unwrap();
-    let refunds = root.join("acme/refunds");
-    std::fs::create_dir_all(&refunds).unwrap();
-    std::fs::write(
-        refunds.join("SKILL.md"),
-        "---\nname: refunds\ndescription: Process a refund per policy\n---\n\nWithin 30 days.\n",
-    )
-    .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under_their_service() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);

@@ -1151,3 +1151,27 @@ impl TelemetrySink {
         }
     }
 }
+
+/// Two skills below `root` (one with a supporting file, one under a prefix), as FastMCP's
+/// `SkillsDirectoryProvider` serves a folder.
+pub fn write_skills(root: &std::path::Path) {
+    let workflow = root.join("git-workflow");
+    std::fs::create_dir_all(workflow.join("references")).unwrap();
+    std::fs::write(
+        workflow.join("SKILL.md"),
+        "---\nname: git-workflow\ndescription: Follow the team's Git conventions\nlicense: Apache-2.0\n---\n\nRead `references/BRANCHES.md` first.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        workflow.join("references/BRANCHES.md"),
+        "Branches are named topic/NAME.\n",
+    )
+    .unwrap();
+    let refunds = root.join("acme/refunds");
+    std::fs::create_dir_all(&refunds).unwrap();
+    std::fs::write(
+        refunds.join("SKILL.md"),
+        "---\nname: refunds\ndescription: Process a refund per policy\n---\n\nWithin 30 days.\n",
+    )
+    .unwrap();
+}
