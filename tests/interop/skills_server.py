@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 
 from fastmcp import FastMCP
-from fastmcp.skills.provider import SkillsDirectoryProvider
+from fastmcp.server.providers.skills import SkillsDirectoryProvider
+from fastmcp.skills.extension import SkillsExtension
 
 
 def main() -> None:
@@ -28,7 +29,11 @@ def main() -> None:
         """Echo the text back."""
         return text
 
-    server.add_provider(SkillsDirectoryProvider(sys.argv[1]))
+    # FastMCP 4.1 serves the extension's discovery, strict manifests and byte-preserving
+    # reads behind `experimental_skills`, and the extension itself once added.
+    skills = SkillsDirectoryProvider(sys.argv[1], experimental_skills=True)
+    server.add_provider(skills)
+    server.add_extension(SkillsExtension(providers=[skills]))
     server.run("stdio", show_banner=False)
 
 
