@@ -2710,3 +2710,47 @@ async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_
     );
     assert_eq!(report["unknown"]["code"], -32602, "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_task_through_the_gateways_hub_over_http_is_polled_to_its_result_and_cancelled()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("tasks_server.py"),
+    );
+    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/tasks"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    // FastMCP's client with fastmcp-tasks over Streamable HTTP, sessionless: each poll is a
+    // request of its own, and reaches the session that holds the task by the id alone.
+    let mut args = vec![
+        interop_script("tasks_client.py"),
+        "--prefix".into(),
+        "alice__tasks__".into(),
+        "--unknown".into(),
+        "alice/nothing/x".into(),
+    ];
+    args.extend(gateway.header_args());
+    args.extend(["--url".into(), gateway.url("hub")]);
+    let out = run_driver(&args).await;
+    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    assert_eq!(report["transparent"], "crunched 0.5", "{report}");
+    assert_eq!(report["handle"]["result"], "crunched 1.0", "{report}");
+    assert!(
+        report["handle"]["task_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("alice/tasks/")),
+        "{report}"
+    );
+    assert_eq!(report["cancel"]["status"], "cancelled", "{report}");
+    assert_eq!(report["plain"], "plainly", "{report}");
+    assert_eq!(report["unknown"]["code"], -32602, "{report}");
+}

@@ -2912,3 +2912,90 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
     hub.close_stdin();
     hub.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2026_07_28_task_through_the_hub_is_polled_to_its_result_and_cancelled_by_its_presented_id()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("tasks_server.py"),
+    );
+    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+
+    // FastMCP's client with fastmcp-tasks, over FastMCP's TasksExtension, through the hub:
+    // the call answered by a task it polls itself, a task driven by its handle, one cancelled,
+    // and an ordinary call beside them.
+    let args: Vec<String> = vec![
+        interop_script("tasks_client.py"),
+        "--prefix".into(),
+        "alice__tasks__".into(),
+        "--unknown".into(),
+        "carol/tasks/nope".into(),
+        "--".into(),
+        MCPMESH.into(),
+        "--home".into(),
+        bob.home().display().to_string(),
+        "hub".into(),
+        "alice/tasks".into(),
+    ];
+    let out = run_driver(&args).await;
+    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["protocol"], "2026-07-28", "{report}");
+    assert_eq!(report["transparent"], "crunched 0.5", "{report}");
+    let handle = &report["handle"];
+    assert!(
+        handle["task_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("alice/tasks/")),
+        "{report}"
+    );
+    assert_eq!(handle["first"], "working", "{report}");
+    assert_eq!(handle["result"], "crunched 1.0", "{report}");
+    assert!(
+        report["cancel"]["task_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("alice/tasks/")),
+        "{report}"
+    );
+    assert_eq!(report["cancel"]["status"], "cancelled", "{report}");
+    assert_eq!(report["plain"], "plainly", "{report}");
+    // An id naming no service the hub presents is the hub's own -32602.
+    assert_eq!(report["unknown"]["code"], -32602, "{report}");
+
+    // The hub offers the extension to a 2026 client as the service declares it.
+    let mut hub = raw_hub(&bob, &["alice/tasks"]);
+    let found = hub.request("server/discover", stateless(json!({}))).await;
+    assert_eq!(
+        found["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({}),
+        "{found}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+
+    // A 2025-11-25 client is offered no task of the later revision: its call runs plainly,
+    // and the extension's methods are not its own.
+    let mut hub = raw_hub(&bob, &["alice/tasks"]);
+    let init = hub.initialize_as("2025-11-25").await;
+    assert!(
+        init["result"]["capabilities"].get("extensions").is_none(),
+        "{init}"
+    );
+    let call = json!({"name": "alice__tasks__crunch", "arguments": {"seconds": 0.2}});
+    let answer = hub.request("tools/call", call).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "crunched 0.2",
+        "{answer}"
+    );
+    let refused = hub
+        .request(
+            "tasks/update",
+            json!({"taskId": "alice/tasks/x", "inputResponses": {}}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+}

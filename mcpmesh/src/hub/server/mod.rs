@@ -365,7 +365,10 @@ impl Hub {
             "skills/get" | "resources/directory/read" if stateless => {
                 self.route(&id, method, params).await
             }
-            "tasks/get" | "tasks/result" | "tasks/cancel" if !stateless => {
+            // Each revision's task methods: 2025-11-25's, and the 2026-07-28 tasks extension's.
+            "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update"
+                if tasks::routed_in(method, stateless) =>
+            {
                 match self.task_destination(params) {
                     Ok((target, params)) => self.forward(&id, target, method, params).await,
                     Err(message) => rpc_error(&id, -32602, message),
@@ -622,18 +625,24 @@ impl Hub {
         // Skills as the services offer them (while one is unknown, as it may), to a stateless
         // client (the extension's revision); directory reads likewise (a URI of a service
         // that reads none goes to it all the same, and it answers as it does).
-        let skills_from =
+        let offered =
             |has: fn(&Value) -> bool| !all_known || known.iter().any(|l| has(&l.capabilities));
-        if stateless && skills_from(skills::declared) {
-            let directories = skills_from(skills::reads_directories);
+        let mut extensions = Map::new();
+        if stateless && offered(skills::declared) {
+            let directories = offered(skills::reads_directories);
             let mut setting = Map::new();
             if directories {
                 setting.insert("directoryRead".into(), json!(true));
             }
-            caps.insert(
-                "extensions".into(),
-                json!({ skills::EXTENSION: Value::Object(setting) }),
-            );
+            extensions.insert(skills::EXTENSION.into(), Value::Object(setting));
+        }
+        // The tasks extension likewise, to a stateless client: its task ids are presented
+        // and routed as the 2025 revision's are.
+        if stateless && offered(tasks::extension_declared) {
+            extensions.insert(tasks::EXTENSION.into(), json!({}));
+        }
+        if !extensions.is_empty() {
+            caps.insert("extensions".into(), Value::Object(extensions));
         }
         // Tasks as the services that are known offer them (a task call to another runs
         // plainly); not to a stateless client, whose revision makes tasks an extension.

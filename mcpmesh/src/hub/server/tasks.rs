@@ -1,20 +1,41 @@
-//! MCP tasks through the hub (the 2025-11-25 revision's): a task a service made is presented
-//! under an id naming that service, `PEER/SERVICE/ID`, so `tasks/get`, `tasks/result` and
-//! `tasks/cancel` go back to it by the id alone, and its status notifications and the requests
-//! it makes while the client waits on `tasks/result` carry that id too. `tasks/list` merges
-//! the lists of the services with a session open now (a task lives in its server's session).
-//! A call asking for a task of a service that offers none runs plainly: a task the client could
-//! not reach is never made.
+//! MCP tasks through the hub, of both revisions: the 2025-11-25 revision's, and the
+//! 2026-07-28 tasks extension's (SEP-2663, `io.modelcontextprotocol/tasks`). A task a service
+//! made is presented under an id naming that service, `PEER/SERVICE/ID`, so `tasks/get`,
+//! `tasks/result`, `tasks/cancel` (and the extension's `tasks/update`) go back to it by the id
+//! alone, and its status notifications and the requests it makes while the client waits on
+//! `tasks/result` carry that id too. `tasks/list` (2025) merges the lists of the services with
+//! a session open now (a task lives in its server's session). A call asking for a task of a
+//! service that offers none runs plainly: a task the client could not reach is never made.
 
 use serde_json::{Value, json};
 
 use super::Hub;
+use super::view::present_uris;
 use crate::hub::Target;
 
 /// Where a message names the task it belongs to.
 const RELATED: &str = "io.modelcontextprotocol/related-task";
 /// Tasks listed at most, across every service.
 const MAX_LISTED: usize = 1000;
+
+/// The 2026-07-28 tasks extension's name in `capabilities.extensions`.
+pub(super) const EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// Whether a server's capabilities declare the 2026-07-28 tasks extension.
+pub(super) fn extension_declared(capabilities: &Value) -> bool {
+    capabilities["extensions"].get(EXTENSION).is_some()
+}
+
+/// Whether the hub routes the task method `method` for a client of this era: 2025-11-25 has
+/// `tasks/result` and `tasks/list`, the extension `tasks/update`; both `tasks/get` and
+/// `tasks/cancel`.
+pub(super) fn routed_in(method: &str, stateless: bool) -> bool {
+    match method {
+        "tasks/get" | "tasks/cancel" => true,
+        "tasks/update" => stateless,
+        _ => !stateless,
+    }
+}
 
 /// Whether a server's capabilities offer task-augmented `tools/call`.
 pub(super) fn offers_task_calls(capabilities: &Value) -> bool {
@@ -45,10 +66,23 @@ pub(super) fn present_answer(method: &str, frame: &mut Value, target: &Target) {
             if let Some(id) = result.get_mut("task").and_then(|t| t.get_mut("taskId")) {
                 present_id(id, target);
             }
+            // The extension's answer is the task itself, flat.
+            if result["resultType"] == "task"
+                && let Some(id) = result.get_mut("taskId")
+            {
+                present_id(id, target);
+            }
         }
         "tasks/get" | "tasks/cancel" => {
             if let Some(id) = result.get_mut("taskId") {
                 present_id(id, target);
+            }
+            // The extension's finished task carries the call's own result: its URIs lead back
+            // to the service like those of any call.
+            if let Some(inner) = result.get_mut("result").filter(|r| r.is_object()) {
+                let mut call = json!({ "result": inner.take() });
+                present_uris("tools/call", &mut call, target);
+                *inner = call["result"].take();
             }
         }
         "tasks/list" => {
@@ -149,6 +183,23 @@ mod tests {
         present_answer("tasks/get", &mut got, &target);
         assert_eq!(got["result"]["taskId"], "alice/everything/t-1");
 
+        // The 2026-07-28 extension's shapes: a flat task for the call, the call's own result
+        // inside the finished task.
+        let mut created = json!({"result": {"resultType": "task", "taskId": "t-2"}});
+        present_answer("tools/call", &mut created, &target);
+        assert_eq!(created["result"]["taskId"], "alice/everything/t-2");
+        let mut done = json!({"result": {"taskId": "t-2", "status": "completed", "result":
+            {"content": [{"type": "resource_link", "uri": "file:///x", "name": "x"}]}}});
+        present_answer("tasks/get", &mut done, &target);
+        assert_eq!(done["result"]["taskId"], "alice/everything/t-2");
+        assert_eq!(
+            done["result"]["result"]["content"][0]["uri"],
+            "mcpmesh-hub://alice/everything/file:///x"
+        );
+        let mut plain = json!({"result": {"resultType": "complete", "taskId": "not-a-task"}});
+        present_answer("tools/call", &mut plain, &target);
+        assert_eq!(plain["result"]["taskId"], "not-a-task");
+
         let mut payload = json!({"result": {"content": [], "_meta": {RELATED: {"taskId": "t-1"}}}});
         present_answer("tasks/result", &mut payload, &target);
         assert_eq!(
@@ -163,6 +214,18 @@ mod tests {
         let mut status = json!({"taskId": "t-1", "status": "working"});
         present_status(&mut status, &target);
         assert_eq!(status["taskId"], "alice/everything/t-1");
+    }
+
+    #[test]
+    fn each_eras_task_methods_are_routed_for_its_clients_only() {
+        for stateless in [false, true] {
+            assert!(routed_in("tasks/get", stateless));
+            assert!(routed_in("tasks/cancel", stateless));
+            assert_eq!(routed_in("tasks/update", stateless), stateless);
+            assert_eq!(routed_in("tasks/result", stateless), !stateless);
+        }
+        assert!(extension_declared(&json!({"extensions": {EXTENSION: {}}})));
+        assert!(!extension_declared(&json!({"tasks": {}})));
     }
 
     #[test]

@@ -227,7 +227,7 @@ pub(super) fn present_uris(method: &str, frame: &mut Value, target: &Target) {
         "resources/read" => {
             items(result.get_mut("contents")).for_each(|c| present_uri(c.get_mut("uri"), target))
         }
-        "tools/call" => items(result.get_mut("content")).for_each(content),
+        "tools/call" | "tasks/result" => items(result.get_mut("content")).for_each(content),
         "prompts/get" => items(result.get_mut("messages"))
             .filter_map(|m| m.get_mut("content"))
             .for_each(content),
