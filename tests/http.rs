@@ -2754,3 +2754,295 @@ async fn a_2026_07_28_task_through_the_gateways_hub_over_http_is_polled_to_its_r
     assert_eq!(report["plain"], "plainly", "{report}");
     assert_eq!(report["unknown"]["code"], -32602, "{report}");
 }
+
+/// One request over streamable HTTP to `url` (in session `sid`, or sessionless), its answer.
+async fn http_request(
+    http: &reqwest::Client,
+    url: &str,
+    sid: Option<&str>,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value {
+    let body = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+    let r = tokio::time::timeout(ANSWER_TIMEOUT, mcp_post(http, url, &body, sid).send())
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    answer_in(&r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_legacy_session_of_the_gateways_hub_gets_each_services_instructions_and_its_tasks_by_their_presented_ids()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, &[]);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("modern_server.py"),
+    );
+    alice.serve("modern", &["bob"], &["--", &py, &server]);
+    let listed = || {
+        let services = bob.json(&["services", "--refresh"])["services"].clone();
+        ["alice/everything", "alice/modern"].iter().all(|m| {
+            services
+                .as_array()
+                .is_some_and(|s| s.iter().any(|e| e["mount"] == *m))
+        })
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let (url, http) = (gateway.url("hub"), gateway.client());
+    let open = || async {
+        let r = mcp_post(&http, &url, &initialize_request(), None)
+            .send()
+            .await
+            .unwrap();
+        let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        (sid, answer_in(&r.text().await.unwrap()))
+    };
+    // A first session lists the services (their instructions come with the listing).
+    let (sid, _) = open().await;
+    let tools = http_request(&http, &url, Some(&sid), 2, "tools/list", json!({})).await;
+    assert!(tools.to_string().contains("alice__modern__echo"), "{tools}");
+
+    // The next one is told each service's own instructions under its heading.
+    let (sid, hello) = open().await;
+    let text = hello["result"]["instructions"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("\n\n## alice/modern\nmcpmesh interop test server (dual-era stdio)."),
+        "{hello}"
+    );
+    assert_eq!(
+        hello["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"],
+        json!({}),
+        "{hello}"
+    );
+
+    // 2025-11-25 tasks over HTTP: made, got, listed, its result, another cancelled.
+    let research = |topic: &str| {
+        json!({"name": "alice__everything__simulate-research-query",
+            "arguments": {"topic": topic}, "task": {"ttl": 60000}})
+    };
+    let created = http_request(&http, &url, Some(&sid), 3, "tools/call", research("mesh")).await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task: {created}"))
+        .to_owned();
+    assert!(id.starts_with("alice/everything/"), "{id}");
+    let got = http_request(
+        &http,
+        &url,
+        Some(&sid),
+        4,
+        "tasks/get",
+        json!({"taskId": id}),
+    )
+    .await;
+    assert_eq!(got["result"]["taskId"], id.as_str(), "{got}");
+    let listed = http_request(&http, &url, Some(&sid), 5, "tasks/list", json!({})).await;
+    assert!(listed.to_string().contains(&id), "{listed}");
+    let payload = http_request(
+        &http,
+        &url,
+        Some(&sid),
+        6,
+        "tasks/result",
+        json!({"taskId": id}),
+    )
+    .await;
+    assert!(payload.to_string().contains("mesh"), "{payload}");
+    let created = http_request(
+        &http,
+        &url,
+        Some(&sid),
+        7,
+        "tools/call",
+        research("to cancel"),
+    )
+    .await;
+    let second = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no task: {created}"))
+        .to_owned();
+    let cancelled = http_request(
+        &http,
+        &url,
+        Some(&sid),
+        8,
+        "tasks/cancel",
+        json!({"taskId": second}),
+    )
+    .await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    let refused = http_request(
+        &http,
+        &url,
+        Some(&sid),
+        9,
+        "tasks/get",
+        json!({"taskId": "carol/everything/x"}),
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+
+    // Sessionless, at 2026-07-28: a forged requestState resumes nothing and is refused.
+    let forged = json!({
+        "name": "alice__everything__trigger-elicitation-request",
+        "arguments": {},
+        "inputResponses": {"mcpmesh-1": {"action": "accept", "content": {}}},
+        "requestState": "mcpmesh-hub1.1.00",
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+        },
+    });
+    let refused = http_request(&http, &url, None, 10, "tools/call", forged).await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn both_mcp_eras_use_a_2026_only_server_through_the_gateways_hub() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let filter = alice.home().join("stateless_only.py");
+    std::fs::write(&filter, STATELESS_ONLY).unwrap();
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("modern_server.py"),
+    );
+    let filter = filter.display().to_string();
+    alice.serve("modern", &["bob"], &["--", &py, &filter, &py, &server]);
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/modern"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    // The 2025 client's `confirm` is asked of it mid-call (the server's input_required become
+    // the hub's requests on its HTTP session), the 2026 client's round trip passes through.
+    for era in ["legacy", "modern"] {
+        let mut args = modern_client(era, false);
+        args.extend(gateway.header_args());
+        args.extend(["--name-prefix", "alice__modern__"].map(String::from));
+        args.extend(
+            [
+                "--resource-uri",
+                "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
+            ]
+            .map(String::from),
+        );
+        args.extend(["--url".into(), gateway.url("hub")]);
+        let report = run_driver(&args).await;
+        assert!(!report.contains("FAIL"), "{report}");
+        if era == "legacy" {
+            assert!(
+                report.contains("ok   confirm elicitation/create mid-call"),
+                "{report}"
+            );
+        } else {
+            assert_stateless_report(&report);
+        }
+    }
+}
+
+/// Reads the SSE response `r` until an event whose JSON has `method`; that JSON.
+async fn sse_until(r: &mut reqwest::Response, seen: &mut String, method: &str) -> Value {
+    let found = |seen: &str| {
+        seen.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v["method"] == method)
+    };
+    tokio::time::timeout(SETTLE_HTTP, async {
+        loop {
+            if let Some(v) = found(seen) {
+                return v;
+            }
+            match r.chunk().await {
+                Ok(Some(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                other => panic!("the stream ended before {method}: {other:?}\n{seen}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {method} on the stream in time:\n{seen}"))
+}
+
+/// Longest a listen stream may take to carry what a test caused.
+const SETTLE_HTTP: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listen_stream_over_http_carries_a_2025_servers_resource_updates_through_the_gateways_hub()
+ {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, &[]);
+    let listed = || {
+        bob.json(&["services", "--refresh"])["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/everything"))
+    };
+    assert!(eventually(Duration::from_secs(15), listed).await);
+    let gateway = Gateway::start(&bob, &[]).await;
+    let (url, http) = (gateway.url("hub"), gateway.client());
+    let envelope = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    // The hub lists the service first (its resources are known by their presented URIs).
+    let tools = http_request(
+        &http,
+        &url,
+        None,
+        1,
+        "tools/list",
+        json!({"_meta": envelope.clone()}),
+    )
+    .await;
+    assert!(
+        tools.to_string().contains("alice__everything__echo"),
+        "{tools}"
+    );
+
+    let document = "mcpmesh-hub://alice/everything/demo://resource/static/document/architecture.md";
+    let listen = json!({"jsonrpc": "2.0", "id": "listen-1", "method": "subscriptions/listen",
+        "params": {"notifications": {"resourceSubscriptions": [document]}, "_meta": envelope.clone()}});
+    let mut stream =
+        tokio::time::timeout(ANSWER_TIMEOUT, mcp_post(&http, &url, &listen, None).send())
+            .await
+            .expect("the stream opens in time")
+            .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut seen = String::new();
+    let ack = sse_until(
+        &mut stream,
+        &mut seen,
+        "notifications/subscriptions/acknowledged",
+    )
+    .await;
+    assert_eq!(
+        ack["params"]["notifications"]["resourceSubscriptions"],
+        json!([document]),
+        "{ack}"
+    );
+    // Under the id this client gave its listen request, not the one the gateway sent on.
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1",
+        "{ack}"
+    );
+
+    // Another request, sessionless, makes the server update its subscribed resources: the
+    // update reaches the open stream under the presented URI.
+    let toggle = json!({"name": "alice__everything__toggle-subscriber-updates", "arguments": {},
+        "_meta": envelope});
+    let toggled = http_request(&http, &url, None, 2, "tools/call", toggle).await;
+    assert!(toggled.get("result").is_some(), "{toggled}");
+    let updated = sse_until(&mut stream, &mut seen, "notifications/resources/updated").await;
+    assert_eq!(updated["params"]["uri"], document, "{updated}");
+    assert_eq!(
+        updated["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1",
+        "{updated}"
+    );
+}

@@ -1592,40 +1592,6 @@ async fn the_sdks_2026_07_28_client_answers_a_2025_servers_elicitation_and_sampl
     assert!(!report.contains(r#""is_error": true"#), "{report}");
 }
 
-/// A server of the 2026-07-28 revision only: the SDK's dual-era server behind a filter that
-/// refuses the handshake as such a server does (-32022 naming the one version it speaks).
-const STATELESS_ONLY: &str = r#"
-import json, subprocess, sys, threading
-child = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-lock = threading.Lock()
-def out(data):
-    with lock:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-def down():
-    for line in child.stdout:
-        out(line)
-threading.Thread(target=down, daemon=True).start()
-for line in sys.stdin.buffer:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        msg = None
-    method = msg.get("method") if isinstance(msg, dict) else None
-    if method == "initialize":
-        asked = (msg.get("params") or {}).get("protocolVersion")
-        error = {"code": -32022, "message": "this server speaks only 2026-07-28",
-                 "data": {"requested": asked, "supported": ["2026-07-28"]}}
-        out((json.dumps({"jsonrpc": "2.0", "id": msg.get("id"), "error": error}) + "\n").encode())
-        continue
-    if method == "notifications/initialized":
-        continue
-    child.stdin.write(line)
-    child.stdin.flush()
-child.stdin.close()
-child.wait()
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_2025_11_25_client_uses_a_2026_only_server_through_the_hub_its_input_required_asked_of_the_client()
  {

@@ -575,6 +575,19 @@ impl Session {
                 None => line,
             };
             return Some((w.tx.clone(), false, line));
+        } else if let Some(key) = peek
+            .as_ref()
+            .and_then(routes::subscription_id)
+            .map(jsonrpc::id_key)
+            && let Some(w) = routes.waiting.get(&key)
+        {
+            // A `subscriptions/listen` stream's notification goes to that stream, under the
+            // id its client gave the listen request.
+            let line = match &w.client_id {
+                Some(id) => routes::with_subscription_id(&line, id).unwrap_or(line),
+                None => line,
+            };
+            return Some((w.tx.clone(), false, line));
         }
         if let Some(get) = routes.get.as_ref().filter(|g| !g.is_closed()) {
             return Some((get.clone(), false, line));

@@ -1175,3 +1175,37 @@ pub fn write_skills(root: &std::path::Path) {
     )
     .unwrap();
 }
+
+/// A server of the 2026-07-28 revision only: the SDK's dual-era server behind a filter that
+/// refuses the handshake as such a server does (-32022 naming the one version it speaks).
+pub const STATELESS_ONLY: &str = r#"
+import json, subprocess, sys, threading
+child = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+lock = threading.Lock()
+def out(data):
+    with lock:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+def down():
+    for line in child.stdout:
+        out(line)
+threading.Thread(target=down, daemon=True).start()
+for line in sys.stdin.buffer:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        msg = None
+    method = msg.get("method") if isinstance(msg, dict) else None
+    if method == "initialize":
+        asked = (msg.get("params") or {}).get("protocolVersion")
+        error = {"code": -32022, "message": "this server speaks only 2026-07-28",
+                 "data": {"requested": asked, "supported": ["2026-07-28"]}}
+        out((json.dumps({"jsonrpc": "2.0", "id": msg.get("id"), "error": error}) + "\n").encode())
+        continue
+    if method == "notifications/initialized":
+        continue
+    child.stdin.write(line)
+    child.stdin.flush()
+child.stdin.close()
+child.wait()
+"#;

@@ -163,6 +163,30 @@ pub(super) fn with_progress_token(line: &[u8], token: &RawValue) -> Option<Bytes
     Some(replaced(line, old, token))
 }
 
+/// Where a 2026-07-28 notification names the `subscriptions/listen` stream it belongs to.
+const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// The `params._meta` subscription id of a notification `line`, when it names one.
+pub(super) fn subscription_id<'a>(peek: &jsonrpc::Peek<'a>) -> Option<&'a RawValue> {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "_meta")]
+        meta: Option<std::collections::HashMap<std::borrow::Cow<'a, str>, &'a RawValue>>,
+    }
+    if peek.id.is_some() {
+        return None;
+    }
+    let params: Params<'a> = serde_json::from_str(peek.params?.get()).ok()?;
+    params.meta?.get(SUBSCRIPTION_ID).copied()
+}
+
+/// A notification `line` with its `params._meta` subscription id replaced by `id`.
+pub(super) fn with_subscription_id(line: &[u8], id: &RawValue) -> Option<Bytes> {
+    let peek = jsonrpc::peek(line)?;
+    let old = subscription_id(&peek)?;
+    Some(replaced(line, old, id))
+}
+
 /// `line` with the value `old` (a slice of it) replaced by `new`.
 fn replaced(line: &[u8], old: &RawValue, new: &RawValue) -> Bytes {
     let old = old.get();
@@ -212,6 +236,27 @@ mod tests {
             &back[..],
             br#"{"method":"notifications/progress","params":{"progressToken":"p\u0031","progress":0}}"#
         );
+    }
+
+    #[test]
+    fn a_listen_streams_notification_gets_the_clients_subscription_id_back() {
+        let line = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"u","_meta":{"io.modelcontextprotocol/subscriptionId":"mcpmesh-gateway:4"}}}"#;
+        let peek = jsonrpc::peek(line).unwrap();
+        assert_eq!(
+            subscription_id(&peek).unwrap().get(),
+            r#""mcpmesh-gateway:4""#
+        );
+        let back = with_subscription_id(line, &raw(r#"{"a":1}"#)).unwrap();
+        assert_eq!(
+            &back[..],
+            &br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"u","_meta":{"io.modelcontextprotocol/subscriptionId":{"a":1}}}}"#[..]
+        );
+        // An answer is no stream's notification, and a notification without one names none.
+        let answer = br#"{"jsonrpc":"2.0","id":1,"params":{"_meta":{"io.modelcontextprotocol/subscriptionId":1}}}"#;
+        assert!(subscription_id(&jsonrpc::peek(answer).unwrap()).is_none());
+        let plain =
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info"}}"#;
+        assert!(subscription_id(&jsonrpc::peek(plain).unwrap()).is_none());
     }
 
     #[test]
