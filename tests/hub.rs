@@ -2854,6 +2854,23 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
         json!({}),
         "{found}"
     );
+    // Who the service says it is, and its tool's title and icons, are kept.
+    let info = &found["result"]["_meta"]["mcpmesh/services"]["alice/skills"];
+    assert_eq!(info["name"], "mcpmesh-interop-skills", "{found}");
+    assert_eq!(
+        info["websiteUrl"], "https://example.org/mcpmesh-interop-skills",
+        "{found}"
+    );
+    let icon = json!([{"src": "data:image/svg+xml;base64,PHN2ZyB4bWxucz0iaHR0cDovL3d3dy53My5vcmcvMjAwMC9zdmciLz4=",
+        "mimeType": "image/svg+xml"}]);
+    assert_eq!(info["icons"], icon, "{found}");
+    let tools = hub.request("tools/list", stateless(json!({}))).await;
+    let echo = tools["result"]["tools"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "alice__skills__echo"))
+        .unwrap_or_else(|| panic!("{tools}"));
+    assert_eq!(echo["title"], "Echo", "{echo}");
+    assert_eq!(echo["icons"], icon, "{echo}");
     let listed = hub.request("skills/list", stateless(json!({}))).await;
     assert_eq!(listed["result"]["resultType"], "complete", "{listed}");
     assert_eq!(listed["result"]["cacheScope"], "private", "{listed}");
@@ -2871,6 +2888,11 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
     let init = hub.initialize_as("2025-11-25").await;
     assert!(
         init["result"]["capabilities"].get("extensions").is_none(),
+        "{init}"
+    );
+    assert_eq!(
+        init["result"]["_meta"]["mcpmesh/services"]["alice/skills"]["name"],
+        "mcpmesh-interop-skills",
         "{init}"
     );
     let refused = hub.request("skills/list", json!({})).await;

@@ -41,6 +41,9 @@ pub struct Listing {
     /// a probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub era: Option<super::era::Era>,
+    /// Who the server says it is: its `serverInfo` (name, version, title, icons…).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<Value>,
     /// The server's own `instructions`, as it gave them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,

@@ -312,6 +312,16 @@ impl Upstream {
             .map(str::to_owned)
     }
 
+    /// Who the server says it is (`serverInfo` of its `initialize` answer, or what its
+    /// `server/discover` answer names in `_meta`).
+    pub fn server_info(&self) -> Option<Value> {
+        let init = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        init.get("serverInfo")
+            .or_else(|| init.get("_meta")?.get(super::era::META_SERVER_INFO))
+            .filter(|info| info.is_object())
+            .cloned()
+    }
+
     /// Sends a request and waits for the whole answer frame.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, UpstreamError> {
         let (id, rx) = self.start(method, params).await?;

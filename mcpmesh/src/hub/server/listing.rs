@@ -196,6 +196,7 @@ fn same_items(a: &Listing, b: &Listing) -> bool {
         && a.skills == b.skills
         && a.capabilities == b.capabilities
         && a.instructions == b.instructions
+        && a.server_info == b.server_info
 }
 
 /// Everything one server lists, each list read to its end (within bounds), and what of it
@@ -207,6 +208,7 @@ async fn list_all(up: &Upstream) -> Result<(Listing, Vec<String>), UpstreamError
         capabilities: caps.clone(),
         era: up.found(),
         instructions: up.instructions(),
+        server_info: up.server_info(),
         ..Listing::default()
     };
     let mut notes = Vec::new();

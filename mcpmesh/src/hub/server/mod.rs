@@ -53,6 +53,8 @@ const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
+/// Where the hub's greeting names each service's own `serverInfo`.
+const SERVICES: &str = "mcpmesh/services";
 /// Bytes of one service's own instructions the hub passes on, at most...
 const SERVICE_INSTRUCTIONS: usize = 2048;
 /// ...and of its whole instructions.
@@ -306,6 +308,7 @@ impl Hub {
                         "capabilities": self.capabilities(),
                         "serverInfo": server_info(),
                         "instructions": self.instructions(),
+                        "_meta": { SERVICES: self.services_info() },
                     }),
                 )
             }
@@ -320,6 +323,7 @@ impl Hub {
                         "supportedVersions": versions,
                         "capabilities": self.capabilities(),
                         "instructions": self.instructions(),
+                        "_meta": { SERVICES: self.services_info() },
                     }),
                 )
             }
@@ -661,6 +665,19 @@ impl Hub {
             caps.insert("tasks".into(), Value::Object(tasks));
         }
         Value::Object(caps)
+    }
+
+    /// Who each service the cache knows says it is, by `PEER/SERVICE`: the `serverInfo` each
+    /// gave, which the hub's own `serverInfo` stands in front of.
+    fn services_info(&self) -> Value {
+        let cache = lock(&self.cache);
+        let mut services = Map::new();
+        for target in self.targets() {
+            if let Some(info) = cache.get(&target).and_then(|l| l.server_info.clone()) {
+                services.insert(target.to_string(), info);
+            }
+        }
+        Value::Object(services)
     }
 
     /// The hub's instructions: what it presents, then each service's own instructions under
