@@ -1226,6 +1226,28 @@ async fn a_2026_07_28_client_over_a_2025_server_gets_typed_results_list_changes_
         "{echoed}"
     );
 
+    // Progress of a 2025 server's call reaches the 2026 client under the token it gave, ahead
+    // of the call's typed answer.
+    let long = json!("long-1");
+    let mut params = stateless(
+        json!({"name": "alice__everything__trigger-long-running-operation",
+        "arguments": {"duration": 0.2, "steps": 2}}),
+    );
+    params["_meta"]["progressToken"] = json!("long-progress");
+    hub.send(&json!({"jsonrpc": "2.0", "id": long, "method": "tools/call", "params": params}))
+        .await;
+    let (answer, seen) = until_answer(&mut hub, &long).await;
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+    let steps: Vec<&Value> = seen
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| &m["params"])
+        .collect();
+    assert_eq!(steps.len(), 2, "{seen:?}");
+    for step in steps {
+        assert_eq!(step["progressToken"], "long-progress", "{step}");
+    }
+
     // The server's update of that resource reaches the stream, under the presented URI.
     hub.request(
         "tools/call",
