@@ -164,6 +164,7 @@ fn main() -> anyhow::Result<()> {
     let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
+    let (mut bridged_p50, mut bridged_x16) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
     let idle_anon = mesh.rss_kib("RssAnon:");
     let (mut peak_work, mut peak_requests) = (vec![0u64; 2], vec![0u64; 2]);
@@ -196,7 +197,7 @@ fn main() -> anyhow::Result<()> {
                 (&mesh_cmd, &mut meshed, Some(&mesh), ""),
                 (&hub_cmd, &mut hubbed, Some(&mesh), "alice__bench__"),
             ] {
-                let m = measure(cmd, &phases, args.calls, watch, prefix)?;
+                let m = measure(cmd, &phases, args.calls, watch, prefix, false)?;
                 for (slot, v) in into.iter_mut().zip(m.figures) {
                     if !v.is_nan() {
                         slot.push(v);
@@ -230,9 +231,20 @@ fn main() -> anyhow::Result<()> {
                 .filter(|p| ["calls", "pipelined"].contains(p))
                 .collect();
             if !relay_phases.is_empty() {
-                let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "")?;
+                let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "", false)?;
                 relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
                 relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                // The hub bridging eras: a 2026-07-28 client over the stub, a 2025 server.
+                let m = measure(
+                    &hub_cmd,
+                    &relay_phases,
+                    args.calls,
+                    None,
+                    "alice__bench__",
+                    true,
+                )?;
+                bridged_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
+                bridged_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
             }
         }
     }
@@ -261,6 +273,23 @@ fn main() -> anyhow::Result<()> {
                 h / m
             );
         }
+    }
+    // The same hub and service, the client of the other era: what bridging costs a call.
+    let bridged: Vec<String> = [
+        ("call p50", median(&bridged_p50), median(&hubbed[1]), " µs"),
+        ("x16", median(&bridged_x16), median(&hubbed[4]), "/s"),
+    ]
+    .into_iter()
+    .filter(|(_, v, _, _)| !v.is_nan())
+    .map(|(name, v, same, unit)| {
+        format!("{name} {v:.1}{unit} ({:.2}x the 2025 client's)", v / same)
+    })
+    .collect();
+    if !bridged.is_empty() {
+        println!(
+            "hub, 2026-07-28 client over the 2025 stub (bridged): {}",
+            bridged.join(", ")
+        );
     }
     if !cpu_per_call.is_empty() {
         println!(
@@ -416,12 +445,12 @@ fn main() -> anyhow::Result<()> {
             "call_p50_us": {
                 "direct": median(&direct[1]), "mesh": median(&meshed[1]),
                 "hub": median(&hubbed[1]), "relayed": median(&relayed_p50),
-                "floor": floor(|f| f.p50),
+                "floor": floor(|f| f.p50), "hub_bridged": median(&bridged_p50),
             },
             "x16_per_s": {
                 "direct": median(&direct[4]), "mesh": median(&meshed[4]),
                 "hub": median(&hubbed[4]), "relayed": median(&relayed_x16),
-                "floor": floor(|f| f.pipelined),
+                "floor": floor(|f| f.pipelined), "hub_bridged": median(&bridged_x16),
             },
             "cpu_per_call_us": { "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu) },
             "request_8mib_mbs": { "direct": median(&direct[7]), "mesh": median(&meshed[7]) },
@@ -502,7 +531,14 @@ fn metered_pass(
     figures: &mut [Vec<f64>],
     cpu: &mut Vec<f64>,
 ) -> anyhow::Result<()> {
-    let m = measure(&metered.connect_cmd(), phases, calls, Some(metered), "")?;
+    let m = measure(
+        &metered.connect_cmd(),
+        phases,
+        calls,
+        Some(metered),
+        "",
+        false,
+    )?;
     for (slot, v) in figures.iter_mut().zip(m.figures) {
         if !v.is_nan() {
             slot.push(v);
@@ -544,6 +580,7 @@ fn measure(
     calls: usize,
     watch: Option<&Mesh>,
     prefix: &str,
+    stateless: bool,
 ) -> anyhow::Result<Measured> {
     let runs = |phase: &str| phases.contains(&phase);
     watch.map(Mesh::reset_peaks);
@@ -551,7 +588,7 @@ fn measure(
     if runs("open") {
         let open = || -> anyhow::Result<f64> {
             let t = Instant::now();
-            let mut c = Client::start(cmd, prefix)?;
+            let mut c = Client::start(cmd, prefix, stateless)?;
             c.initialize()?;
             let took = t.elapsed().as_secs_f64() * 1e3;
             c.close();
@@ -568,7 +605,7 @@ fn measure(
         }
         figures[IDLE_OPEN] = median(&idle_opens);
     }
-    let mut c = Client::start(cmd, prefix)?;
+    let mut c = Client::start(cmd, prefix, stateless)?;
     c.initialize()?;
     let text = "x".repeat(130);
     for _ in 0..200 {
@@ -603,14 +640,14 @@ fn measure(
     if runs("results") {
         for (slot, bytes) in [(5, MIB), (6, BIG)] {
             figures[slot] = c.throughput(
-                json!({ "name": c.tool("blob"), "arguments": { "bytes": bytes } }),
+                c.stamped(json!({ "name": c.tool("blob"), "arguments": { "bytes": bytes } })),
                 bytes,
             )?;
         }
     }
     if runs("requests") {
         figures[7] = c.throughput(
-            json!({ "name": c.tool("size"), "arguments": { "text": "y".repeat(BIG) } }),
+            c.stamped(json!({ "name": c.tool("size"), "arguments": { "text": "y".repeat(BIG) } })),
             BIG,
         )?;
     }
@@ -653,6 +690,8 @@ struct Client {
     line: Vec<u8>,
     /// What the server's tool names are prefixed with (the hub's `peer__service__`).
     prefix: String,
+    /// Speaks the 2026-07-28 revision: `server/discover`, and the envelope on each request.
+    stateless: bool,
 }
 
 impl Client {
@@ -660,7 +699,19 @@ impl Client {
         format!("{}{name}", self.prefix)
     }
 
-    fn start(cmd: &[String], prefix: &str) -> anyhow::Result<Self> {
+    /// `params` as this client sends them: with the 2026-07-28 envelope when it speaks it.
+    fn stamped(&self, mut params: Value) -> Value {
+        if self.stateless {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": { "name": "mcpmesh-bench", "version": "0" },
+                "io.modelcontextprotocol/clientCapabilities": {},
+            });
+        }
+        params
+    }
+
+    fn start(cmd: &[String], prefix: &str, stateless: bool) -> anyhow::Result<Self> {
         let mut child = Command::new(&cmd[0])
             .args(&cmd[1..])
             .stdin(Stdio::piped())
@@ -676,6 +727,7 @@ impl Client {
             next_id: 0,
             line: Vec::with_capacity(1 << 16),
             prefix: prefix.to_owned(),
+            stateless,
         })
     }
 
@@ -729,6 +781,11 @@ impl Client {
     }
 
     fn initialize(&mut self) -> anyhow::Result<()> {
+        if self.stateless {
+            let id = self.send("server/discover", &self.stamped(json!({})))?;
+            self.recv(id)?;
+            return Ok(());
+        }
         let id = self.send(
             "initialize",
             &json!({ "protocolVersion": "2025-06-18", "capabilities": {},
@@ -741,10 +798,9 @@ impl Client {
     }
 
     fn call_echo(&mut self, text: &str) -> anyhow::Result<()> {
-        let id = self.send(
-            "tools/call",
-            &json!({ "name": self.tool("echo"), "arguments": { "text": text } }),
-        )?;
+        let params =
+            self.stamped(json!({ "name": self.tool("echo"), "arguments": { "text": text } }));
+        let id = self.send("tools/call", &params)?;
         self.recv(id)?;
         Ok(())
     }
@@ -754,9 +810,11 @@ impl Client {
         let first = self.next_id + 1;
         let lines: Vec<Vec<u8>> = (0..calls as u64)
             .map(|i| {
+                let params = self
+                    .stamped(json!({ "name": self.tool("echo"), "arguments": { "text": text } }));
                 let mut l = serde_json::to_vec(
                     &json!({ "jsonrpc": "2.0", "id": first + i, "method": "tools/call",
-                    "params": { "name": self.tool("echo"), "arguments": { "text": text } } }),
+                    "params": params }),
                 )
                 .unwrap_or_default();
                 l.push(b'\n');
