@@ -3009,3 +3009,47 @@ async fn a_2026_07_28_task_through_the_hub_is_polled_to_its_result_and_cancelled
     hub.close_stdin();
     hub.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_2025_servers_question_during_two_bridged_calls_is_refused_not_given_to_either_call() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-bridge-two"));
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    let client = |params: Value| {
+        let mut params = stateless(params);
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+            json!({"elicitation": {"form": {}}, "sampling": {}});
+        params
+    };
+    hub.request("server/discover", client(json!({}))).await;
+    // A slow call first, then one whose server asks the client something: a 2025 server's
+    // request names no call, so the hub cannot tell whose it is while both are in flight.
+    let (slow, asking) = (json!("slow"), json!("asking"));
+    let long = json!({"name": "alice__everything__trigger-long-running-operation",
+        "arguments": {"duration": 3, "steps": 3}});
+    hub.send(
+        &json!({"jsonrpc": "2.0", "id": slow, "method": "tools/call", "params": client(long)}),
+    )
+    .await;
+    let elicit = json!({"name": "alice__everything__trigger-elicitation-request", "arguments": {}});
+    hub.send(
+        &json!({"jsonrpc": "2.0", "id": asking, "method": "tools/call", "params": client(elicit)}),
+    )
+    .await;
+    let (first, _) = until_answer(&mut hub, &asking).await;
+    // Neither call is made the question's: the asking call ends as its server makes of the
+    // refusal, and the slow one with its own result.
+    assert_ne!(first["result"]["resultType"], "input_required", "{first}");
+    assert!(
+        first.to_string().contains("-32057") || first.to_string().contains("cannot tell"),
+        "{first}"
+    );
+    let (second, _) = until_answer(&mut hub, &slow).await;
+    assert_eq!(second["result"]["resultType"], "complete", "{second}");
+    assert!(
+        all_text(&second).contains("Long running operation"),
+        "{second}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}

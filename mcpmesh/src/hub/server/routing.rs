@@ -353,14 +353,20 @@ impl Hub {
         }
     }
 
-    /// Where `up`'s requests to a stateless client go: the oldest bridged call in flight on it.
-    fn asks_of(&self, up: &Arc<Upstream>) -> Option<mpsc::Sender<bridge::Ask>> {
-        lock(&self.forwarded)
+    /// Where `up`'s request to a stateless client goes: the one bridged call in flight on it
+    /// (`None`: no call). A handshake-era server's request names no call, so with several in
+    /// flight nothing says which one asks: `Err` with how many there are.
+    fn asks_of(&self, up: &Arc<Upstream>) -> Result<Option<mpsc::Sender<bridge::Ask>>, usize> {
+        let forwarded = lock(&self.forwarded);
+        let mut calls = forwarded
             .values()
             .filter(|f| Arc::ptr_eq(&f.up, up) && !f.cancelled)
-            .filter_map(|f| Some((f.upstream_id, f.asks.clone()?)))
-            .min_by_key(|(id, _)| *id)
-            .map(|(_, asks)| asks)
+            .filter_map(|f| f.asks.clone());
+        match (calls.next(), calls.next()) {
+            (None, _) => Ok(None),
+            (Some(asks), None) => Ok(Some(asks)),
+            (Some(_), Some(_)) => Err(2 + calls.count()),
+        }
     }
 
     /// The client answering a server's request: back to that server, with its own id.
@@ -398,17 +404,36 @@ impl Hub {
                 && stateless
             {
                 // During a call, what the bridge carries becomes that call's input request.
-                if bridge::BRIDGED.contains(&method.as_str())
-                    && let Some(asks) = self.asks_of(&from)
-                {
-                    let ask = bridge::Ask {
-                        their_id: theirs.clone(),
-                        method: method.clone(),
-                        params: frame.get("params").cloned().unwrap_or(Value::Null),
-                    };
-                    if asks.try_send(ask).is_ok() {
+                let asks = match bridge::BRIDGED.contains(&method.as_str()) {
+                    true => self.asks_of(&from),
+                    false => Ok(None),
+                };
+                match asks {
+                    Ok(Some(asks)) => {
+                        let ask = bridge::Ask {
+                            their_id: theirs.clone(),
+                            method: method.clone(),
+                            params: frame.get("params").cloned().unwrap_or(Value::Null),
+                        };
+                        if asks.try_send(ask).is_ok() {
+                            continue;
+                        }
+                    }
+                    // Given to a guess, it could reach the client as another call's question.
+                    Err(calls) => {
+                        let raw = serde_json::value::to_raw_value(&theirs).ok();
+                        let refusal = ErrorFrame::new(ErrorCode::Unbridged)
+                            .id(raw.as_deref())
+                            .message(format!(
+                                "{method}: {calls} calls of the hub's client are in flight on this session, and the request names none of them, so the hub cannot tell which call asks"
+                            ))
+                            .feature(method.clone());
+                        if let Ok(refusal) = serde_json::from_slice::<Value>(&refusal.to_line()) {
+                            from.send(&refusal).await;
+                        }
                         continue;
                     }
+                    Ok(None) => {}
                 }
                 // A stateless client takes no requests from a server (its sessions to
                 // handshake-era servers declare no capabilities, so a server asks only
