@@ -3053,3 +3053,37 @@ async fn a_2025_servers_question_during_two_bridged_calls_is_refused_not_given_t
     hub.close_stdin();
     hub.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridged_call_is_asked_only_what_its_own_client_declared_whoever_opened_the_session() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    serve_everything(&alice, "everything", &marker("hub-bridge-caps"));
+    let mut hub = raw_hub(&bob, &["alice/everything"]);
+    let with = |caps: Value, params: Value| {
+        let mut params = stateless(params);
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] = caps;
+        params
+    };
+    let able = json!({"elicitation": {"form": {}}, "sampling": {}});
+    hub.request("server/discover", with(able.clone(), json!({})))
+        .await;
+    // The session to the 2025 server opens with a request that declares elicitation...
+    let echo = json!({"name": "alice__everything__echo", "arguments": {"message": "hi"}});
+    let echoed = hub.request("tools/call", with(able.clone(), echo)).await;
+    assert_eq!(echoed["result"]["resultType"], "complete", "{echoed}");
+    // ...so the server asks; a call whose own envelope declares none is not made to answer.
+    let elicit = json!({"name": "alice__everything__trigger-elicitation-request", "arguments": {}});
+    let bare = hub
+        .request("tools/call", with(json!({}), elicit.clone()))
+        .await;
+    assert_ne!(bare["result"]["resultType"], "input_required", "{bare}");
+    // One that declares it is asked, as ever.
+    let asked = hub.request("tools/call", with(able, elicit)).await;
+    assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+    assert_eq!(
+        asked["result"]["inputRequests"]["mcpmesh-1"]["method"], "elicitation/create",
+        "{asked}"
+    );
+    hub.close_stdin();
+    hub.wait_eof().await;
+}

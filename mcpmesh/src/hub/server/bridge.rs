@@ -106,6 +106,37 @@ pub(super) fn is_retry(params: &Value) -> bool {
         .is_some_and(|s| s.starts_with(STATE_PREFIX))
 }
 
+/// The mode of an elicitation's `params`: as it says, else `url` when it gives one.
+fn elicitation_mode(params: &Value) -> &str {
+    match params.get("mode").and_then(Value::as_str) {
+        Some(mode) => mode,
+        None if params.get("url").is_some() => "url",
+        None => "form",
+    }
+}
+
+/// Whether a client whose request declared `capabilities` takes a server's request `method`
+/// with `params`. The session the server was told of may be another client's (a shared one),
+/// so each call's own declaration decides.
+pub(super) fn declared(capabilities: &Value, method: &str, params: &Value) -> bool {
+    match method {
+        "elicitation/create" => {
+            let elicitation = &capabilities["elicitation"];
+            match elicitation_mode(params) {
+                "url" => elicitation["url"].is_object(),
+                // An empty `elicitation` declares the form mode alone.
+                _ => {
+                    elicitation["form"].is_object()
+                        || elicitation.as_object().is_some_and(|e| e.is_empty())
+                }
+            }
+        }
+        "sampling/createMessage" => capabilities["sampling"].is_object(),
+        "roots/list" => capabilities["roots"].is_object(),
+        _ => false,
+    }
+}
+
 /// The params a stateless client is given for a server's request.
 fn input_request(ask: &Ask) -> Value {
     let mut params = ask.params.clone();
@@ -113,7 +144,7 @@ fn input_request(ask: &Ask) -> Value {
         && let Some(p) = params.as_object_mut()
         && !p.contains_key("mode")
     {
-        let mode = if p.contains_key("url") { "url" } else { "form" };
+        let mode = elicitation_mode(&ask.params);
         p.insert("mode".into(), json!(mode));
     }
     json!({"method": ask.method, "params": params})
@@ -382,6 +413,38 @@ mod tests {
 
     #[test]
     fn a_form_elicitation_says_its_mode_and_an_unanswered_request_is_answered_for_the_client() {
+        // Each request is taken only as the call's client declared.
+        let caps = json!({"elicitation": {}, "sampling": {}});
+        assert!(declared(
+            &caps,
+            "elicitation/create",
+            &json!({"message": "m"})
+        ));
+        assert!(!declared(
+            &caps,
+            "elicitation/create",
+            &json!({"url": "https://x"})
+        ));
+        assert!(declared(&caps, "sampling/createMessage", &json!({})));
+        assert!(!declared(&caps, "roots/list", &json!({})));
+        let url_only = json!({"elicitation": {"url": {}}});
+        assert!(!declared(
+            &url_only,
+            "elicitation/create",
+            &json!({"mode": "form"})
+        ));
+        assert!(declared(
+            &url_only,
+            "elicitation/create",
+            &json!({"mode": "url"})
+        ));
+        assert!(!declared(&json!({}), "elicitation/create", &json!({})));
+        assert!(!declared(
+            &Value::Null,
+            "sampling/createMessage",
+            &json!({})
+        ));
+
         let ask = |method: &str, params: Value| Ask {
             their_id: json!(7),
             method: method.into(),

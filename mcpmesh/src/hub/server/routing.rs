@@ -32,7 +32,12 @@ pub(super) struct Forwarded {
     cancelled: bool,
     /// Where the server's requests to a stateless client go during this call (bridged).
     asks: Option<mpsc::Sender<bridge::Ask>>,
+    /// What the call's client declared it can do (bridged): what the server may ask of it.
+    declared: Value,
 }
+
+/// Where a bridged call takes its server's requests, and what its client declared.
+type Asker = (mpsc::Sender<bridge::Ask>, Value);
 
 /// A call in flight upstream: its session held, its answer to come, and (bridged) the
 /// server's requests to the client during it.
@@ -49,6 +54,8 @@ pub(super) struct Call {
     /// For a handshake-era client over a stateless server: the params to retry with once the
     /// client answered what an `input_required` result asks.
     pub(super) retry: Option<Value>,
+    /// Bridged: the capabilities the call's client declared in its envelope.
+    pub(super) declared: Value,
 }
 
 impl Hub {
@@ -217,6 +224,14 @@ impl Hub {
         } else {
             (None, None)
         };
+        let declared = match bridged {
+            true => params
+                .get("_meta")
+                .and_then(|m| m.get(era::META_CLIENT_CAPABILITIES))
+                .cloned()
+                .unwrap_or(Value::Null),
+            false => Value::Null,
+        };
         let noted = |upstream_id| {
             if asks.is_some() {
                 lock(&self.forwarded).insert(
@@ -226,6 +241,7 @@ impl Hub {
                         upstream_id,
                         cancelled: false,
                         asks: asks.clone(),
+                        declared: declared.clone(),
                     },
                 );
             }
@@ -247,6 +263,7 @@ impl Hub {
             bound,
             token_key,
             retry,
+            declared,
         };
         self.await_call(id, call, asks).await
     }
@@ -268,6 +285,7 @@ impl Hub {
                 upstream_id: call.upstream_id,
                 cancelled: false,
                 asks: asks.clone(),
+                declared: call.declared.clone(),
             });
         let asked = async {
             match call.asked.as_mut() {
@@ -356,12 +374,12 @@ impl Hub {
     /// Where `up`'s request to a stateless client goes: the one bridged call in flight on it
     /// (`None`: no call). A handshake-era server's request names no call, so with several in
     /// flight nothing says which one asks: `Err` with how many there are.
-    fn asks_of(&self, up: &Arc<Upstream>) -> Result<Option<mpsc::Sender<bridge::Ask>>, usize> {
+    fn asks_of(&self, up: &Arc<Upstream>) -> Result<Option<Asker>, usize> {
         let forwarded = lock(&self.forwarded);
         let mut calls = forwarded
             .values()
             .filter(|f| Arc::ptr_eq(&f.up, up) && !f.cancelled)
-            .filter_map(|f| f.asks.clone());
+            .filter_map(|f| Some((f.asks.clone()?, f.declared.clone())));
         match (calls.next(), calls.next()) {
             (None, _) => Ok(None),
             (Some(asks), None) => Ok(Some(asks)),
@@ -409,7 +427,22 @@ impl Hub {
                     false => Ok(None),
                 };
                 match asks {
-                    Ok(Some(asks)) => {
+                    Ok(Some((_, declared)))
+                        if !bridge::declared(
+                            &declared,
+                            &method,
+                            frame.get("params").unwrap_or(&Value::Null),
+                        ) =>
+                    {
+                        // The server was told another client's capabilities (its session
+                        // is shared): this call's client never said it takes such a request.
+                        let why = format!(
+                            "{method}: the client of this call declared no such capability"
+                        );
+                        refuse_unbridged(&from, &theirs, &method, why).await;
+                        continue;
+                    }
+                    Ok(Some((asks, _))) => {
                         let ask = bridge::Ask {
                             their_id: theirs.clone(),
                             method: method.clone(),
@@ -421,16 +454,10 @@ impl Hub {
                     }
                     // Given to a guess, it could reach the client as another call's question.
                     Err(calls) => {
-                        let raw = serde_json::value::to_raw_value(&theirs).ok();
-                        let refusal = ErrorFrame::new(ErrorCode::Unbridged)
-                            .id(raw.as_deref())
-                            .message(format!(
-                                "{method}: {calls} calls of the hub's client are in flight on this session, and the request names none of them, so the hub cannot tell which call asks"
-                            ))
-                            .feature(method.clone());
-                        if let Ok(refusal) = serde_json::from_slice::<Value>(&refusal.to_line()) {
-                            from.send(&refusal).await;
-                        }
+                        let why = format!(
+                            "{method}: {calls} calls of the hub's client are in flight on this session, and the request names none of them, so the hub cannot tell which call asks"
+                        );
+                        refuse_unbridged(&from, &theirs, &method, why).await;
                         continue;
                     }
                     Ok(None) => {}
@@ -438,17 +465,11 @@ impl Hub {
                 // A stateless client takes no requests from a server (its sessions to
                 // handshake-era servers declare no capabilities, so a server asks only
                 // against them).
-                let raw = serde_json::value::to_raw_value(&theirs).ok();
-                let refusal = ErrorFrame::new(ErrorCode::Unbridged)
-                    .id(raw.as_deref())
-                    .message(format!(
-                        "{method}: the hub's client speaks MCP {} and takes no such request from a server outside a call",
-                        era::STATELESS
-                    ))
-                    .feature(method.clone());
-                if let Ok(refusal) = serde_json::from_slice::<Value>(&refusal.to_line()) {
-                    from.send(&refusal).await;
-                }
+                let why = format!(
+                    "{method}: the hub's client speaks MCP {} and takes no such request from a server outside a call",
+                    era::STATELESS
+                );
+                refuse_unbridged(&from, &theirs, &method, why).await;
                 continue;
             }
             if let Some(theirs) = frame.get("id").cloned() {
@@ -593,6 +614,19 @@ fn name_the_service(frame: &mut Value, target: &Target) {
         .unwrap_or_default();
     let named = format!("{target}: {message}");
     error.insert("message".into(), json!(named));
+}
+
+/// Answers a server's request `theirs` (`method`) that the hub cannot bridge to its client:
+/// `-32057`, with `data.feature` naming the method.
+async fn refuse_unbridged(from: &Upstream, theirs: &Value, method: &str, why: String) {
+    let raw = serde_json::value::to_raw_value(theirs).ok();
+    let refusal = ErrorFrame::new(ErrorCode::Unbridged)
+        .id(raw.as_deref())
+        .message(why)
+        .feature(method.to_owned());
+    if let Ok(refusal) = serde_json::from_slice::<Value>(&refusal.to_line()) {
+        from.send(&refusal).await;
+    }
 }
 
 #[cfg(test)]
