@@ -3087,3 +3087,54 @@ async fn a_bridged_call_is_asked_only_what_its_own_client_declared_whoever_opene
     hub.close_stdin();
     hub.wait_eof().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_holding_an_unfinished_task_outlives_the_idle_time_and_goes_once_the_task_ends() {
+    let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("tasks_server.py"),
+    );
+    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+    let mut hub = raw_hub(&bob, &["alice/tasks", "--idle", "1s"]);
+    let client = |params: Value| {
+        let mut params = stateless(params);
+        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+        params
+    };
+    hub.request("server/discover", client(json!({}))).await;
+    let crunch = json!({"name": "alice__tasks__crunch", "arguments": {"seconds": 4}});
+    let made = hub.request("tools/call", client(crunch)).await;
+    assert_eq!(made["result"]["resultType"], "task", "{made}");
+    let id = made["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{made}"))
+        .to_owned();
+    // Nothing else uses the session for well past the idle time (the behaviour under test is
+    // that nothing happens then, so there is no event to wait for): the task lives in that
+    // session's server, so the session stays.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(live_sessions(&alice), 1);
+    let got = hub
+        .request("tasks/get", client(json!({"taskId": id})))
+        .await;
+    assert!(
+        got["result"]["status"] == "working" || got["result"]["status"] == "completed",
+        "{got}"
+    );
+    // Polled to its end, the task lets the session go after the idle time, as any other.
+    let done = loop {
+        let got = hub
+            .request("tasks/get", client(json!({"taskId": id})))
+            .await;
+        if got["result"]["status"] != "working" {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    until_no_sessions(&[&alice]).await;
+    hub.close_stdin();
+    hub.wait_eof().await;
+}

@@ -93,6 +93,9 @@ pub(super) struct Hub {
     bridged: StdMutex<HashMap<String, tokio::sync::oneshot::Sender<Value>>>,
     /// (service, hub progress token) → the client's token.
     tokens: StdMutex<HashMap<(Target, String), Value>>,
+    /// Presented task id → a lease on the session the task lives in, until the task ends or
+    /// its lifetime passes: a session holding a task the client may still ask for is not idle.
+    task_leases: Arc<StdMutex<HashMap<String, super::pool::Lease>>>,
     /// Peer name → whether the node reached it at its last check.
     reach: StdMutex<HashMap<String, bool>>,
     /// Services whose listing is being fetched now.
@@ -153,6 +156,7 @@ where
         asked: StdMutex::new(HashMap::new()),
         bridged: StdMutex::new(HashMap::new()),
         tokens: StdMutex::new(HashMap::new()),
+        task_leases: Arc::new(StdMutex::new(HashMap::new())),
         reach: StdMutex::new(reachability(&peers)),
         refreshing: StdMutex::new(HashSet::new()),
         again: StdMutex::new(HashSet::new()),
@@ -194,6 +198,7 @@ where
     hub.tasks.close();
     let _ = tokio::time::timeout(DRAIN, hub.tasks.wait()).await;
     hub.stop.cancel();
+    lock(&hub.task_leases).clear();
     hub.pool.close_all().await;
     let _ = writer.await;
     Ok(())

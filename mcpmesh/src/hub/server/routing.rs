@@ -319,8 +319,12 @@ impl Hub {
             // The client cancelled it: it expects no answer.
             return Vec::new();
         }
-        let (target, method) = (call.target.clone(), call.method.clone());
-        drop(call);
+        let Call {
+            lease,
+            target,
+            method,
+            ..
+        } = call;
         match reply {
             Some(mut frame) => {
                 frame["id"] = id.clone();
@@ -328,6 +332,8 @@ impl Hub {
                 present_uris(&method, &mut frame, &target);
                 tasks::present_answer(&method, &mut frame, &target);
                 skills::present_answer(&method, &mut frame, &target);
+                self.hold_for_task(&method, &frame, lease);
+                self.release_task(&method, &frame);
                 if self.client_era_is(Era::Stateless)
                     && let Some(result) = frame.get_mut("result")
                 {

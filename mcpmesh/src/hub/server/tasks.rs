@@ -7,11 +7,16 @@
 //! a session open now (a task lives in its server's session). A call asking for a task of a
 //! service that offers none runs plainly: a task the client could not reach is never made.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use super::Hub;
 use super::view::present_uris;
+use super::wire::lock;
 use crate::hub::Target;
+use crate::hub::pool::Lease;
 
 /// Where a message names the task it belongs to.
 const RELATED: &str = "io.modelcontextprotocol/related-task";
@@ -122,7 +127,73 @@ pub(super) fn present_status(params: &mut Value, target: &Target) {
     present_related(params, target);
 }
 
+/// Sessions kept for unfinished tasks, at most; past it a task's session may close when idle.
+const MAX_HELD: usize = 1000;
+/// How long a task keeps its session when it does not say its lifetime, and at most.
+const HELD_DEFAULT: Duration = Duration::from_secs(600);
+const HELD_MAX: Duration = Duration::from_secs(3600);
+
+/// The task a `tools/call` answer (`result`) made, as presented: its id and its lifetime.
+fn made_task(result: &Value) -> Option<(String, Option<u64>)> {
+    // 2025-11-25: `{task: {taskId, ttl}}`; the extension's: the task itself, flat.
+    let task = match result.get("task") {
+        Some(task) => task,
+        None if result["resultType"] == "task" => result,
+        None => return None,
+    };
+    let id = task["taskId"].as_str()?.to_owned();
+    let ttl = task["ttl"].as_u64().or_else(|| task["ttlMs"].as_u64());
+    Some((id, ttl))
+}
+
+/// Whether a task's status is one it does not leave.
+fn ended(status: &Value) -> bool {
+    matches!(status.as_str(), Some("completed" | "failed" | "cancelled"))
+}
+
 impl Hub {
+    /// Keeps `lease` (on the session a call went to) while the task its answer made may be
+    /// asked for: until an answer says it ended, or its lifetime passes.
+    pub(super) fn hold_for_task(&self, method: &str, frame: &Value, lease: Lease) {
+        if method != "tools/call" {
+            return;
+        }
+        let Some((id, ttl)) = frame.get("result").and_then(made_task) else {
+            return;
+        };
+        {
+            let mut held = lock(&self.task_leases);
+            if held.len() >= MAX_HELD {
+                return;
+            }
+            held.insert(id.clone(), lease);
+        }
+        let ttl = ttl
+            .map_or(HELD_DEFAULT, Duration::from_millis)
+            .min(HELD_MAX);
+        let held = Arc::downgrade(&self.task_leases);
+        tokio::spawn(async move {
+            tokio::time::sleep(ttl).await;
+            if let Some(held) = held.upgrade() {
+                lock(&held).remove(&id);
+            }
+        });
+    }
+
+    /// Lets a task's session go once an answer about the task (to `method`, its ids as
+    /// presented) says it ended: its result, or a status it does not leave.
+    pub(super) fn release_task(&self, method: &str, frame: &Value) {
+        let result = &frame["result"];
+        let (id, done) = match method {
+            "tasks/result" => (&result["_meta"][RELATED]["taskId"], result.is_object()),
+            "tasks/get" | "tasks/cancel" => (&result["taskId"], ended(&result["status"])),
+            _ => return,
+        };
+        if done && let Some(id) = id.as_str() {
+            lock(&self.task_leases).remove(id);
+        }
+    }
+
     /// Where a `tasks/get`, `tasks/result` or `tasks/cancel` goes: the service its task id
     /// names, with the service's own id.
     pub(super) fn task_destination(&self, mut params: Value) -> Result<(Target, Value), String> {
