@@ -1365,9 +1365,15 @@ async fn each_services_own_instructions_reach_the_client_under_its_heading_cut_t
     );
     serve_scripted(&alice, "plain", json!({"tag": "plain", "tools": ["x"]}));
     let services = ["alice/notes", "alice/wiki", "alice/plain"];
-    // The first run lists the services (their instructions come with their listing).
+    // The first run, its cache empty: the greeting waits a moment for the first listings,
+    // which bring the services' instructions.
     let mut hub = raw_hub(&bob, &services);
-    hub.initialize().await;
+    let hello = hub.initialize().await;
+    let text = hello["result"]["instructions"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("\n\n## alice/notes\nSearch before you write."),
+        "{hello}"
+    );
     assert_eq!(raw_tool_names(&mut hub).await.len(), 3);
     hub.close_stdin();
     hub.wait_eof().await;

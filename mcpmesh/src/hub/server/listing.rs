@@ -18,6 +18,8 @@ use crate::hub::upstream::{Upstream, UpstreamError};
 const MAX_PAGES: usize = 100;
 /// How long a list waits for the first listing of services the cache does not know yet.
 const FIRST_LISTING: Duration = Duration::from_secs(20);
+/// Warnings held for a client whose `initialize` is not answered yet, at most.
+const EARLY_WARNINGS: usize = 64;
 /// MCP's log levels, least severe first.
 const LOG_LEVELS: [&str; 8] = [
     "debug",
@@ -165,12 +167,21 @@ impl Hub {
         if level.and_then(|l| rank(&l)) > rank("warning") {
             return;
         }
-        self.send(line(&json!({
+        let message = line(&json!({
             "jsonrpc": "2.0",
             "method": "notifications/message",
             "params": {"level": "warning", "logger": "mcpmesh-hub", "data": format!("{target}: {note}")},
-        })))
-        .await;
+        }));
+        // Before the client's `initialize` is answered, held until it is (a few at most).
+        let message = match lock(&self.early_warnings).as_mut() {
+            Some(early) if early.len() < EARLY_WARNINGS => {
+                early.push(message);
+                return;
+            }
+            Some(_) => return,
+            None => message,
+        };
+        self.send(message).await;
     }
 
     pub(super) async fn announce_lists(&self) {

@@ -53,6 +53,8 @@ const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
+/// How long a greeting waits for the first listings of services the cache does not know.
+const GREETING_WAIT: Duration = Duration::from_secs(3);
 /// Where the hub's greeting names each service's own `serverInfo`.
 const SERVICES: &str = "mcpmesh/services";
 /// Bytes of one service's own instructions the hub passes on, at most...
@@ -106,6 +108,9 @@ pub(super) struct Hub {
     first_fetches: watch::Sender<usize>,
     /// Whether the client was given a list yet (until then, a new listing is not news).
     listed: AtomicBool,
+    /// Warnings for a handshake-era client made before its `initialize` was answered (the
+    /// greeting may wait for the first listings): sent once it is.
+    early_warnings: StdMutex<Option<Vec<Vec<u8>>>>,
     next: AtomicU64,
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -162,6 +167,7 @@ where
         again: StdMutex::new(HashSet::new()),
         first_fetches: watch::channel(0).0,
         listed: AtomicBool::new(false),
+        early_warnings: StdMutex::new(Some(Vec::new())),
         next: AtomicU64::new(1),
         tasks: TaskTracker::new(),
         stop: CancellationToken::new(),
@@ -300,6 +306,7 @@ impl Hub {
             "initialize" => {
                 *lock(&self.hello) = Some(params.clone());
                 self.clone().first_listings();
+                self.greeting_wait().await;
                 let asked = params["protocolVersion"].as_str().unwrap_or_default();
                 let version = era::HANDSHAKE
                     .iter()
@@ -319,6 +326,7 @@ impl Hub {
             }
             "server/discover" => {
                 self.clone().first_listings();
+                self.greeting_wait().await;
                 let mut versions = vec![era::STATELESS];
                 versions.extend(era::HANDSHAKE);
                 self.typed_answer(
@@ -387,6 +395,12 @@ impl Hub {
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         self.send(reply).await;
+        if method == "initialize" {
+            let early = lock(&self.early_warnings).take();
+            for warning in early.into_iter().flatten() {
+                self.send(warning).await;
+            }
+        }
     }
 
     /// Sends a request that names what it is for (a tool, a prompt, a URI) to the service
@@ -670,6 +684,19 @@ impl Hub {
             caps.insert("tasks".into(), Value::Object(tasks));
         }
         Value::Object(caps)
+    }
+
+    /// Before the greeting is answered: while the cache does not know every service, a
+    /// moment for the first listings, which bring the services' own instructions and who
+    /// they are (a warm cache answers at once, without a session).
+    async fn greeting_wait(&self) {
+        let unknown = {
+            let cache = lock(&self.cache);
+            self.targets().iter().any(|t| cache.get(t).is_none())
+        };
+        if unknown {
+            let _ = tokio::time::timeout(GREETING_WAIT, self.wait_for_first_listings()).await;
+        }
     }
 
     /// Who each service the cache knows says it is, by `PEER/SERVICE`: the `serverInfo` each
