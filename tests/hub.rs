@@ -1644,6 +1644,25 @@ async fn a_2025_11_25_client_uses_a_2026_only_server_through_the_hub_its_input_r
     assert_stateless_report(&report);
 }
 
+/// Calls the test server's `touch` (with `params`) until it says no stream listens, within
+/// the answer timeout; what it said last. (The hub ends its upstream stream a moment after
+/// the client's goes, with nothing to tell the client when.)
+async fn until_none_listening(hub: &mut McpSession, params: Value) -> String {
+    let mut last = String::new();
+    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        let answer = hub.request("tools/call", params.clone()).await;
+        last = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .to_owned();
+        if last.ends_with("; 0 listening") {
+            break;
+        }
+    }
+    last
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn resource_subscriptions_of_both_client_eras_reach_a_2026_only_server_as_listen_streams() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
@@ -1716,14 +1735,7 @@ async fn resource_subscriptions_of_both_client_eras_reach_a_2026_only_server_as_
         .request("resources/unsubscribe", json!({"uri": shown}))
         .await;
     assert_eq!(gone["result"], json!({}), "{gone}");
-    let mut last = String::new();
-    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
-    while tokio::time::Instant::now() < deadline {
-        last = touched(&hub.request("tools/call", touch.clone()).await);
-        if last.ends_with("; 0 listening") {
-            break;
-        }
-    }
+    let last = until_none_listening(&mut hub, touch.clone()).await;
     assert!(
         last.ends_with("; 0 listening"),
         "the stream outlived the unsubscribe: {last}"
@@ -1766,13 +1778,7 @@ async fn resource_subscriptions_of_both_client_eras_reach_a_2026_only_server_as_
         "params": stateless(json!({"requestId": "listen-1"}))}),
     )
     .await;
-    let deadline = tokio::time::Instant::now() + ANSWER_TIMEOUT;
-    while tokio::time::Instant::now() < deadline {
-        last = touched(&hub.request("tools/call", stateless(touch.clone())).await);
-        if last.ends_with("; 0 listening") {
-            break;
-        }
-    }
+    let last = until_none_listening(&mut hub, stateless(touch.clone())).await;
     assert!(
         last.ends_with("; 0 listening"),
         "the stream outlived its client's: {last}"
@@ -2837,8 +2843,7 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
         "alice/skills".into(),
     ];
     let out = run_driver(&args).await;
-    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    let report = report_line(&out);
     assert_eq!(report["protocol"], "2026-07-28", "{report}");
     let skills = report["skills"]
         .as_array()
@@ -2956,8 +2961,7 @@ async fn a_2026_07_28_task_through_the_hub_is_polled_to_its_result_and_cancelled
         "alice/tasks".into(),
     ];
     let out = run_driver(&args).await;
-    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    let report = report_line(&out);
     assert_eq!(report["protocol"], "2026-07-28", "{report}");
     assert_eq!(report["transparent"], "crunched 0.5", "{report}");
     let handle = &report["handle"];
@@ -3143,4 +3147,28 @@ async fn a_session_holding_an_unfinished_task_outlives_the_idle_time_and_goes_on
     until_no_sessions(&[&alice]).await;
     hub.close_stdin();
     hub.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_closes_its_input_during_a_slow_call_still_gets_its_answer() {
+    let (alice, bob) = two_nodes();
+    alice.serve_stub("stub", &["bob"], None, &marker("hub-eof-slow"));
+    let mut hub = raw_hub(&bob, &["alice/stub"]);
+    hub.initialize().await;
+    // A call that takes longer than the moment the hub gave whatever was on its way when the
+    // client's input ended (2 s): the answer it is owed still comes.
+    hub.send(
+        &json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+        "params": {"name": "alice__stub__sleep", "arguments": {"ms": 3500}}}),
+    )
+    .await;
+    hub.close_stdin();
+    let mut answer = None;
+    while let Some(frame) = hub.recv().await {
+        if frame["id"] == "slow" {
+            answer = Some(frame);
+        }
+    }
+    let answer = answer.expect("the slow call's answer before the hub's output ended");
+    assert!(answer.get("result").is_some(), "{answer}");
 }

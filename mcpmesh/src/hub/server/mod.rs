@@ -49,7 +49,10 @@ const REACH_EVERY: Duration = Duration::from_secs(3);
 /// Following the catalog, how old the node's answers from peers may be: a service that
 /// appears or goes shows in the lists within about this plus [`REACH_EVERY`].
 const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
-/// After the client's input ends, how long answers still on their way may take.
+/// After the client's input ends, how long the answers it is still owed may take (a first
+/// listing, a slow call)...
+const OWED: Duration = Duration::from_secs(30);
+/// ...and then what else is on its way (a listen stream the client can no longer end).
 const DRAIN: Duration = Duration::from_secs(2);
 /// Lines queued toward the client before senders wait.
 const OUT_QUEUE: usize = 256;
@@ -113,7 +116,11 @@ pub(super) struct Hub {
     early_warnings: StdMutex<Option<Vec<Vec<u8>>>>,
     next: AtomicU64,
     tasks: TaskTracker,
+    /// Requests of the client not answered yet, listen streams aside.
+    owed: watch::Sender<usize>,
     stop: CancellationToken,
+    /// Cancelled when the client's input ends (what is on its way gets [`DRAIN`] then).
+    input_ended: CancellationToken,
 }
 
 pub(super) async fn run<R, W>(config: HubConfig, input: R, output: W) -> Result<(), HubError>
@@ -170,7 +177,9 @@ where
         early_warnings: StdMutex::new(Some(Vec::new())),
         next: AtomicU64::new(1),
         tasks: TaskTracker::new(),
+        owed: watch::channel(0).0,
         stop: CancellationToken::new(),
+        input_ended: CancellationToken::new(),
         config,
     });
     // Two items sharing a name is an error at start, before the client sees anything.
@@ -201,7 +210,10 @@ where
         }
     }
     // Answers still on their way get a moment; then every session is closed.
+    hub.input_ended.cancel();
     hub.tasks.close();
+    let mut owed = hub.owed.subscribe();
+    let _ = tokio::time::timeout(OWED, owed.wait_for(|n| *n == 0)).await;
     let _ = tokio::time::timeout(DRAIN, hub.tasks.wait()).await;
     hub.stop.cancel();
     lock(&hub.task_leases).clear();
@@ -286,8 +298,12 @@ impl Hub {
             }
             (Some(method), Some(id)) => {
                 let hub = self.clone();
-                self.tasks
-                    .spawn(async move { hub.request(id, &method, frame).await });
+                // A listen stream is never answered: the client ends it.
+                let owed = (method != "subscriptions/listen").then(|| Owed::new(&self.owed));
+                self.tasks.spawn(async move {
+                    hub.request(id, &method, frame).await;
+                    drop(owed);
+                });
             }
             (Some(method), None) => self.client_notification(&method, frame).await,
             (None, Some(id)) => self.client_answer(&id, frame).await,
@@ -694,8 +710,12 @@ impl Hub {
             let cache = lock(&self.cache);
             self.targets().iter().any(|t| cache.get(t).is_none())
         };
+        // A client whose input ended gets its answers within the drain: no more waiting then.
         if unknown {
-            let _ = tokio::time::timeout(GREETING_WAIT, self.wait_for_first_listings()).await;
+            tokio::select! {
+                _ = tokio::time::timeout(GREETING_WAIT, self.wait_for_first_listings()) => {}
+                _ = self.input_ended.cancelled() => {}
+            }
         }
     }
 
@@ -759,6 +779,22 @@ fn cut(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// One request the client is owed an answer to, counted while it lives.
+struct Owed(watch::Sender<usize>);
+
+impl Owed {
+    fn new(count: &watch::Sender<usize>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Owed(count.clone())
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// The error line refusing a request for its era.

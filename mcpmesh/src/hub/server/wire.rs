@@ -19,7 +19,10 @@ pub(super) async fn write_out<W: AsyncWrite + Unpin>(
     stop: CancellationToken,
 ) {
     loop {
+        // What is queued goes out before a stop is heard: the last answers are queued just
+        // before the hub stops, and an unbiased pick could drop them.
         let line = tokio::select! {
+            biased;
             line = rx.recv() => line,
             _ = stop.cancelled() => None,
         };
