@@ -67,6 +67,39 @@ impl Gateway {
     }
 }
 
+/// Waits until `node`'s catalog shows every one of `mounts` (the gateway's hub presents what
+/// it shows).
+async fn until_mounted(node: &TestNode, mounts: &[&str]) {
+    let listed = || {
+        let services = node.json(&["services", "--refresh"])["services"].clone();
+        mounts.iter().all(|m| {
+            services
+                .as_array()
+                .is_some_and(|s| s.iter().any(|e| e["mount"] == *m))
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(15), listed).await,
+        "the catalog never showed {mounts:?}"
+    );
+}
+
+/// `modern_client.py` in `era` against the gateway's hub over `alice/modern`'s checks.
+fn modern_client_through_the_gateways_hub(gateway: &Gateway, era: &str) -> Vec<String> {
+    let mut args = modern_client(era, false);
+    args.extend(gateway.header_args());
+    args.extend(["--name-prefix", "alice__modern__"].map(String::from));
+    args.extend(
+        [
+            "--resource-uri",
+            "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--url".into(), gateway.url("hub")]);
+    args
+}
+
 /// An HTTP client for the tests (rustls needs its crypto provider named first).
 fn http_client() -> reqwest::Client {
     http_client_with(None)
@@ -749,26 +782,10 @@ async fn both_mcp_eras_use_a_service_through_the_gateways_hub() {
     let server = interop_script("modern_server.py");
     alice.serve("modern", &["bob"], &["--", &py, &server]);
     // The gateway's hub presents what bob's catalog shows: wait until it shows the service.
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/modern"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/modern"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     for era in ["modern", "legacy"] {
-        let mut args = modern_client(era, false);
-        args.extend(gateway.header_args());
-        args.extend(["--name-prefix", "alice__modern__"].map(String::from));
-        args.extend(
-            [
-                "--resource-uri",
-                "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
-            ]
-            .map(String::from),
-        );
-        args.extend(["--url".into(), gateway.url("hub")]);
-        let report = run_driver(&args).await;
+        let report = run_driver(&modern_client_through_the_gateways_hub(&gateway, era)).await;
         assert!(!report.contains("FAIL"), "{report}");
         // 2026-07-28 requests without a session share the gateway's one hub, which speaks
         // that era to them (typed results, the input_required round trip passed through).
@@ -788,12 +805,7 @@ async fn a_2026_07_28_client_over_http_answers_a_2025_servers_elicitation_and_sa
         .display()
         .to_string();
     alice.serve("everything", &["bob"], &["--", "node", &index, "stdio"]);
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/everything"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/everything"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // Sessionless requests: the call, and its retry with the client's answers, meet the one
     // hub the gateway keeps for them, which holds the server's call in between.
@@ -2669,12 +2681,7 @@ async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_
         &["bob"],
         &["--", &py, &server, &root.display().to_string()],
     );
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/skills"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/skills"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // FastMCP's Skills client over Streamable HTTP, sessionless at 2026-07-28.
     let shown = |own: &str| format!("mcpmesh-hub://alice/skills/{own}");
@@ -2686,8 +2693,7 @@ async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_
     args.extend(gateway.header_args());
     args.extend(["--url".into(), gateway.url("hub")]);
     let out = run_driver(&args).await;
-    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    let report = report_line(&out);
     assert_eq!(report["protocol"], "2026-07-28", "{report}");
     let skills = report["skills"]
         .as_array()
@@ -2720,12 +2726,7 @@ async fn a_2026_07_28_task_through_the_gateways_hub_over_http_is_polled_to_its_r
         interop_script("tasks_server.py"),
     );
     alice.serve("tasks", &["bob"], &["--", &py, &server]);
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/tasks"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/tasks"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // FastMCP's client with fastmcp-tasks over Streamable HTTP, sessionless: each poll is a
     // request of its own, and reaches the session that holds the task by the id alone.
@@ -2739,8 +2740,7 @@ async fn a_2026_07_28_task_through_the_gateways_hub_over_http_is_polled_to_its_r
     args.extend(gateway.header_args());
     args.extend(["--url".into(), gateway.url("hub")]);
     let out = run_driver(&args).await;
-    let report: Value = serde_json::from_str(out.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}: {out}"));
+    let report = report_line(&out);
     assert_eq!(report["protocol"], "2026-07-28", "{report}");
     assert_eq!(report["transparent"], "crunched 0.5", "{report}");
     assert_eq!(report["handle"]["result"], "crunched 1.0", "{report}");
@@ -2782,15 +2782,7 @@ async fn a_legacy_session_of_the_gateways_hub_gets_each_services_instructions_an
         interop_script("modern_server.py"),
     );
     alice.serve("modern", &["bob"], &["--", &py, &server]);
-    let listed = || {
-        let services = bob.json(&["services", "--refresh"])["services"].clone();
-        ["alice/everything", "alice/modern"].iter().all(|m| {
-            services
-                .as_array()
-                .is_some_and(|s| s.iter().any(|e| e["mount"] == *m))
-        })
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/everything", "alice/modern"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     let (url, http) = (gateway.url("hub"), gateway.client());
     let open = || async {
@@ -2913,28 +2905,12 @@ async fn both_mcp_eras_use_a_2026_only_server_through_the_gateways_hub() {
     );
     let filter = filter.display().to_string();
     alice.serve("modern", &["bob"], &["--", &py, &filter, &py, &server]);
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/modern"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/modern"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // The 2025 client's `confirm` is asked of it mid-call (the server's input_required become
     // the hub's requests on its HTTP session), the 2026 client's round trip passes through.
     for era in ["legacy", "modern"] {
-        let mut args = modern_client(era, false);
-        args.extend(gateway.header_args());
-        args.extend(["--name-prefix", "alice__modern__"].map(String::from));
-        args.extend(
-            [
-                "--resource-uri",
-                "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
-            ]
-            .map(String::from),
-        );
-        args.extend(["--url".into(), gateway.url("hub")]);
-        let report = run_driver(&args).await;
+        let report = run_driver(&modern_client_through_the_gateways_hub(&gateway, era)).await;
         assert!(!report.contains("FAIL"), "{report}");
         if era == "legacy" {
             assert!(
@@ -2978,12 +2954,7 @@ async fn a_listen_stream_over_http_carries_a_2025_servers_resource_updates_throu
  {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     serve_everything(&alice, &[]);
-    let listed = || {
-        bob.json(&["services", "--refresh"])["services"]
-            .as_array()
-            .is_some_and(|s| s.iter().any(|e| e["mount"] == "alice/everything"))
-    };
-    assert!(eventually(Duration::from_secs(15), listed).await);
+    until_mounted(&bob, &["alice/everything"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     let (url, http) = (gateway.url("hub"), gateway.client());
     let envelope = json!({

@@ -795,6 +795,12 @@ pub async fn run_driver(args: &[String]) -> String {
     run_driver_with(args, &[]).await
 }
 
+/// The JSON a driver printed as its last line (its report).
+pub fn report_line(out: &str) -> Value {
+    serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no report line ({e}): {out}"))
+}
+
 /// [`run_driver`] with extra environment variables.
 pub async fn run_driver_with(args: &[String], envs: &[(&str, &str)]) -> String {
     let out = tokio::time::timeout(

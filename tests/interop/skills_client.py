@@ -32,21 +32,21 @@ bounded (60 s in all).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import hashlib
-import json
+import os
 import sys
 
 import mcp_types
 import yaml
 
 from fastmcp import Client
-from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 from fastmcp.skills import SkillsClientExtension
 from mcp.shared.exceptions import MCPError
 
-TIMEOUT = 60
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fastmcp_drive  # noqa: E402
+
 
 
 async def load(client: Client, entry) -> list[str]:
@@ -83,11 +83,7 @@ async def load(client: Client, entry) -> list[str]:
 
 
 async def run(options: argparse.Namespace) -> dict:
-    if options.url:
-        headers = dict(h.split("=", 1) for h in options.header)
-        transport = StreamableHttpTransport(options.url, headers=headers)
-    else:
-        transport = StdioTransport(options.command[0], options.command[1:])
+    transport = fastmcp_drive.transport(options)
     report: dict = {"protocol": None, "skills": [], "unknown": None}
     async with Client(transport, extensions=[SkillsClientExtension()]) as client:
         report["protocol"] = client.protocol_version
@@ -116,16 +112,9 @@ async def run(options: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url")
-    parser.add_argument("--header", action="append", default=[])
+    parser = fastmcp_drive.parser()
     parser.add_argument("--unknown")
-    parser.add_argument("command", nargs="*")
-    options = parser.parse_args()
-    if bool(options.url) == bool(options.command):
-        parser.error("give either --url URL or -- CMD [ARGS...]")
-    report = asyncio.run(asyncio.wait_for(run(options), TIMEOUT))
-    print(json.dumps(report), flush=True)
+    fastmcp_drive.report(run, parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -25,18 +25,16 @@ Every wait is bounded (60 s in all).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import os
 import sys
 
 from fastmcp import Client
-from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 from fastmcp_tasks import call_tool_task
-from fastmcp_tasks.client_models import GetTaskRequest, GetTaskRequestParams
+from fastmcp_tasks.client_models import ClientGetTaskResult, GetTaskRequest, GetTaskRequestParams
 from mcp.shared.exceptions import MCPError
-from fastmcp_tasks.client_models import ClientGetTaskResult
 
-TIMEOUT = 60
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fastmcp_drive  # noqa: E402
 
 
 def text_of(result) -> str:
@@ -44,11 +42,7 @@ def text_of(result) -> str:
 
 
 async def run(options: argparse.Namespace) -> dict:
-    if options.url:
-        headers = dict(h.split("=", 1) for h in options.header)
-        transport = StreamableHttpTransport(options.url, headers=headers)
-    else:
-        transport = StdioTransport(options.command[0], options.command[1:])
+    transport = fastmcp_drive.transport(options)
     name = lambda tool: f"{options.prefix}{tool}"  # noqa: E731
     report: dict = {"protocol": None, "unknown": None}
     async with Client(transport) as client:
@@ -81,17 +75,10 @@ async def run(options: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url")
-    parser.add_argument("--header", action="append", default=[])
+    parser = fastmcp_drive.parser()
     parser.add_argument("--prefix", default="")
     parser.add_argument("--unknown")
-    parser.add_argument("command", nargs="*")
-    options = parser.parse_args()
-    if bool(options.url) == bool(options.command):
-        parser.error("give either --url URL or -- CMD [ARGS...]")
-    report = asyncio.run(asyncio.wait_for(run(options), TIMEOUT))
-    print(json.dumps(report), flush=True)
+    fastmcp_drive.report(run, parser.parse_args())
 
 
 if __name__ == "__main__":
