@@ -2670,17 +2670,7 @@ async fn a_grant_refused_for_want_of_scope_is_stepped_up_by_the_next_auth() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_over_http() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
-    let root = alice.home().join("skills");
-    write_skills(&root);
-    let (py, server) = (
-        python().display().to_string(),
-        interop_script("skills_server.py"),
-    );
-    alice.serve(
-        "skills",
-        &["bob"],
-        &["--", &py, &server, &root.display().to_string()],
-    );
+    serve_skills(&alice);
     until_mounted(&bob, &["alice/skills"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // FastMCP's Skills client over Streamable HTTP, sessionless at 2026-07-28.
@@ -2721,11 +2711,7 @@ async fn a_servers_skills_are_listed_and_read_verified_through_the_gateways_hub_
 async fn a_2026_07_28_task_through_the_gateways_hub_over_http_is_polled_to_its_result_and_cancelled()
  {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
-    let (py, server) = (
-        python().display().to_string(),
-        interop_script("tasks_server.py"),
-    );
-    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+    serve_tasks(&alice);
     until_mounted(&bob, &["alice/tasks"]).await;
     let gateway = Gateway::start(&bob, &[]).await;
     // FastMCP's client with fastmcp-tasks over Streamable HTTP, sessionless: each poll is a

@@ -2815,17 +2815,7 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
 #[tokio::test(flavor = "multi_thread")]
 async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under_their_service() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
-    let root = alice.home().join("skills");
-    write_skills(&root);
-    let (py, server) = (
-        python().display().to_string(),
-        interop_script("skills_server.py"),
-    );
-    alice.serve(
-        "skills",
-        &["bob"],
-        &["--", &py, &server, &root.display().to_string()],
-    );
+    serve_skills(&alice);
     let shown = |own: &str| format!("mcpmesh-hub://alice/skills/{own}");
 
     // FastMCP's own Skills client (a 2026-07-28 one) through the hub over FastMCP's server:
@@ -2938,11 +2928,7 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
 async fn a_2026_07_28_task_through_the_hub_is_polled_to_its_result_and_cancelled_by_its_presented_id()
  {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
-    let (py, server) = (
-        python().display().to_string(),
-        interop_script("tasks_server.py"),
-    );
-    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+    serve_tasks(&alice);
 
     // FastMCP's client with fastmcp-tasks, over FastMCP's TasksExtension, through the hub:
     // the call answered by a task it polls itself, a task driven by its handle, one cancelled,
@@ -3101,11 +3087,7 @@ async fn a_bridged_call_is_asked_only_what_its_own_client_declared_whoever_opene
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_holding_an_unfinished_task_outlives_the_idle_time_and_goes_once_the_task_ends() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
-    let (py, server) = (
-        python().display().to_string(),
-        interop_script("tasks_server.py"),
-    );
-    alice.serve("tasks", &["bob"], &["--", &py, &server]);
+    serve_tasks(&alice);
     let mut hub = raw_hub(&bob, &["alice/tasks", "--idle", "1s"]);
     let client = |params: Value| {
         let mut params = stateless(params);

@@ -1158,9 +1158,30 @@ impl TelemetrySink {
     }
 }
 
+/// `node` serves `tests/interop/skills_server.py` (FastMCP) over two skills as `skills` to bob.
+pub fn serve_skills(node: &TestNode) {
+    let root = node.home().join("skills");
+    write_skills(&root);
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("skills_server.py"),
+    );
+    let root = root.display().to_string();
+    node.serve("skills", &["bob"], &["--", &py, &server, &root]);
+}
+
+/// `node` serves `tests/interop/tasks_server.py` (FastMCP's tasks extension) as `tasks` to bob.
+pub fn serve_tasks(node: &TestNode) {
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("tasks_server.py"),
+    );
+    node.serve("tasks", &["bob"], &["--", &py, &server]);
+}
+
 /// Two skills below `root` (one with a supporting file, one under a prefix), as FastMCP's
 /// `SkillsDirectoryProvider` serves a folder.
-pub fn write_skills(root: &std::path::Path) {
+fn write_skills(root: &std::path::Path) {
     let workflow = root.join("git-workflow");
     std::fs::create_dir_all(workflow.join("references")).unwrap();
     std::fs::write(
