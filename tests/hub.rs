@@ -2812,6 +2812,31 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
     );
 }
 
+/// A hub over `service` whose 2026-07-28 client was offered `extension` (with no settings);
+/// the hub, and its `server/discover` answer.
+async fn offered(node: &TestNode, service: &str, extension: &str) -> (McpSession, Value) {
+    let mut hub = raw_hub(node, &[service]);
+    let found = hub.request("server/discover", stateless(json!({}))).await;
+    assert_eq!(
+        found["result"]["capabilities"]["extensions"][extension],
+        json!({}),
+        "{found}"
+    );
+    (hub, found)
+}
+
+/// A hub over `service` whose 2025-11-25 client was offered no extension; the hub, and its
+/// `initialize` answer.
+async fn offered_none(node: &TestNode, service: &str) -> (McpSession, Value) {
+    let mut hub = raw_hub(node, &[service]);
+    let init = hub.initialize_as("2025-11-25").await;
+    assert!(
+        init["result"]["capabilities"].get("extensions").is_none(),
+        "{init}"
+    );
+    (hub, init)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under_their_service() {
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
@@ -2870,13 +2895,7 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
 
     // Raw, at 2026-07-28: the extension offered, the answers typed and private, a URI of no
     // service the hub presents refused by the hub itself.
-    let mut hub = raw_hub(&bob, &["alice/skills"]);
-    let found = hub.request("server/discover", stateless(json!({}))).await;
-    assert_eq!(
-        found["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/skills"],
-        json!({}),
-        "{found}"
-    );
+    let (mut hub, found) = offered(&bob, "alice/skills", "io.modelcontextprotocol/skills").await;
     // Who the service says it is, and its tool's title and icons, are kept.
     let info = &found["result"]["_meta"]["mcpmesh/services"]["alice/skills"];
     assert_eq!(info["name"], "mcpmesh-interop-skills", "{found}");
@@ -2907,12 +2926,7 @@ async fn a_servers_skills_are_listed_got_and_read_verified_through_the_hub_under
     hub.wait_eof().await;
 
     // A 2025-11-25 client is offered no extension of the 2026 revision, and is told so.
-    let mut hub = raw_hub(&bob, &["alice/skills"]);
-    let init = hub.initialize_as("2025-11-25").await;
-    assert!(
-        init["result"]["capabilities"].get("extensions").is_none(),
-        "{init}"
-    );
+    let (mut hub, init) = offered_none(&bob, "alice/skills").await;
     assert_eq!(
         init["result"]["_meta"]["mcpmesh/services"]["alice/skills"]["name"],
         "mcpmesh-interop-skills",
@@ -2971,24 +2985,13 @@ async fn a_2026_07_28_task_through_the_hub_is_polled_to_its_result_and_cancelled
     assert_eq!(report["unknown"]["code"], -32602, "{report}");
 
     // The hub offers the extension to a 2026 client as the service declares it.
-    let mut hub = raw_hub(&bob, &["alice/tasks"]);
-    let found = hub.request("server/discover", stateless(json!({}))).await;
-    assert_eq!(
-        found["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"],
-        json!({}),
-        "{found}"
-    );
+    let (mut hub, _) = offered(&bob, "alice/tasks", "io.modelcontextprotocol/tasks").await;
     hub.close_stdin();
     hub.wait_eof().await;
 
     // A 2025-11-25 client is offered no task of the later revision: its call runs plainly,
     // and the extension's methods are not its own.
-    let mut hub = raw_hub(&bob, &["alice/tasks"]);
-    let init = hub.initialize_as("2025-11-25").await;
-    assert!(
-        init["result"]["capabilities"].get("extensions").is_none(),
-        "{init}"
-    );
+    let (mut hub, _) = offered_none(&bob, "alice/tasks").await;
     let call = json!({"name": "alice__tasks__crunch", "arguments": {"seconds": 0.2}});
     let answer = hub.request("tools/call", call).await;
     assert_eq!(
