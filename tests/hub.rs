@@ -1047,6 +1047,14 @@ async fn server_discover_is_answered_by_the_hub_itself_without_a_session_on_a_wa
     );
 }
 
+/// `params` as a 2026-07-28 client that answers form elicitations and sampling sends them.
+fn answering(params: Value) -> Value {
+    let mut params = stateless(params);
+    params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"elicitation": {"form": {}}, "sampling": {}});
+    params
+}
+
 /// `params` as a 2026-07-28 client sends them: the protocol's fields in `_meta`.
 fn stateless(mut params: Value) -> Value {
     params["_meta"] = json!({
@@ -1515,12 +1523,7 @@ async fn a_2025_servers_elicitation_and_sampling_reach_a_2026_07_28_client_as_in
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     serve_everything(&alice, "everything", &marker("hub-bridge"));
     let mut hub = raw_hub(&bob, &["alice/everything"]);
-    let client = |params: Value| {
-        let mut params = stateless(params);
-        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
-            json!({"elicitation": {"form": {}}, "sampling": {}});
-        params
-    };
+    let client = answering;
     hub.request("server/discover", client(json!({}))).await;
     let elicit = json!({"name": "alice__everything__trigger-elicitation-request", "arguments": {}});
     let first = hub.request("tools/call", client(elicit.clone())).await;
@@ -3014,12 +3017,7 @@ async fn a_2025_servers_question_during_two_bridged_calls_is_refused_not_given_t
     let (alice, bob) = two_nodes_with(ROOM_FOR_A_WHOLE_CLIENT);
     serve_everything(&alice, "everything", &marker("hub-bridge-two"));
     let mut hub = raw_hub(&bob, &["alice/everything"]);
-    let client = |params: Value| {
-        let mut params = stateless(params);
-        params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
-            json!({"elicitation": {"form": {}}, "sampling": {}});
-        params
-    };
+    let client = answering;
     hub.request("server/discover", client(json!({}))).await;
     // A slow call first, then one whose server asks the client something: a 2025 server's
     // request names no call, so the hub cannot tell whose it is while both are in flight.
