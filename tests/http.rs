@@ -2520,21 +2520,13 @@ async fn a_node_acting_for_itself_gets_client_credentials_tokens_without_a_brows
     // Through bob's gateway it is an ordinary service.
     let gateway = Gateway::start(&bob, &[]).await;
     let (http, url) = (gateway.client(), gateway.url("alice/reports"));
-    let r = mcp_post(&http, &url, &initialize_request(), None)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let sid = r.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-    assert!(r.text().await.unwrap().contains("serverInfo"));
-    let call = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": { "name": "echo", "arguments": { "text": "via the gateway" } } });
-    let r = mcp_post(&http, &url, &call, Some(&sid))
-        .send()
-        .await
-        .unwrap();
-    let body = r.text().await.unwrap();
-    assert!(body.contains("via the gateway"), "{body}");
+    let sid = open_http_session(&gateway, &url).await;
+    let echo = json!({ "name": "echo", "arguments": { "text": "via the gateway" } });
+    let answer = http_request(&http, &url, Some(&sid), 2, "tools/call", echo).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "via the gateway",
+        "{answer}"
+    );
     // And through bob's hub.
     let mut cmd = Command::new(MCPMESH);
     cmd.arg("--home")
