@@ -173,15 +173,15 @@ impl Hub {
             "params": {"level": "warning", "logger": "mcpmesh-hub", "data": format!("{target}: {note}")},
         }));
         // Before the client's `initialize` is answered, held until it is (a few at most).
-        let message = match lock(&self.early_warnings).as_mut() {
-            Some(early) if early.len() < EARLY_WARNINGS => {
-                early.push(message);
-                return;
+        let mut early = self.early_warnings.lock().await;
+        match early.as_mut() {
+            Some(held) if held.len() < EARLY_WARNINGS => held.push(message),
+            Some(_) => {}
+            None => {
+                drop(early);
+                self.send(message).await;
             }
-            Some(_) => return,
-            None => message,
-        };
-        self.send(message).await;
+        }
     }
 
     pub(super) async fn announce_lists(&self) {

@@ -113,7 +113,7 @@ pub(super) struct Hub {
     listed: AtomicBool,
     /// Warnings for a handshake-era client made before its `initialize` was answered (the
     /// greeting may wait for the first listings): sent once it is.
-    early_warnings: StdMutex<Option<Vec<Vec<u8>>>>,
+    early_warnings: tokio::sync::Mutex<Option<Vec<Vec<u8>>>>,
     next: AtomicU64,
     tasks: TaskTracker,
     /// Requests of the client not answered yet, listen streams aside.
@@ -174,7 +174,7 @@ where
         again: StdMutex::new(HashSet::new()),
         first_fetches: watch::channel(0).0,
         listed: AtomicBool::new(false),
-        early_warnings: StdMutex::new(Some(Vec::new())),
+        early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
         next: AtomicU64::new(1),
         tasks: TaskTracker::new(),
         owed: watch::channel(0).0,
@@ -410,13 +410,18 @@ impl Hub {
             "tasks/list" if !stateless => self.list_tasks(&id).await,
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
-        self.send(reply).await;
         if method == "initialize" {
-            let early = lock(&self.early_warnings).take();
-            for warning in early.into_iter().flatten() {
-                self.send(warning).await;
+            // The warnings held go out in the same write as the answer, so nothing the client
+            // asks after reading it (a list, answered at once) can come before them.
+            let mut early = self.early_warnings.lock().await;
+            let mut reply = reply;
+            for warning in early.take().into_iter().flatten() {
+                reply.extend(warning);
             }
+            self.send(reply).await;
+            return;
         }
+        self.send(reply).await;
     }
 
     /// Sends a request that names what it is for (a tool, a prompt, a URI) to the service
