@@ -131,16 +131,27 @@ struct Joined {
     _receiving: AbortOnDropHandle<()>,
 }
 
-/// The roster fetches notices started, and the announcers to fetch from next.
+/// The roster fetches notices started, and the members to fetch from next.
 #[derive(Debug, Default)]
 struct Fetches {
     running: HashMap<EndpointId, Instant>,
-    /// (announcer, serial it announced), oldest first.
-    sources: Vec<(EndpointId, u64)>,
+    /// Oldest first.
+    sources: Vec<Source>,
     /// When the last fetch started.
     last: Option<Instant>,
     /// A wake-up is set for the end of the gap.
     waking: bool,
+}
+
+/// A member that may hold a newer roster.
+#[derive(Debug)]
+struct Source {
+    id: EndpointId,
+    /// The newest serial it was heard of with.
+    serial: u64,
+    /// It announced that serial itself (it installed it), rather than only passing on another
+    /// member's notice (it may not have fetched it yet).
+    announced: bool,
 }
 
 /// What to do about the sources kept.
@@ -155,25 +166,33 @@ enum Next {
 }
 
 impl Fetches {
-    /// Keeps `id` as a source of `serial` (its newest announcement), even while a fetch from
-    /// it runs: that fetch may end with an older serial.
-    fn offer(&mut self, id: EndpointId, serial: u64) {
-        match self.sources.iter_mut().find(|(s, _)| *s == id) {
-            Some(known) => known.1 = known.1.max(serial),
+    /// Keeps `id` as a source of `serial` (its newest), even while a fetch from it runs: that
+    /// fetch may end with an older serial. `announced`: it installed that serial itself.
+    fn offer(&mut self, id: EndpointId, serial: u64, announced: bool) {
+        match self.sources.iter_mut().find(|s| s.id == id) {
+            Some(known) if serial > known.serial => {
+                known.serial = serial;
+                known.announced = announced;
+            }
+            Some(known) => known.announced |= announced && serial == known.serial,
             None => {
                 if self.sources.len() == MAX_SOURCES {
                     self.sources.remove(0);
                 }
-                self.sources.push((id, serial));
+                self.sources.push(Source {
+                    id,
+                    serial,
+                    announced,
+                });
             }
         }
     }
 
-    /// The fetch from `id` ended; one that got no answer (its source is gone) does not hold
-    /// the next one back.
-    fn ended(&mut self, id: EndpointId, answered: bool) {
+    /// The fetch from `id` ended. One that brought nothing newer (its source was gone, or did
+    /// not hold the roster yet) does not hold the next one back.
+    fn ended(&mut self, id: EndpointId, advanced: bool) {
         self.running.remove(&id);
-        if !answered && self.running.is_empty() {
+        if !advanced && self.running.is_empty() {
             self.last = None;
         }
     }
@@ -181,9 +200,11 @@ impl Fetches {
     /// Whether a fetch may start at `now`, and from which source: when none runs and the last
     /// started [`FETCH_GAP`] ago (else after the rest of the gap, one wake-up at a time), or
     /// beside running ones that are all slow, up to [`MAX_FETCHES`]. The newest serial first,
-    /// then the oldest announcement.
+    /// from one of the members that announced it, picked at random (the members that heard
+    /// the same few announcements do not all fetch from the same one at once), else from one
+    /// that passed the notice on.
     fn start(&mut self, held: u64, now: Instant) -> Next {
-        self.sources.retain(|(_, serial)| *serial > held);
+        self.sources.retain(|s| s.serial > held);
         if self.sources.is_empty() || self.running.len() >= MAX_FETCHES {
             return Next::Nothing;
         }
@@ -204,18 +225,29 @@ impl Fetches {
             self.waking = true;
             return Next::After(FETCH_GAP - since);
         }
-        let idle = |(id, _): &&(EndpointId, u64)| !self.running.contains_key(id);
-        let Some(newest) = self.sources.iter().filter(idle).map(|(_, s)| *s).max() else {
+        let idle: Vec<usize> = (0..self.sources.len())
+            .filter(|&i| !self.running.contains_key(&self.sources[i].id))
+            .collect();
+        let Some(newest) = idle.iter().map(|&i| self.sources[i].serial).max() else {
             return Next::Nothing;
         };
-        let Some(at) = self
-            .sources
-            .iter()
-            .position(|(id, s)| *s == newest && !self.running.contains_key(id))
-        else {
+        let of_newest = |announced: bool| -> Vec<usize> {
+            idle.iter()
+                .copied()
+                .filter(|&i| {
+                    let s = &self.sources[i];
+                    s.serial == newest && s.announced == announced
+                })
+                .collect()
+        };
+        let mut candidates = of_newest(true);
+        if candidates.is_empty() {
+            candidates = of_newest(false);
+        }
+        let Some(&at) = candidates.get((random() % candidates.len().max(1) as u64) as usize) else {
             return Next::Nothing;
         };
-        let (id, _) = self.sources.remove(at);
+        let id = self.sources.remove(at).id;
         self.running.insert(id, now);
         self.last = Some(now);
         Next::Now(id)
@@ -516,9 +548,9 @@ impl Node {
             if serial > view.roster().serial {
                 // The member that installed it has it; the one that delivered it may too.
                 let mut fetches = self.gossip.fetches();
-                fetches.offer(from, serial);
+                fetches.offer(from, serial, true);
                 if member != from {
-                    fetches.offer(member, serial);
+                    fetches.offer(member, serial, false);
                 }
                 drop(fetches);
                 self.fetch_rosters();
@@ -551,6 +583,8 @@ impl Node {
             Next::Now(source) => {
                 let node = self.clone();
                 tokio::spawn(async move {
+                    let serial = || node.roster().map_or(0, |v| v.roster().serial);
+                    let before = serial();
                     let exchange = node.sync_with(source);
                     tokio::pin!(exchange);
                     let answered = match tokio::time::timeout(SLOW_FETCH, &mut exchange).await {
@@ -561,7 +595,8 @@ impl Node {
                             exchange.await
                         }
                     };
-                    node.gossip.fetches().ended(source, answered.is_some());
+                    let advanced = answered.is_some() && serial() > before;
+                    node.gossip.fetches().ended(source, advanced);
                     node.fetch_rosters();
                 });
             }
@@ -623,17 +658,22 @@ mod tests {
     fn one_fetch_at_a_time_the_newest_announcement_first_and_a_second_only_beside_a_slow_one() {
         let mut f = Fetches::default();
         let now = Instant::now();
-        f.offer(id(1), 5);
-        f.offer(id(2), 6);
-        f.offer(id(3), 6);
-        assert_eq!(
-            f.start(4, now),
-            Next::Now(id(2)),
-            "the newest serial, announced first"
+        f.offer(id(1), 5, true);
+        f.offer(id(2), 6, true);
+        f.offer(id(3), 6, true);
+        let first = f.start(4, now);
+        assert!(
+            first == Next::Now(id(2)) || first == Next::Now(id(3)),
+            "the newest serial: {first:?}"
         );
         assert_eq!(f.start(4, now), Next::Nothing, "one runs, not slow yet");
         let later = now + SLOW_FETCH;
-        assert_eq!(f.start(4, later), Next::Now(id(3)), "beside a slow one");
+        let other = if first == Next::Now(id(2)) {
+            id(3)
+        } else {
+            id(2)
+        };
+        assert_eq!(f.start(4, later), Next::Now(other), "beside a slow one");
         assert_eq!(f.start(4, later + SLOW_FETCH), Next::Nothing, "at most two");
         f.running.clear();
         assert_eq!(
@@ -644,19 +684,56 @@ mod tests {
         assert!(f.sources.is_empty());
         // The kept ones are bounded.
         for n in 10..30 {
-            f.offer(id(n), 7);
+            f.offer(id(n), 7, true);
         }
         assert_eq!(f.sources.len(), MAX_SOURCES);
+    }
+
+    #[test]
+    fn the_announcers_of_the_newest_serial_share_the_fetches() {
+        let mut picked = std::collections::HashSet::new();
+        for _ in 0..64 {
+            let mut f = Fetches::default();
+            for n in 1..=3 {
+                f.offer(id(n), 9, true);
+            }
+            f.offer(id(4), 8, true);
+            match f.start(7, Instant::now()) {
+                Next::Now(source) => picked.insert(source),
+                other => panic!("a fetch starts: {other:?}"),
+            };
+        }
+        // 64 fair picks of three miss one of them with a chance under 2 in 10^11.
+        let newest: std::collections::HashSet<_> = (1..=3).map(id).collect();
+        assert_eq!(picked, newest, "each announcer of serial 9, and only those");
+    }
+
+    #[test]
+    fn a_member_that_announced_the_serial_is_asked_before_one_that_only_passed_it_on() {
+        let mut f = Fetches::default();
+        let now = Instant::now();
+        // Member 2 delivered member 1's notice: it may not have fetched the roster yet.
+        f.offer(id(2), 9, false);
+        f.offer(id(1), 9, true);
+        assert_eq!(f.start(8, now), Next::Now(id(1)));
+        // The one that passed it on is the fallback, beside a slow fetch...
+        assert_eq!(f.start(8, now + SLOW_FETCH), Next::Now(id(2)));
+        // ...and it counts as an announcer once it announces the serial itself.
+        let mut f = Fetches::default();
+        f.offer(id(2), 9, false);
+        f.offer(id(3), 9, false);
+        f.offer(id(2), 9, true);
+        assert_eq!(f.start(8, now), Next::Now(id(2)));
     }
 
     #[test]
     fn a_newer_serial_announced_by_the_source_being_fetched_is_fetched_after_it() {
         let mut f = Fetches::default();
         let now = Instant::now();
-        f.offer(id(1), 49);
+        f.offer(id(1), 49, true);
         assert_eq!(f.start(48, now), Next::Now(id(1)));
         // Serial 50 is announced while 49 is being fetched from the same member.
-        f.offer(id(1), 50);
+        f.offer(id(1), 50, true);
         assert_eq!(f.start(48, now), Next::Nothing, "not twice at once");
         f.running.clear();
         let after = now + FETCH_GAP;
@@ -667,21 +744,21 @@ mod tests {
     fn notices_in_a_burst_are_gathered_and_only_the_newest_is_fetched_after_the_gap() {
         let mut f = Fetches::default();
         let now = Instant::now();
-        f.offer(id(1), 2);
+        f.offer(id(1), 2, true);
         assert_eq!(f.start(1, now), Next::Now(id(1)), "the first at once");
         f.running.clear();
         let soon = now + Duration::from_millis(300);
-        f.offer(id(1), 3);
+        f.offer(id(1), 3, true);
         assert_eq!(
             f.start(2, soon),
             Next::After(FETCH_GAP - Duration::from_millis(300))
         );
-        f.offer(id(2), 4);
+        f.offer(id(2), 4, true);
         assert_eq!(f.start(2, soon), Next::Nothing, "one wake-up is set");
         f.waking = false;
         assert_eq!(f.start(2, now + FETCH_GAP), Next::Now(id(2)), "the newest");
         // A fetch whose source did not answer holds nothing back.
-        f.offer(id(3), 5);
+        f.offer(id(3), 5, true);
         f.ended(id(2), false);
         assert_eq!(f.start(2, now + FETCH_GAP), Next::Now(id(3)));
     }

@@ -46,6 +46,8 @@ struct Args {
     nodes: usize,
     parallel: usize,
     sync_secs: usize,
+    /// 0 skips the sessions of every ordered pair (to look at the org's own figures alone).
+    pairs: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -53,6 +55,7 @@ fn parse_args() -> anyhow::Result<Args> {
         nodes: 50,
         parallel: 8,
         sync_secs: 120,
+        pairs: 1,
     };
     bench::numeric_flags(
         std::env::args().skip(1),
@@ -60,6 +63,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("nodes", &mut args.nodes, 2),
             ("parallel", &mut args.parallel, 1),
             ("sync-secs", &mut args.sync_secs, 1),
+            ("pairs", &mut args.pairs, 0),
         ],
         "",
     )?;
@@ -123,6 +127,10 @@ async fn run(args: &Args, fleet: &Fleet, stub: &Path) -> anyhow::Result<()> {
         idle_cpu.iter().copied().fold(0.0, f64::max)
     );
 
+    if args.pairs == 0 {
+        println!("the sessions of every ordered pair: skipped (--pairs 0)");
+        return fleet.removal(args.sync_secs).await;
+    }
     let sampler = RssSampler::start(fleet.pids());
     let started = Instant::now();
     let failures = fleet.all_pairs(args.parallel).await;
@@ -181,6 +189,40 @@ fn last_install(nodes: &[Node], serial: u64, since: u64) -> Duration {
         .max()
         .unwrap_or(since);
     Duration::from_millis(last.saturating_sub(since))
+}
+
+/// How roster `serial` spread over `nodes` after `since` (unix ms): when they installed it
+/// (p50, p90, last) and from whom (the admin's node or another member).
+fn print_spread(nodes: &[Node], serial: u64, since: u64, admin: &str) {
+    let mut installs: Vec<(u64, String, &str)> = nodes
+        .iter()
+        .filter_map(|n| {
+            n.install(serial)
+                .map(|(at, from)| (at.saturating_sub(since), from, n.user.as_str()))
+        })
+        .collect();
+    installs.sort();
+    let Some(last) = installs.last() else {
+        return;
+    };
+    let at = |q: usize| installs[(installs.len() * q / 100).min(installs.len() - 1)].0;
+    let from_admin = installs.iter().filter(|(_, from, _)| from == admin).count();
+    println!(
+        "  installed by {} members: p50 {} ms, p90 {} ms, last {} ms ({}); {from_admin} had it from the admin's node, {} from other members",
+        installs.len(),
+        at(50),
+        at(90),
+        last.0,
+        last.2,
+        installs.len() - from_admin
+    );
+    let slowest: Vec<String> = installs
+        .iter()
+        .rev()
+        .take(5)
+        .map(|(at, from, user)| format!("{user} {at} ms from {from}"))
+        .collect();
+    println!("  the last five: {}", slowest.join(", "));
 }
 
 fn unix_ms() -> u64 {
@@ -526,6 +568,7 @@ impl Fleet {
             members.len(),
             spread.as_secs_f64()
         );
+        print_spread(members, serial, since, &self.admin().user);
         let mut ends = ends.await?;
         let cut = ends.iter().filter(|e| e.is_some()).count();
         ends.sort();
@@ -627,6 +670,12 @@ impl Node {
 
     /// When this node installed roster `serial` (unix ms), by its audit log.
     fn installed_at(&self, serial: u64) -> Option<u64> {
+        self.install(serial).map(|(at, _)| at)
+    }
+
+    /// When this node installed roster `serial` (unix ms) and whom it had it from, by its
+    /// audit log.
+    fn install(&self, serial: u64) -> Option<(u64, String)> {
         let dir = self.home.join("state").join("audit");
         let files = std::fs::read_dir(dir).ok()?;
         let mut at = None;
@@ -639,7 +688,8 @@ impl Node {
                     continue;
                 };
                 if record["event"] == "roster_installed" && record["serial"] == serial {
-                    at = at.or(record["at_ms"].as_u64());
+                    let from = record["from"].as_str().unwrap_or_default().to_owned();
+                    at = at.or(record["at_ms"].as_u64().map(|at| (at, from)));
                 }
             }
         }
