@@ -272,12 +272,35 @@ async fn a_catalog_answer_over_the_cap_or_malformed_is_refused_and_the_rest_stil
         bob.json(&["peers", "add", name, &ep.id().to_string(), "--addr", &addr]);
         peers.push((ep, task));
     }
-    let seen = services(&bob, true);
+    let listed = bob.json(&["services", "--refresh"]);
+    let seen = listed["services"].as_array().unwrap().clone();
     assert_eq!(mounts(&seen), ["alice/notes"], "{seen:?}");
+    assert_eq!(listed["refused"], json!(["huge", "liar"]), "{listed}");
+    assert_eq!(listed["unanswered"], json!([]), "{listed}");
+    // Asked again within the minute: still refused, recorded once per peer.
+    bob.json(&["services", "--refresh"]);
     assert!(
         bob.json(&["status"])["id"].is_string(),
         "bob's node still answers"
     );
+    let records = bob.stop_and_audit();
+    let refused: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["event"] == "catalog_refused")
+        .collect();
+    let by: Vec<&str> = refused
+        .iter()
+        .map(|r| r["peer"].as_str().unwrap())
+        .collect();
+    assert_eq!(by.len(), 2, "one record per peer: {refused:?}");
+    assert!(by.contains(&"huge") && by.contains(&"liar"), "{refused:?}");
+    for r in &refused {
+        let reason = r["reason"].as_str().unwrap();
+        assert!(reason.starts_with("its answer"), "{r}");
+        assert!(r["principal"].as_str().unwrap().starts_with("eid:"), "{r}");
+        // What the peer sent is not copied into the record.
+        assert!(!r.to_string().contains("aaaaaaaa"), "{r}");
+    }
 }
 
 /// `mcpmesh hub` with no argument, driven with raw JSON-RPC.
@@ -345,6 +368,84 @@ async fn a_hub_with_no_argument_presents_the_catalog_and_follows_its_changes() {
     let names = tool_names(&mut hub).await;
     assert!(!names.iter().any(|n| n.contains("calc")), "{names:?}");
     assert!(names.contains("alice__notes__echo"));
+    hub.close_stdin();
+    hub.wait_eof().await;
+}
+
+/// The names a hub's `method` (`prompts/list`, `resources/list`) answers, under `field`.
+async fn listed(hub: &mut McpSession, method: &str, list: &str, field: &str) -> BTreeSet<String> {
+    let answer = hub.request(method, json!({})).await;
+    answer["result"][list]
+        .as_array()
+        .unwrap_or_else(|| panic!("{method}: {answer}"))
+        .iter()
+        .map(|item| item[field].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_with_prompts_and_resources_served_later_reaches_every_list_of_a_whole_hub() {
+    let (alice, bob) = two_nodes();
+    alice.serve("notes", &["bob"], &["--", stub()]);
+    let mut hub = whole_hub(&bob);
+    hub.initialize().await;
+    // The client has read every list once: each is announced when it changes.
+    assert!(tool_names(&mut hub).await.contains("alice__notes__echo"));
+    let prompts = listed(&mut hub, "prompts/list", "prompts", "name").await;
+    assert!(
+        !prompts.iter().any(|p| p.starts_with("alice__every__")),
+        "{prompts:?}"
+    );
+    listed(&mut hub, "resources/list", "resources", "uri").await;
+
+    // server-everything offers tools, prompts and resources.
+    let index = deps()
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .display()
+        .to_string();
+    let started = std::time::Instant::now();
+    alice.serve(
+        "every",
+        &["bob"],
+        &["--", "node", &index, "stdio", &marker("catalog-every")],
+    );
+    let mut seen = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    for _ in 0..3 {
+        for method in [
+            "notifications/tools/list_changed",
+            "notifications/prompts/list_changed",
+            "notifications/resources/list_changed",
+        ] {
+            assert!(notified(&mut hub, method).await, "no {method}");
+        }
+        seen = (
+            tool_names(&mut hub).await,
+            listed(&mut hub, "prompts/list", "prompts", "name").await,
+            listed(&mut hub, "resources/list", "resources", "uri").await,
+        );
+        if seen.1.iter().any(|p| p.starts_with("alice__every__")) {
+            break;
+        }
+    }
+    eprintln!(
+        "HUB-FOLLOWS: a service served later was in a running hub's lists {:?} after `serve`",
+        started.elapsed()
+    );
+    let (tools, prompts, resources) = seen;
+    assert!(
+        tools.iter().any(|t| t.starts_with("alice__every__")),
+        "{tools:?}"
+    );
+    assert!(
+        prompts.iter().any(|p| p.starts_with("alice__every__")),
+        "{prompts:?}"
+    );
+    assert!(
+        resources
+            .iter()
+            .any(|r| r.starts_with("mcpmesh-hub://alice/every/")),
+        "{resources:?}"
+    );
     hub.close_stdin();
     hub.wait_eof().await;
 }

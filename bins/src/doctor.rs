@@ -450,16 +450,29 @@ fn catalog_check(catalog: &serde_json::Value) -> (&'static str, String) {
         .flatten()
         .filter_map(|p| p.as_str())
         .collect();
-    if silent.is_empty() {
+    let refused: Vec<&str> = catalog["refused"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str())
+        .collect();
+    let mut problems = Vec::new();
+    if !silent.is_empty() {
+        problems.push(format!(
+            "{} did not answer what they serve to this node (offline, or they do not trust it)",
+            silent.join(", ")
+        ));
+    }
+    if !refused.is_empty() {
+        problems.push(format!(
+            "{} answered with a catalog this node refused (over its size cap or malformed; see catalog_refused in the audit log)",
+            refused.join(", ")
+        ));
+    }
+    if problems.is_empty() {
         ("ok", offers)
     } else {
-        (
-            "warn",
-            format!(
-                "{offers}; {} did not answer what they serve to this node (offline, or they do not trust it)",
-                silent.join(", ")
-            ),
-        )
+        ("warn", format!("{offers}; {}", problems.join("; ")))
     }
 }
 
@@ -582,6 +595,14 @@ mod tests {
         let (status, message) = catalog_check(&some);
         assert_eq!(status, "warn");
         assert!(message.contains("bob did not answer"), "{message}");
+        let hostile = json!({"services": [], "unanswered": [], "refused": ["mallory"]});
+        let (status, message) = catalog_check(&hostile);
+        assert_eq!(status, "warn");
+        assert!(
+            message.contains("mallory answered with a catalog this node refused"),
+            "{message}"
+        );
+        assert!(!message.contains("did not answer"), "{message}");
     }
 
     #[test]

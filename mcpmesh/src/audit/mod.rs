@@ -95,8 +95,9 @@ pub enum AuditEvent {
         principal: String,
         peer: String,
     },
-    /// A peer's catalog request refused (malformed, or past its rate): at most one record
-    /// per peer a minute.
+    /// A peer's catalog request refused (malformed, or past its rate), or a peer's answer to
+    /// this node's request refused (over the cap, malformed; `reason` starts "its answer"):
+    /// at most one record per peer a minute.
     CatalogRefused {
         principal: String,
         peer: String,

@@ -46,6 +46,8 @@ struct Known {
     answered_at: u64,
     /// Why the last attempt failed, when it did (the services are then the last known ones).
     failed: Option<String>,
+    /// The last attempt got an answer this node refused (over the cap, malformed).
+    refused: bool,
 }
 
 /// The answers of this node's peers.
@@ -101,20 +103,27 @@ impl Catalogs {
             .map(|k| (k.services.clone(), k.failed.is_some()))
     }
 
+    /// Whether the last answer of `peer` was refused (over the cap, malformed).
+    pub(super) fn refused(&self, peer: &EndpointId) -> bool {
+        self.known().get(peer).is_some_and(|k| k.refused)
+    }
+
     /// Keeps the outcome of asking `peer`; returns whether the file must be rewritten.
-    fn keep(&self, peer: EndpointId, outcome: Result<Vec<Entry>, String>) -> bool {
+    fn keep(&self, peer: EndpointId, outcome: &Result<Vec<Entry>, catalog::CatalogError>) -> bool {
         let mut known = self.known();
         let entry = known.entry(peer).or_default();
         match outcome {
             Ok(services) => {
-                let changed = entry.services != services || entry.answered_at == 0;
-                entry.services = services;
+                let changed = entry.services != *services || entry.answered_at == 0;
+                entry.services = services.clone();
                 entry.answered_at = crate::time::unix_ms();
                 entry.failed = None;
+                entry.refused = false;
                 changed
             }
             Err(why) => {
-                entry.failed = Some(why);
+                entry.failed = Some(why.to_string());
+                entry.refused = matches!(why, catalog::CatalogError::Invalid(_));
                 false
             }
         }
@@ -158,7 +167,7 @@ fn read(file: &std::path::Path) -> Option<BTreeMap<EndpointId, Known>> {
                     Known {
                         services,
                         answered_at: 0,
-                        failed: None,
+                        ..Known::default()
                     },
                 ))
             })
@@ -198,16 +207,19 @@ impl Node {
         let max_age = params
             .max_age_ms
             .map_or(DEFAULT_MAX_AGE, Duration::from_millis);
-        self.refresh_catalogs(max_age, params.refresh).await;
+        let refreshing = self.refresh_catalogs(max_age, params.refresh).await;
         let table = self.gate.snapshot();
         let mut services = Vec::new();
         let mut unanswered = Vec::new();
+        let mut refused = Vec::new();
         for p in table.all() {
             let Some((entries, failed)) = self.catalogs.of(&p.id) else {
                 unanswered.push(p.name.clone());
                 continue;
             };
-            if failed {
+            if self.catalogs.refused(&p.id) {
+                refused.push(p.name.clone());
+            } else if failed {
                 unanswered.push(p.name.clone());
             }
             let reachable = !failed && self.reach.get(&p.id).is_none_or(|s| s.reachable);
@@ -225,13 +237,21 @@ impl Node {
             }
         }
         // Peers whose catalog is not known now: their entries (if any) are the last known.
-        json!({ "services": services, "unanswered": unanswered })
+        // Peers whose last answer was refused (over the cap, malformed): likewise.
+        // `refreshing`: answers older than `max_age` are being asked again behind this reply.
+        json!({
+            "services": services,
+            "unanswered": unanswered,
+            "refused": refused,
+            "refreshing": refreshing,
+        })
     }
 
     /// Brings the peers' catalogs up to date for a reply: asks (and waits for) the peers never
     /// asked, or all of them with `now`, except those known unreachable; asks the ones answered
     /// longer than `max_age` ago behind the reply.
-    pub(super) async fn refresh_catalogs(&self, max_age: Duration, now: bool) {
+    /// Returns whether answers are being refreshed behind the reply.
+    pub(super) async fn refresh_catalogs(&self, max_age: Duration, now: bool) -> bool {
         let table = self.gate.snapshot();
         let since = crate::time::unix_ms();
         let mut wait_for = Vec::new();
@@ -248,7 +268,9 @@ impl Node {
                 _ => behind.push(p.id),
             }
         }
-        let Some(node) = self.arc() else { return };
+        let Some(node) = self.arc() else {
+            return false;
+        };
         if !wait_for.is_empty() {
             let asking = {
                 let node = node.clone();
@@ -263,9 +285,11 @@ impl Node {
             };
             let _ = tokio::time::timeout(wait, asking).await;
         }
-        if !behind.is_empty() {
+        let refreshing = !behind.is_empty();
+        if refreshing {
             tokio::spawn(async move { node.ask_catalogs(behind).await });
         }
+        refreshing
     }
 
     /// Asks each of `peers` (not already being asked) for its catalog, some at a time.
@@ -289,10 +313,12 @@ impl Node {
                 }))
                 .await;
             for (peer, answer) in answers {
-                if let Err(e) = &answer {
-                    tracing::debug!(peer = %peer.fmt_short(), "no catalog: {e}");
+                match &answer {
+                    Err(e @ catalog::CatalogError::Invalid(_)) => self.refused_catalog(peer, e),
+                    Err(e) => tracing::debug!(peer = %peer.fmt_short(), "no catalog: {e}"),
+                    Ok(_) => {}
                 }
-                changed |= self.catalogs.keep(peer, answer.map_err(|e| e.to_string()));
+                changed |= self.catalogs.keep(peer, &answer);
             }
         }
         {
@@ -310,6 +336,21 @@ impl Node {
         changed |= self.catalogs.retain(&trusted);
         if changed {
             self.save_catalogs().await;
+        }
+    }
+
+    /// `peer` answered with a catalog this node refused (over the cap, malformed): its last
+    /// known entries stay, and the audit log says so (at most once a minute per peer), since
+    /// only a faulty or hostile node sends one.
+    fn refused_catalog(&self, peer: EndpointId, e: &catalog::CatalogError) {
+        tracing::warn!(peer = %peer.fmt_short(), "refused a catalog answer: {e}");
+        let principal = format!("eid:{peer}");
+        if self.catalogs.record_refusal(&principal) {
+            self.audit.record(AuditEvent::CatalogRefused {
+                principal,
+                peer: self.name_of(&peer),
+                reason: format!("its answer: {e}"),
+            });
         }
     }
 

@@ -496,7 +496,7 @@ impl Node {
     }
 
     /// The name this node knows `id` by, for the records.
-    pub(super) fn name_of(&self, id: &EndpointId) -> String {
+    pub(in crate::daemon) fn name_of(&self, id: &EndpointId) -> String {
         self.gate
             .snapshot()
             .by_id(id)

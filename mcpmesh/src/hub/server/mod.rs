@@ -47,8 +47,12 @@ use super::{HubConfig, HubError, Target};
 /// How often the node is asked which peers are reachable.
 const REACH_EVERY: Duration = Duration::from_secs(3);
 /// Following the catalog, how old the node's answers from peers may be: a service that
-/// appears or goes shows in the lists within about this plus [`REACH_EVERY`].
+/// appears or goes shows in the lists within about this plus [`REACH_EVERY`] (and the time to
+/// list it).
 const CATALOG_MAX_AGE: Duration = Duration::from_secs(4);
+/// When the node is asking its peers again behind its answer, how long until the hub reads
+/// the fresh answers, rather than at its next round.
+const CATALOG_FRESH_AFTER: Duration = Duration::from_secs(1);
 /// After the client's input ends, how long the answers it is still owed may take (a first
 /// listing, a slow call)...
 const OWED: Duration = Duration::from_secs(30);
@@ -559,8 +563,16 @@ impl Hub {
                 _ = tokio::time::sleep(REACH_EVERY) => {}
                 _ = self.stop.cancelled() => return,
             }
-            if self.follow {
-                self.clone().follow_catalog().await;
+            if self.follow && self.clone().follow_catalog().await {
+                let hub = self.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(CATALOG_FRESH_AFTER) => {
+                            hub.follow_catalog().await;
+                        }
+                        _ = hub.stop.cancelled() => {}
+                    }
+                });
             }
             let Some(peers) = self
                 .node
@@ -589,8 +601,9 @@ impl Hub {
 
     /// Reads the node's catalog again (its answers at most [`CATALOG_MAX_AGE`] old): services
     /// that appeared are listed, services gone leave the lists, and a service whose tool
-    /// count changed is listed again; the client is told what changed.
-    async fn follow_catalog(self: Arc<Self>) {
+    /// count changed is listed again; the client is told what changed. Returns whether the
+    /// node is asking its peers again behind that answer.
+    async fn follow_catalog(self: Arc<Self>) -> bool {
         let Some(catalog) = self
             .node
             .call_running(
@@ -599,8 +612,9 @@ impl Hub {
             )
             .await
         else {
-            return;
+            return false;
         };
+        let refreshing = catalog["refreshing"] == json!(true);
         let (now, counts) = catalog_targets(&catalog);
         let (set_changed, relist) = {
             let mut targets = lock(&self.targets);
@@ -626,6 +640,7 @@ impl Hub {
             self.clone().first_listings();
             self.announce_lists().await;
         }
+        refreshing
     }
 
     /// The services presented now.
