@@ -428,6 +428,10 @@ async fn in_a_browser_the_page_shows_a_session_appear_and_disappear_without_relo
     s.alice.json(&["org", "create", "acme"]);
     let mut refused = s.bob.connect("alice/nothing-here");
     refused.initialize().await;
+    // What alice may use on bob: the page's peers table shows bob's catalog for alice.
+    s.bob
+        .serve_stub("notes", &["alice"], None, &marker("web-browser-notes"));
+    s.alice.json(&["services", "--refresh"]);
     let shots = artifacts();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/drive.cjs");
     let mut cmd = tokio::process::Command::new("node");
@@ -439,6 +443,7 @@ async fn in_a_browser_the_page_shows_a_session_appear_and_disappear_without_relo
         .stdin(Stdio::null());
     let (mut browser, ready) = Started::until(&mut cmd, "ready ").await;
     assert_eq!(ready, "ready alice");
+    assert_eq!(report(&mut browser, "mounts ").await, "mounts bob notes");
 
     let mut session = s.bob.connect("alice/svc");
     session.initialize().await;

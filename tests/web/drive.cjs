@@ -1,6 +1,8 @@
 // The browser side of tests/web.rs: opens the status page in headless Chromium (the system's,
 // driven by playwright-core) and reports what it sees, one line at a time on stdout:
 //   ready <nickname>       the page loaded and its live feed is connected
+//   mounts <peer> <list>   what the peers table says this node may use on <peer> (once the
+//                          list is not empty)
 //   shown <peer>           a live session of <peer> appeared (shot: <dir>/live.png)
 //   escaped               a tool name that is markup (the test calls it) shows as text
 //   gone <peer>            it disappeared, in the same document (no reload)
@@ -40,6 +42,18 @@ async function main() {
     // Stays set as long as the document does: a reload would lose it.
     await page.evaluate(() => { window.sameDocument = true; });
     say("ready " + (await page.textContent("#nickname")));
+    // The peers table: peer in the second column, what this node may use there in the sixth.
+    const mounts = await page.waitForFunction(
+      (p) => {
+        const row = [...document.querySelectorAll("#peers tbody tr")]
+          .find((tr) => tr.children[1] && tr.children[1].textContent === p);
+        const cell = row && row.children[5];
+        return cell && cell.textContent ? cell.textContent : null;
+      },
+      peer,
+      { timeout: wait },
+    );
+    say("mounts " + peer + " " + (await mounts.jsonValue()));
     const session = `#sessions li[data-peer="${peer}"]`;
     await page.waitForSelector(session, { timeout: wait });
     await page.screenshot({ path: path.join(shots, "live.png"), fullPage: true });

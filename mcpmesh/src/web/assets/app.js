@@ -87,6 +87,7 @@ function render(s) {
       p.reachable ? (p.path || "") : "unreachable",
       p.rtt_ms !== undefined ? p.rtt_ms + " ms" : "",
       (p.services || []).join(", "),
+      (p.mounts || []).join(", "),
       p.source + (p.pending ? " (pending)" : ""),
     ]);
   });
