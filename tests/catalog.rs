@@ -305,10 +305,16 @@ async fn a_catalog_answer_over_the_cap_or_malformed_is_refused_and_the_rest_stil
 
 /// `mcpmesh hub` with no argument, driven with raw JSON-RPC.
 fn whole_hub(node: &TestNode) -> McpSession {
+    hub_with(node, &[])
+}
+
+/// `mcpmesh hub ARGS…`, driven with raw JSON-RPC.
+fn hub_with(node: &TestNode, args: &[&str]) -> McpSession {
     let mut cmd = tokio::process::Command::new(MCPMESH);
     cmd.arg("--home")
         .arg(node.home())
         .arg("hub")
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -468,11 +474,27 @@ async fn a_call_through_the_hub_to_a_tool_the_caller_may_not_use_is_refused_and_
     assert_eq!(answer["error"]["code"], -32054, "{answer}");
     hub.close_stdin();
     hub.wait_eof().await;
+    let mut denied = vec!["whoami"];
+    // Under the shorter names a hub can present, the attempt reaches alice all the same.
+    for (naming, name, tool) in [("service", "notes__blob", "blob"), ("bare", "size", "size")] {
+        let mut hub = hub_with(&bob, &["--names", naming]);
+        hub.initialize().await;
+        let listed = tool_names(&mut hub).await;
+        assert_eq!(listed.len(), 1, "{naming}: {listed:?}");
+        let answer = hub.call(name, json!({})).await;
+        assert_eq!(answer["error"]["code"], -32054, "{naming}: {answer}");
+        assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
+        hub.close_stdin();
+        hub.wait_eof().await;
+        denied.push(tool);
+    }
     let records = alice.stop_and_audit();
-    assert!(
-        records
-            .iter()
-            .any(|r| r["event"] == "request" && r["name"] == "whoami" && r["outcome"] == "denied"),
-        "alice's audit records the attempt: {records:?}"
-    );
+    for tool in denied {
+        assert!(
+            records
+                .iter()
+                .any(|r| r["event"] == "request" && r["name"] == tool && r["outcome"] == "denied"),
+            "alice's audit records the attempt at {tool}: {records:?}"
+        );
+    }
 }

@@ -84,6 +84,11 @@ pub fn full_prefix(peer: &str, service: &str) -> String {
     format!("{}{JOIN}{}{JOIN}", sanitize(peer), sanitize(service))
 }
 
+/// What the name of every item of a `service` starts with, as `--names service` shortens it.
+pub fn service_prefix(service: &str) -> String {
+    format!("{}{JOIN}", sanitize(service))
+}
+
 /// `text` with every character a client would refuse replaced by `_`; never empty.
 pub fn sanitize(text: &str) -> String {
     let clean: String = text

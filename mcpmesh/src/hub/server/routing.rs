@@ -128,17 +128,39 @@ impl Hub {
         }
     }
 
-    /// For a `tools/call` of `name` no listing shows: the service its full name
-    /// (`<peer>__<service>__<tool>`) points to, and the tool's own name.
+    /// For a `tools/call` of `name` no listing shows: the service it points to and the tool's
+    /// own name, so that the service's node refuses it and records the attempt. By its full
+    /// name (`<peer>__<service>__<tool>`), else, as `--names service` and `bare` shorten
+    /// names, by `<service>__<tool>` when one service presented has that name, else to the one
+    /// service presented when there is only one.
     fn unlisted_tool(&self, method: &str, name: &str) -> Option<(Target, String)> {
         if method != "tools/call" {
             return None;
         }
-        self.targets().into_iter().find_map(|t| {
-            let prefix = names::full_prefix(&t.peer, &t.service);
-            let tool = name.strip_prefix(&prefix).filter(|tool| !tool.is_empty())?;
-            Some((t, tool.to_owned()))
-        })
+        let targets = self.targets();
+        let own = |prefix: String| {
+            name.strip_prefix(&prefix)
+                .filter(|tool| !tool.is_empty())
+                .map(str::to_owned)
+        };
+        let full = targets.iter().find_map(|t| {
+            own(names::full_prefix(&t.peer, &t.service)).map(|tool| (t.clone(), tool))
+        });
+        if full.is_some() {
+            return full;
+        }
+        let mut by_service = targets
+            .iter()
+            .filter_map(|t| own(names::service_prefix(&t.service)).map(|tool| (t.clone(), tool)));
+        match (by_service.next(), by_service.next()) {
+            (Some(one), None) => return Some(one),
+            (Some(_), Some(_)) => return None,
+            (None, _) => {}
+        }
+        match targets.as_slice() {
+            [only] => Some((only.clone(), name.to_owned())),
+            _ => None,
+        }
     }
 
     /// The service behind a URI the hub presented, and that service's own URI.
