@@ -171,6 +171,43 @@ async fn ask_raw(ep: &iroh::Endpoint, target: iroh::EndpointId, request: &[u8]) 
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_peer_that_refused_this_node_is_asked_again_once_it_trusts_it() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    bob.trust(&alice);
+    let first = bob.json(&["services", "--refresh"]);
+    assert_eq!(first["unanswered"], json!(["alice"]), "{first}");
+    // bob's node has found alice answering only to refuse it.
+    let peers = bob.json(&["peers"]);
+    assert_eq!(peers["peers"][0]["reachable"], false, "{peers}");
+
+    // Once alice trusts bob, bob's next look asks her again and waits for the answer (it had
+    // nothing of hers to show), though she once refused it.
+    alice.trust(&bob);
+    alice.serve("notes", &["bob"], &["--", stub()]);
+    let listed = bob.json(&["services", "--refresh"]);
+    let seen = listed["services"].as_array().unwrap().clone();
+    assert_eq!(mounts(&seen), ["alice/notes"], "{listed}");
+    assert_eq!(listed["unanswered"], json!([]), "{listed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_look_without_refresh_waits_for_a_peer_that_has_never_answered_yet() {
+    let alice = TestNode::start("alice");
+    let bob = TestNode::start("bob");
+    bob.trust(&alice);
+    let first = bob.json(&["services"]);
+    assert_eq!(first["unanswered"], json!(["alice"]), "{first}");
+    alice.trust(&bob);
+    alice.serve("notes", &["bob"], &["--", stub()]);
+    // What doctor and `status` ask: answers up to 30 s old are fine, but alice's never came.
+    let listed = bob.json(&["services"]);
+    let seen = listed["services"].as_array().unwrap().clone();
+    assert_eq!(mounts(&seen), ["alice/notes"], "{listed}");
+    assert_eq!(listed["unanswered"], json!([]), "{listed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_peer_gets_its_own_catalog_only_and_a_flood_is_refused_and_recorded_once() {
     let alice = TestNode::start("alice");
     let (ep, target) = raw_client(&alice, true).await;

@@ -248,23 +248,32 @@ impl Node {
     }
 
     /// Brings the peers' catalogs up to date for a reply: asks (and waits for) the peers never
-    /// asked, or all of them with `now`, except those known unreachable; asks the ones answered
-    /// longer than `max_age` ago behind the reply.
-    /// Returns whether answers are being refreshed behind the reply.
+    /// asked or that never answered, or all of them with `now`, except those known not to
+    /// answer; asks the ones answered longer than `max_age` ago behind the reply. Returns
+    /// whether answers are being refreshed behind the reply.
     pub(super) async fn refresh_catalogs(&self, max_age: Duration, now: bool) -> bool {
         let table = self.gate.snapshot();
         let since = crate::time::unix_ms();
         let mut wait_for = Vec::new();
         let mut behind = Vec::new();
         for p in table.all() {
-            let answered_at = self.catalogs.known().get(&p.id).map(|k| k.answered_at);
-            let down = self.reach.get(&p.id).is_some_and(|s| !s.reachable);
-            match answered_at {
+            // When it last answered, and whether it never did (it refused this node, which
+            // may trust this node by now, or could not be reached): nothing to show yet.
+            let known = self.catalogs.known().get(&p.id).map(|k| {
+                let never = k.answered_at == 0 && k.failed.is_some() && k.services.is_empty();
+                (k.answered_at, never)
+            });
+            // Known not to answer at all; a peer that refused this node did answer, and
+            // asking it again costs a round trip.
+            let down = self.reach.get(&p.id).is_some_and(|s| s.silent());
+            match known {
                 // A peer never asked is asked now even when the last check found it down (that
                 // check may predate its trust in this node); the reply waits for it a moment.
                 None => wait_for.push(p.id),
+                // So is one that never answered, unless it is known not to answer at all.
+                Some((_, true)) if !down => wait_for.push(p.id),
                 _ if now && !down => wait_for.push(p.id),
-                Some(at) if since.saturating_sub(at) < max_age.as_millis() as u64 => {}
+                Some((at, false)) if since.saturating_sub(at) < max_age.as_millis() as u64 => {}
                 _ => behind.push(p.id),
             }
         }

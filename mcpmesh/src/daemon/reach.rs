@@ -84,6 +84,11 @@ impl Seen {
         self.at.elapsed()
     }
 
+    /// Not reachable, and it did not even answer to refuse this node.
+    pub(super) fn silent(&self) -> bool {
+        !self.reachable && !self.answered
+    }
+
     /// Reachable by a dial, but no ping has measured the round trip yet.
     fn unmeasured(&self) -> bool {
         self.reachable && self.rtt.is_none()
