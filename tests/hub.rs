@@ -2653,11 +2653,13 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
     let say = |who: &str, what: &str| println!("[{who}] {what}");
     let created = org_cli(&alice, &["create", "acme"]);
     say("alice", &format!("$ mcpmesh org create acme → {created}"));
+    let mut serial = json!(null);
     for (node, group) in [(&bob, "eng"), (&carol, "eng"), (&dave, "sales")] {
         let invite = org_cli(&alice, &["invite", &node.name, "--groups", group]);
         let line = invite["invite"].as_str().expect("an invite line");
         let joined = node.json(&["join", line]);
         assert_eq!(joined["user"], node.name.as_str(), "{joined}");
+        serial = joined["serial"].clone();
         say(
             &node.name,
             &format!(
@@ -2666,6 +2668,16 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
             ),
         );
     }
+    // Every member holds the last roster (the one naming dave) before anyone looks.
+    let team = [&alice, &bob, &carol, &dave];
+    let held = || {
+        team.iter()
+            .all(|n| org_cli(n, &["members"])["serial"] == serial)
+    };
+    assert!(
+        eventually(Duration::from_secs(30), held).await,
+        "serial {serial} everywhere"
+    );
 
     let served = alice.json(&[
         "serve",
@@ -2722,6 +2734,46 @@ async fn a_team_of_four_finds_its_services_through_the_catalog_and_uses_them_thr
     assert_eq!(mounts(&daves), ["alice/notes"], "sales sees notes only");
     let used = dave.json(&["use", "alice/notes"]);
     assert!(used.get("warning").is_none(), "no false warning: {used}");
+    // The roster member alice is "you may use: notes" in dave's `peers` and `status`, his
+    // `use hub` mounts it, and `doctor` counts it.
+    let mounts_of_alice = |listed: &Value| -> Value {
+        let alice = listed["peers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no peers: {listed}"))
+            .iter()
+            .find(|p| p["name"] == "alice")
+            .unwrap_or_else(|| panic!("alice is not listed: {listed}"))
+            .clone();
+        assert_eq!(alice["source"], "roster", "{alice}");
+        alice["mounts"].clone()
+    };
+    assert_eq!(mounts_of_alice(&dave.json(&["peers"])), json!(["notes"]));
+    assert_eq!(mounts_of_alice(&dave.json(&["status"])), json!(["notes"]));
+    let peers_text = String::from_utf8_lossy(&dave.cli(&["peers"]).stdout).into_owned();
+    say("dave", &format!("$ mcpmesh peers →\n{peers_text}"));
+    assert!(peers_text.contains("notes"), "{peers_text}");
+    let hub_use = dave.json(&["use", "hub"]);
+    assert_eq!(hub_use["services"], json!(["alice/notes"]), "{hub_use}");
+    assert!(hub_use.get("warning").is_none(), "{hub_use}");
+    let doctor = dave.json(&["doctor"]);
+    let catalog_line = doctor["checks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no checks: {doctor}"))
+        .iter()
+        .find(|c| c["check"] == "catalog")
+        .unwrap_or_else(|| panic!("no catalog check: {doctor}"))
+        .clone();
+    say(
+        "dave",
+        &format!("$ mcpmesh doctor → {}", catalog_line["message"]),
+    );
+    assert_eq!(catalog_line["status"], "ok", "{catalog_line}");
+    assert!(
+        catalog_line["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("1 service(s) from 1 peer(s)")),
+        "{catalog_line}"
+    );
 
     // Each member's hub presents exactly what its user may use.
     let mut bobs_hub = HubClient::hub(&bob, &[]).await;
