@@ -2076,6 +2076,33 @@ async fn forged_and_flooding_gossip_from_a_member_is_refused_bounded_and_audited
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_orgs_gossip_is_closed_to_a_key_the_roster_does_not_name_even_one_trusted_by_pairing() {
+    let t = Team::start("");
+    converged(&t.all(), t.serial()).await;
+    for trusted in [true, false] {
+        let (ep, target) = raw_client(&t.bob, trusted).await;
+        let conn = ep
+            .connect(target, b"mcpmesh/gossip/1")
+            .await
+            .expect("the handshake completes; the gossip handler decides");
+        // Were it let in, the node's gossip would wait for this key's first frame.
+        let (mut send, _recv) = match conn.open_bi().await {
+            Ok(stream) => stream,
+            Err(e) => panic!("a stream can be opened before the refusal: {e}"),
+        };
+        let _ = send.write_all(b"\x00").await;
+        let closed = tokio::time::timeout(ANSWER_TIMEOUT, conn.closed())
+            .await
+            .expect("the node closes the connection");
+        assert_eq!(
+            mcpmesh_net::session::close_reason_code(Some(&closed)),
+            mcpmesh_net::errors::ErrorCode::UnknownService,
+            "trusted by pairing: {trusted}: {closed:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_service_served_later_reaches_the_members_catalogs_through_gossip() {
     let t = Team::start("");
     converged(&t.all(), t.serial()).await;
@@ -2132,6 +2159,43 @@ async fn severed_at_next_request(s: &mut McpSession, who: &str, codes: &[i64]) {
             assert_eq!(answer["error"]["data"]["source"], "mcpmesh", "{answer}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_to_one_user_and_its_tool_rule_reach_that_users_open_session() {
+    let t = Team::start("");
+    t.alice
+        .serve_stub("notes", &[], None, &marker("org-user-grant"));
+    converged(&t.all(), t.serial()).await;
+    let granted = t.alice.json(&["grant", "user:bob", "notes"]);
+    assert_eq!(granted["principal"], "user:bob", "{granted}");
+    let mut bob = t.bob.connect("alice/notes");
+    bob.initialize().await;
+    let all = tool_names(&bob.request("tools/list", json!({})).await);
+    assert!(all.contains(&"whoami".to_owned()), "{all:?}");
+    // carol is no user:bob.
+    refused_session(&t.carol, "alice/notes").await;
+
+    // bob's own rule: echo only, at his next request, and he is told.
+    let granted = t
+        .alice
+        .json(&["grant", "user:bob", "notes", "--tools", "echo"]);
+    assert_eq!(granted["tools"]["allow"], json!(["echo"]), "{granted}");
+    assert!(bob.notified(LIST_CHANGED, ANSWER_TIMEOUT).await.is_some());
+    assert_eq!(
+        tool_names(&bob.request("tools/list", json!({})).await),
+        ["echo"]
+    );
+    let denied = bob.call("whoami", json!({})).await;
+    assert_eq!(denied["error"]["code"], -32054, "{denied}");
+    let echo = bob.call("echo", json!({ "text": "hi" })).await;
+    assert!(echo["result"].is_object(), "{echo}");
+
+    // The grant taken back: his session is cut.
+    let revoked = t.alice.json(&["revoke", "user:bob", "notes"]);
+    assert_eq!(revoked["granted"], false, "{revoked}");
+    assert_eq!(revoked["sessions_ended"], 1, "{revoked}");
+    severed_at_next_request(&mut bob, "bob", &[-32052, -32055]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
