@@ -413,6 +413,27 @@ async fn a_hub_with_no_argument_presents_the_catalog_and_follows_its_changes() {
     assert!(names.contains("alice__notes__echo"));
     hub.close_stdin();
     hub.wait_eof().await;
+
+    // A whole hub started again lists from its cache: no session opens at alice.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut hub = whole_hub(&bob);
+    hub.initialize().await;
+    let names = tool_names(&mut hub).await;
+    assert!(names.contains("alice__notes__echo"), "{names:?}");
+    hub.close_stdin();
+    hub.wait_eof().await;
+    let opened: Vec<Value> = alice
+        .stop_and_audit()
+        .into_iter()
+        .filter(|r| r["event"] == "session_open" && r["at_ms"].as_u64() >= Some(since))
+        .collect();
+    assert!(
+        opened.is_empty(),
+        "a warm start opened sessions: {opened:?}"
+    );
 }
 
 /// The names a hub's `method` (`prompts/list`, `resources/list`) answers, under `field`.
