@@ -13,10 +13,11 @@
 //! 2. the last node keeps a session open to every other node, the admin removes its user, and
 //!    the time until the last of those sessions ends is the time until every node severed it.
 //!
-//! Every node is stopped and the directory removed on the way out, on error too.
+//! Every node is stopped and the directory removed on the way out, on error too (`--keep 1`
+//! keeps it after a run that ends, for the nodes' logs and audit logs).
 //!
 //!   cargo build --release -p mcpmesh-cli --bins
-//!   target/release/mcpmesh-fleet [--nodes 50] [--parallel 8] [--sync-secs 120]
+//!   target/release/mcpmesh-fleet [--nodes 50] [--parallel 8] [--sync-secs 120] [--pairs 0|1] [--keep 0|1]
 
 #![forbid(unsafe_code)]
 
@@ -48,6 +49,8 @@ struct Args {
     sync_secs: usize,
     /// 0 skips the sessions of every ordered pair (to look at the org's own figures alone).
     pairs: usize,
+    /// 1 keeps the nodes' profiles (logs, audit logs) once they are stopped, and says where.
+    keep: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -56,6 +59,7 @@ fn parse_args() -> anyhow::Result<Args> {
         parallel: 8,
         sync_secs: 120,
         pairs: 1,
+        keep: 0,
     };
     bench::numeric_flags(
         std::env::args().skip(1),
@@ -64,6 +68,7 @@ fn parse_args() -> anyhow::Result<Args> {
             ("parallel", &mut args.parallel, 1),
             ("sync-secs", &mut args.sync_secs, 1),
             ("pairs", &mut args.pairs, 0),
+            ("keep", &mut args.keep, 0),
         ],
         "",
     )?;
@@ -80,7 +85,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         let fleet = Fleet::start(&args, mcpmesh).await?;
         let result = run(&args, &fleet, &stub).await;
-        fleet.stop().await;
+        fleet.stop(args.keep > 0).await;
         result
     })
 }
@@ -259,7 +264,8 @@ fn print_failures_by_caller(failures: &[(usize, usize, anyhow::Error)], n: usize
 struct Fleet {
     mcpmesh: PathBuf,
     nodes: Vec<Node>,
-    _dir: tempfile::TempDir,
+    /// Removed when dropped (unless taken to be kept).
+    dir: Option<tempfile::TempDir>,
 }
 
 /// One node: its profile, its user (its nickname), its key and its daemon's pid.
@@ -301,7 +307,7 @@ impl Fleet {
         let mut fleet = Fleet {
             mcpmesh,
             nodes,
-            _dir: dir,
+            dir: Some(dir),
         };
         let started = Instant::now();
         for chunk in fleet.nodes.chunks(8) {
@@ -610,10 +616,13 @@ impl Fleet {
     }
 
     /// Stops every node that started (its children with it), a few at a time.
-    async fn stop(mut self) {
+    async fn stop(mut self, keep: bool) {
         let nodes = std::mem::take(&mut self.nodes);
         for chunk in nodes.chunks(8) {
             join_all(chunk.iter().map(|n| n.cli(&["down"]))).await;
+        }
+        if keep && let Some(dir) = self.dir.take() {
+            println!("the nodes' profiles are kept in {}", dir.keep().display());
         }
     }
 }
