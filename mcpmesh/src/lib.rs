@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod demo;
 pub mod files;
 pub mod gateway;
+pub mod http_checks;
 pub mod http_listener;
 pub mod hub;
 pub mod keys;

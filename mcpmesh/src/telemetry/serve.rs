@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use tokio_util::sync::CancellationToken;
 
 use super::{Metrics, PeerPath};
-use crate::gateway::guard::foreign_host_or_origin;
+use crate::http_checks::foreign_host_or_origin;
 
 /// What a scrape is served from: the metrics, and where the peers' paths are read from then.
 struct Scrape {

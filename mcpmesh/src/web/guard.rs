@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::gateway::guard::{bearer_token, constant_time_eq, foreign_host_or_origin};
+use crate::http_checks::{bearer_token, constant_time_eq, foreign_host_or_origin};
 
 /// The token and the name of the cookie that carries it.
 #[derive(Debug)]
