@@ -50,17 +50,71 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
         .prefix("mcpmesh-demo-")
         .tempdir()
         .map_err(|e| fail("creating temporary profiles")(&e))?;
-    let mut report = Report::default();
-    let _ = writeln!(
+    let mut log = Transcript {
+        report: Report::default(),
         out,
+    };
+    let _ = writeln!(
+        log.out,
         "mcpmesh demo: two nodes on this machine share a tool (no network, no accounts)"
     );
 
     let alice = Profile::at(base.path().join("alice"));
     let bob = Profile::at(base.path().join("bob"));
     let mut nodes = Nodes(Vec::new());
-    let mut clients = Vec::new();
-    for (profile, nick) in [(&alice, "alice"), (&bob, "bob")] {
+    let [mut a, mut b] = start_nodes(
+        exe,
+        [(&alice, "alice"), (&bob, "bob")],
+        &mut nodes,
+        &mut log,
+    )?;
+    introduce(&mut a, &mut b, &mut log)?;
+
+    let t = Instant::now();
+    let run = vec![exe.display().to_string(), "demo-server".to_owned()];
+    a.client
+        .call(
+            methods::SERVICES_SERVE,
+            json!({ "name": "demo", "run": run, "allow": ["bob"] }),
+        )
+        .map_err(|e| fail("alice serving demo")(&e))?;
+    log.say(
+        t,
+        "alice serves \"demo\" (a built-in MCP server) to bob".into(),
+    );
+
+    let mut connect = open_session(exe, &bob, &mut log)?;
+    call_tools(&mut connect, &mut log)?;
+
+    let t = Instant::now();
+    connect.finish();
+    drop(nodes);
+    log.say(t, "closed the session and stopped both nodes".into());
+    let _ = writeln!(
+        log.out,
+        "done in {:.0} ms. Share your own tool: mcpmesh serve NAME -- COMMAND…, then mcpmesh invite NAME",
+        total.elapsed().as_secs_f64() * 1e3
+    );
+    log.report.total_ms = total.elapsed().as_secs_f64() * 1e3;
+    Ok(log.report)
+}
+
+/// A node the demo started: the control connection to it, and its `node.id` answer.
+struct Started {
+    client: ControlClient,
+    id: Value,
+}
+
+/// Writes each profile's hermetic config and starts its node (recorded in `nodes`, so it is
+/// stopped however the demo ends).
+fn start_nodes(
+    exe: &Path,
+    profiles: [(&Profile, &str); 2],
+    nodes: &mut Nodes,
+    log: &mut Transcript<'_>,
+) -> Result<[Started; 2], DemoError> {
+    let mut started = Vec::new();
+    for (profile, nick) in profiles {
         let t = Instant::now();
         profile
             .create_dirs()
@@ -75,9 +129,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
         let id = client
             .call(methods::NODE_ID, json!({}))
             .map_err(|e| fail("asking a node its id")(&e))?;
-        say(
-            &mut report,
-            out,
+        log.say(
             t,
             format!(
                 "started node {nick:<5} id {}… at {}",
@@ -89,12 +141,19 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
                 id["addrs"][0].as_str().unwrap_or("?")
             ),
         );
-        clients.push((client, id));
+        started.push(Started { client, id });
     }
-    let [(mut a, a_id), (mut b, b_id)]: [(ControlClient, Value); 2] = clients
+    started
         .try_into()
-        .map_err(|_| fail("starting nodes")(&"two nodes expected"))?;
+        .map_err(|_| fail("starting nodes")(&"two nodes expected"))
+}
 
+/// Alice and bob each add the other's key and addresses as a peer.
+fn introduce(
+    alice: &mut Started,
+    bob: &mut Started,
+    log: &mut Transcript<'_>,
+) -> Result<(), DemoError> {
     let t = Instant::now();
     let add = |c: &mut ControlClient, name: &str, id: &Value| -> Result<Value, ControlError> {
         c.call(
@@ -102,32 +161,21 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
             json!({ "name": name, "id": id["id"], "addrs": id["addrs"] }),
         )
     };
-    add(&mut a, "bob", &b_id).map_err(|e| fail("alice trusting bob")(&e))?;
-    add(&mut b, "alice", &a_id).map_err(|e| fail("bob trusting alice")(&e))?;
-    say(
-        &mut report,
-        out,
-        t,
-        "alice and bob trust each other's keys".into(),
-    );
+    add(&mut alice.client, "bob", &bob.id).map_err(|e| fail("alice trusting bob")(&e))?;
+    add(&mut bob.client, "alice", &alice.id).map_err(|e| fail("bob trusting alice")(&e))?;
+    log.say(t, "alice and bob trust each other's keys".into());
+    Ok(())
+}
 
-    let t = Instant::now();
-    let run = vec![exe.display().to_string(), "demo-server".to_owned()];
-    a.call(
-        methods::SERVICES_SERVE,
-        json!({ "name": "demo", "run": run, "allow": ["bob"] }),
-    )
-    .map_err(|e| fail("alice serving demo")(&e))?;
-    say(
-        &mut report,
-        out,
-        t,
-        "alice serves \"demo\" (a built-in MCP server) to bob".into(),
-    );
-
+/// Bob's `mcpmesh connect alice/demo`, initialized: the session an AI client would hold.
+fn open_session(
+    exe: &Path,
+    bob: &Profile,
+    log: &mut Transcript<'_>,
+) -> Result<McpProcess, DemoError> {
     let t = Instant::now();
     let mut connect =
-        McpProcess::start(exe, &bob, "alice/demo").map_err(|e| fail("starting connect")(&e))?;
+        McpProcess::start(exe, bob, "alice/demo").map_err(|e| fail("starting connect")(&e))?;
     let init = connect
         .request(
             "initialize",
@@ -140,16 +188,19 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
     connect
         .notify("notifications/initialized")
         .map_err(|e| fail("initialized")(&e))?;
-    say(
-        &mut report,
-        out,
+    log.say(
         t,
         format!(
             "bob ran `mcpmesh connect alice/demo`: initialize answered by {:?}",
             init["serverInfo"]["name"].as_str().unwrap_or("?")
         ),
     );
+    Ok(connect)
+}
 
+/// Lists the demo's tools and calls two: `echo`, and `whoami` to show the caller alice's
+/// server saw.
+fn call_tools(connect: &mut McpProcess, log: &mut Transcript<'_>) -> Result<(), DemoError> {
     let t = Instant::now();
     let tools = connect
         .request("tools/list", json!({}))
@@ -160,12 +211,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
         .flatten()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    say(
-        &mut report,
-        out,
-        t,
-        format!("tools/list: {}", names.join(", ")),
-    );
+    log.say(t, format!("tools/list: {}", names.join(", ")));
 
     let t = Instant::now();
     let echo = connect
@@ -174,9 +220,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
             json!({ "name": "echo", "arguments": { "text": "hello from bob" } }),
         )
         .map_err(|e| fail("tools/call echo")(&e))?;
-    say(
-        &mut report,
-        out,
+    log.say(
         t,
         format!(
             "tools/call echo → {:?}",
@@ -189,9 +233,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
         .request("tools/call", json!({ "name": "whoami", "arguments": {} }))
         .map_err(|e| fail("tools/call whoami")(&e))?;
     let seen = &who["structuredContent"];
-    say(
-        &mut report,
-        out,
+    log.say(
         t,
         format!(
             "tools/call whoami → alice's server saw caller {} ({}…)",
@@ -203,23 +245,7 @@ pub fn run(exe: &Path, out: &mut dyn Write) -> Result<Report, DemoError> {
                 .unwrap_or("?"),
         ),
     );
-
-    let t = Instant::now();
-    connect.finish();
-    drop(nodes);
-    say(
-        &mut report,
-        out,
-        t,
-        "closed the session and stopped both nodes".into(),
-    );
-    let _ = writeln!(
-        out,
-        "done in {:.0} ms. Share your own tool: mcpmesh serve NAME -- COMMAND…, then mcpmesh invite NAME",
-        total.elapsed().as_secs_f64() * 1e3
-    );
-    report.total_ms = total.elapsed().as_secs_f64() * 1e3;
-    Ok(report)
+    Ok(())
 }
 
 /// What the demo did, step by step, with each step's time.
@@ -235,10 +261,19 @@ pub struct Step {
     pub ms: f64,
 }
 
-fn say(report: &mut Report, out: &mut dyn Write, started: Instant, text: String) {
-    let ms = started.elapsed().as_secs_f64() * 1e3;
-    let _ = writeln!(out, "  [{ms:>6.1} ms] {text}");
-    report.steps.push(Step { step: text, ms });
+/// What the demo prints as it goes, and the report it builds alongside.
+struct Transcript<'a> {
+    report: Report,
+    out: &'a mut dyn Write,
+}
+
+impl Transcript<'_> {
+    /// A step done, timed from `started`.
+    fn say(&mut self, started: Instant, text: String) {
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let _ = writeln!(self.out, "  [{ms:>6.1} ms] {text}");
+        self.report.steps.push(Step { step: text, ms });
+    }
 }
 
 /// An MCP client over a child's stdio: the demo's stand-in for an AI client.

@@ -194,91 +194,10 @@ impl Writer {
             None
         });
         let last = last_record(&dir, &mut found)?;
-        let position = match (&head, &last) {
-            (None, None) => Head::genesis(),
-            (Some(h), None) => {
-                if h.seq > 0 {
-                    found.push(AuditEvent::AuditDamaged {
-                        reason: format!(
-                            "the head named record {} but the log holds no record",
-                            h.seq
-                        ),
-                    });
-                }
-                h.clone()
-            }
-            (None, Some(l)) => {
-                if !unreadable {
-                    found.push(AuditEvent::AuditDamaged {
-                        reason: format!(
-                            "{HEAD_FILE} was missing; the log was resumed after record {}",
-                            l.seq
-                        ),
-                    });
-                }
-                Head {
-                    seq: l.seq,
-                    hash: l.hash.clone(),
-                }
-            }
-            (Some(h), Some(l)) => {
-                if h.seq > l.seq {
-                    found.push(AuditEvent::AuditDamaged {
-                        reason: format!(
-                            "the head named record {} but the log ended at record {}: records were removed",
-                            h.seq, l.seq
-                        ),
-                    });
-                } else if l
-                    .seen
-                    .iter()
-                    .any(|(seq, hash)| *seq == h.seq && *hash != h.hash)
-                {
-                    found.push(AuditEvent::AuditDamaged {
-                        reason: format!(
-                            "record {} differs from the one the head named: it was replaced",
-                            h.seq
-                        ),
-                    });
-                }
-                Head {
-                    seq: l.seq,
-                    hash: l.hash.clone(),
-                }
-            }
-        };
-        let marked = match high_water.as_ref().map(|h| h.load()) {
-            Some(Ok(mark)) => mark,
-            Some(Err(e)) => {
-                tracing::warn!("cannot read the audit log's high-water mark: {e}");
-                None
-            }
-            None => None,
-        };
+        let position = resume_point(head.as_ref(), last.as_ref(), unreadable, &mut found);
+        let marked = load_mark(high_water.as_deref());
         if let Some(mark) = marked.as_ref().filter(|_| found.is_empty()) {
-            let reached = match &last {
-                Some(l) => l.seq,
-                None => 0,
-            };
-            if mark.seq > reached {
-                found.push(AuditEvent::AuditDamaged {
-                    reason: format!(
-                        "the node's store says record {} was written but the log ends at record {reached}: records were removed",
-                        mark.seq
-                    ),
-                });
-            } else if last.as_ref().is_some_and(|l| {
-                l.seen
-                    .iter()
-                    .any(|(seq, hash)| *seq == mark.seq && *hash != mark.hash)
-            }) {
-                found.push(AuditEvent::AuditDamaged {
-                    reason: format!(
-                        "record {} differs from the one the node's store names: it was replaced",
-                        mark.seq
-                    ),
-                });
-            }
+            found.extend(check_mark(mark, last.as_ref()));
         }
         // The head exists from the start, so a log without one is a log someone changed.
         write_head(&dir, &position, true)?;
@@ -427,6 +346,112 @@ impl Writer {
     }
 }
 
+/// Where the chain continues: after the last record on disk, checked against the head file
+/// (`head_unreadable`: there was one, but it could not be read). What does not agree is noted
+/// in `found` as damage.
+fn resume_point(
+    head: Option<&Head>,
+    last: Option<&LastRecord>,
+    head_unreadable: bool,
+    found: &mut Vec<AuditEvent>,
+) -> Head {
+    match (head, last) {
+        (None, None) => Head::genesis(),
+        (Some(h), None) => {
+            if h.seq > 0 {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "the head named record {} but the log holds no record",
+                        h.seq
+                    ),
+                });
+            }
+            h.clone()
+        }
+        (None, Some(l)) => {
+            if !head_unreadable {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "{HEAD_FILE} was missing; the log was resumed after record {}",
+                        l.seq
+                    ),
+                });
+            }
+            Head {
+                seq: l.seq,
+                hash: l.hash.clone(),
+            }
+        }
+        (Some(h), Some(l)) => {
+            if h.seq > l.seq {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "the head named record {} but the log ended at record {}: records were removed",
+                        h.seq, l.seq
+                    ),
+                });
+            } else if l
+                .seen
+                .iter()
+                .any(|(seq, hash)| *seq == h.seq && *hash != h.hash)
+            {
+                found.push(AuditEvent::AuditDamaged {
+                    reason: format!(
+                        "record {} differs from the one the head named: it was replaced",
+                        h.seq
+                    ),
+                });
+            }
+            Head {
+                seq: l.seq,
+                hash: l.hash.clone(),
+            }
+        }
+    }
+}
+
+/// The high-water mark kept in the node's store, if there is one and it can be read.
+fn load_mark(high_water: Option<&dyn HighWater>) -> Option<Head> {
+    match high_water.map(|h| h.load()) {
+        Some(Ok(mark)) => mark,
+        Some(Err(e)) => {
+            tracing::warn!("cannot read the audit log's high-water mark: {e}");
+            None
+        }
+        None => None,
+    }
+}
+
+/// The damage the high-water `mark` reveals in a log that ends at `last`: records removed
+/// past it, or the record it names replaced.
+fn check_mark(mark: &Head, last: Option<&LastRecord>) -> Option<AuditEvent> {
+    let reached = match last {
+        Some(l) => l.seq,
+        None => 0,
+    };
+    if mark.seq > reached {
+        Some(AuditEvent::AuditDamaged {
+            reason: format!(
+                "the node's store says record {} was written but the log ends at record {reached}: records were removed",
+                mark.seq
+            ),
+        })
+    } else if last.is_some_and(|l| {
+        l.seen
+            .iter()
+            .any(|(seq, hash)| *seq == mark.seq && *hash != mark.hash)
+    }) {
+        Some(AuditEvent::AuditDamaged {
+            reason: format!(
+                "record {} differs from the one the node's store names: it was replaced",
+                mark.seq
+            ),
+        })
+    } else {
+        None
+    }
+}
+
 /// The `(seq, prev)` of the first record in `path`.
 fn first_record(path: &Path) -> Option<(u64, String)> {
     let mut line = String::new();
@@ -559,34 +584,68 @@ impl Place {
 /// at a time.
 pub fn verify(dir: &Path, mark: Option<&Head>) -> std::io::Result<VerifyReport> {
     let head = read_head(dir);
-    let mut report = VerifyReport {
-        ok: false,
-        records: 0,
-        first_bad: None,
-        repairs: Vec::new(),
-    };
-    let fail = |mut report: VerifyReport, bad: BadRecord| {
-        report.first_bad = Some(bad);
-        Ok(report)
-    };
-    let mut first: Option<(Place, String)> = None;
-    let mut last: Option<(Place, String)> = None;
-    let mut starts: HashSet<(u64, String)> = HashSet::new();
-    let mut head_seen = false;
-    let mut mark_seen = false;
-    let head_ok = head.as_ref().ok().and_then(Option::as_ref);
+    let mut walk = Walk::new(head.as_ref().ok().and_then(Option::as_ref), mark);
+    let mut verdict = Ok(());
     for (_, path) in month_files(dir) {
+        verdict = walk.read_file(&path)?;
+        if verdict.is_err() {
+            break;
+        }
+    }
+    let verdict = verdict.and_then(|()| walk.check_end(&head));
+    Ok(VerifyReport {
+        ok: verdict.is_ok(),
+        records: walk.records,
+        first_bad: verdict.err(),
+        repairs: walk.repairs,
+    })
+}
+
+/// The chain as `verify` has read it so far, and the witnesses its records must agree with:
+/// the head file's record and the high-water mark's.
+struct Walk<'a> {
+    head: Option<&'a Head>,
+    mark: Option<&'a Head>,
+    records: u64,
+    repairs: Vec<String>,
+    /// The first record read, and the `prev` it names.
+    first: Option<(Place, String)>,
+    /// The last record read, and its hash.
+    last: Option<(Place, String)>,
+    /// Where recorded prunes say the chain may start: `(first_seq, first_prev)`.
+    starts: HashSet<(u64, String)>,
+    head_seen: bool,
+    mark_seen: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn new(head: Option<&'a Head>, mark: Option<&'a Head>) -> Self {
+        Walk {
+            head,
+            mark,
+            records: 0,
+            repairs: Vec::new(),
+            first: None,
+            last: None,
+            starts: HashSet::new(),
+            head_seen: false,
+            mark_seen: false,
+        }
+    }
+
+    /// Reads one month file a line at a time, up to its end or its first bad record.
+    fn read_file(&mut self, path: &Path) -> std::io::Result<Result<(), BadRecord>> {
         let shown = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let mut reader = std::io::BufReader::new(File::open(&path)?);
+        let mut reader = std::io::BufReader::new(File::open(path)?);
         let mut line = String::new();
         let mut number = 0;
         loop {
             line.clear();
             if reader.read_line(&mut line)? == 0 {
-                break;
+                return Ok(Ok(()));
             }
             number += 1;
             let whole = line.ends_with('\n');
@@ -599,15 +658,12 @@ pub fn verify(dir: &Path, mark: Option<&Head>) -> std::io::Result<VerifyReport> 
                     } else {
                         "the last line is cut off (a crash mid-write: the node cuts it off and records that when it next starts)".to_owned()
                     };
-                    return fail(
-                        report,
-                        BadRecord {
-                            file: shown,
-                            line: number,
-                            seq,
-                            reason,
-                        },
-                    );
+                    return Ok(Err(BadRecord {
+                        file: shown,
+                        line: number,
+                        seq,
+                        reason,
+                    }));
                 }
             };
             let place = Place {
@@ -615,138 +671,142 @@ pub fn verify(dir: &Path, mark: Option<&Head>) -> std::io::Result<VerifyReport> 
                 line: number,
                 seq: record.seq,
             };
-            if let Some((before, prev)) = &last {
-                if record.seq <= before.seq {
-                    return fail(report, place.bad("out of order or inserted"));
-                }
-                if record.seq > before.seq + 1 {
-                    return fail(report, place.bad("records before this one are missing"));
-                }
-                if record.prev != *prev {
-                    return fail(
-                        report,
-                        place.bad("the chain breaks here: an earlier record was replaced"),
-                    );
-                }
+            let step = self.advance(place, &record, hash);
+            if step.is_err() {
+                return Ok(step);
             }
-            if let Some(h) = head_ok
-                && h.seq == record.seq
-            {
-                if h.hash != hash {
-                    return fail(
-                        report,
-                        place.bad(
-                            "the record was replaced (it differs from the one the head names)",
-                        ),
-                    );
-                }
-                head_seen = true;
-            }
-            if let Some(m) = mark
-                && m.seq == record.seq
-            {
-                if m.hash != hash {
-                    return fail(
-                        report,
-                        place.bad(
-                            "the record was replaced (it differs from the one the node's store names)",
-                        ),
-                    );
-                }
-                mark_seen = true;
-            }
-            match &record.event {
-                AuditEvent::AuditDamaged { reason } => {
-                    return fail(report, place.bad(format!("the node found the log damaged when it started: {reason}")));
-                }
-                AuditEvent::AuditRepaired {
-                    file, cut_bytes, ..
-                } => report.repairs.push(format!(
-                    "record {}: {cut_bytes} bytes of a line cut off by a crash were removed from the end of {file}",
-                    record.seq
-                )),
-                AuditEvent::AuditPruned {
-                    first_seq,
-                    first_prev,
-                    ..
-                } => {
-                    starts.insert((*first_seq, first_prev.clone()));
-                }
-                _ => {}
-            }
-            report.records += 1;
-            if first.is_none() {
-                first = Some((place.clone(), record.prev.clone()));
-            }
-            last = Some((place, hash));
         }
     }
-    let head = match head {
-        Ok(head) => head,
-        Err(e) => {
-            let at = last.map(|(p, _)| p.bad(e.to_string()));
-            return fail(report, at.unwrap_or_else(|| no_record(e.to_string())));
-        }
-    };
-    let (Some((first, first_prev)), Some((last, _))) = (first, last) else {
-        return match (head, mark) {
-            (Some(h), _) if h.seq > 0 => fail(
-                report,
-                no_record(format!(
-                    "the log holds no record but record {} was written",
-                    h.seq
-                )),
-            ),
-            (_, Some(m)) if m.seq > 0 => fail(
-                report,
-                no_record(format!(
-                    "the log holds no record but the node's store says record {} was written: the log was removed",
-                    m.seq
-                )),
-            ),
-            _ => {
-                report.ok = true;
-                Ok(report)
+
+    /// Takes in one record, sealed as it claims: it must follow the last one, agree with the
+    /// witnesses, and not be a record of damage.
+    fn advance(
+        &mut self,
+        place: Place,
+        record: &AuditRecord,
+        hash: String,
+    ) -> Result<(), BadRecord> {
+        self.check_link(&place, record)?;
+        self.check_witnesses(&place, &hash)?;
+        match &record.event {
+            AuditEvent::AuditDamaged { reason } => {
+                return Err(place.bad(format!("the node found the log damaged when it started: {reason}")));
             }
-        };
-    };
-    let genesis = first.seq == 1 && first_prev == GENESIS;
-    if !genesis && !starts.contains(&(first.seq, first_prev)) {
-        return fail(
-            report,
-            first.bad("records before this one are missing: the log must start at record 1 or where a recorded prune says"),
-        );
-    }
-    let Some(head) = head else {
-        return fail(
-            report,
-            last.bad(format!(
-                "{HEAD_FILE} is missing, so the end of the log cannot be checked"
+            AuditEvent::AuditRepaired {
+                file, cut_bytes, ..
+            } => self.repairs.push(format!(
+                "record {}: {cut_bytes} bytes of a line cut off by a crash were removed from the end of {file}",
+                record.seq
             )),
-        );
-    };
-    if head.seq > last.seq || (head.seq >= first.seq && !head_seen) {
-        return fail(
-            report,
-            last.bad(format!(
+            AuditEvent::AuditPruned {
+                first_seq,
+                first_prev,
+                ..
+            } => {
+                self.starts.insert((*first_seq, first_prev.clone()));
+            }
+            _ => {}
+        }
+        self.records += 1;
+        if self.first.is_none() {
+            self.first = Some((place.clone(), record.prev.clone()));
+        }
+        self.last = Some((place, hash));
+        Ok(())
+    }
+
+    /// The record comes right after the last one read, and names its hash.
+    fn check_link(&self, place: &Place, record: &AuditRecord) -> Result<(), BadRecord> {
+        let Some((before, prev)) = &self.last else {
+            return Ok(());
+        };
+        if record.seq <= before.seq {
+            return Err(place.bad("out of order or inserted"));
+        }
+        if record.seq > before.seq + 1 {
+            return Err(place.bad("records before this one are missing"));
+        }
+        if record.prev != *prev {
+            return Err(place.bad("the chain breaks here: an earlier record was replaced"));
+        }
+        Ok(())
+    }
+
+    /// The record at the head's seq, or the mark's, is the one it names.
+    fn check_witnesses(&mut self, place: &Place, hash: &str) -> Result<(), BadRecord> {
+        if let Some(h) = self.head
+            && h.seq == place.seq
+        {
+            if h.hash != hash {
+                return Err(
+                    place.bad("the record was replaced (it differs from the one the head names)")
+                );
+            }
+            self.head_seen = true;
+        }
+        if let Some(m) = self.mark
+            && m.seq == place.seq
+        {
+            if m.hash != hash {
+                return Err(place.bad(
+                    "the record was replaced (it differs from the one the node's store names)",
+                ));
+            }
+            self.mark_seen = true;
+        }
+        Ok(())
+    }
+
+    /// After the last record: the head could be read, the chain starts where it may, and it
+    /// reaches the records the head and the mark name.
+    fn check_end(&self, head: &std::io::Result<Option<Head>>) -> Result<(), BadRecord> {
+        if let Err(e) = head {
+            let at = self.last.as_ref().map(|(p, _)| p.bad(e.to_string()));
+            return Err(at.unwrap_or_else(|| no_record(e.to_string())));
+        }
+        let (Some((first, first_prev)), Some((last, _))) = (&self.first, &self.last) else {
+            return self.check_empty();
+        };
+        let genesis = first.seq == 1 && first_prev == GENESIS;
+        if !genesis && !self.starts.contains(&(first.seq, first_prev.clone())) {
+            return Err(first.bad("records before this one are missing: the log must start at record 1 or where a recorded prune says"));
+        }
+        let Some(head) = self.head else {
+            return Err(last.bad(format!(
+                "{HEAD_FILE} is missing, so the end of the log cannot be checked"
+            )));
+        };
+        if head.seq > last.seq || (head.seq >= first.seq && !self.head_seen) {
+            return Err(last.bad(format!(
                 "the log ends at record {} but record {} was written: its end was removed or changed",
                 last.seq, head.seq
-            )),
-        );
-    }
-    if let Some(m) = mark
-        && (m.seq > last.seq || (m.seq >= first.seq && !mark_seen))
-    {
-        return fail(
-            report,
-            last.bad(format!(
+            )));
+        }
+        if let Some(m) = self.mark
+            && (m.seq > last.seq || (m.seq >= first.seq && !self.mark_seen))
+        {
+            return Err(last.bad(format!(
                 "the log ends at record {} but the node's store says record {} was written: its end was removed (and its head rewritten to match)",
                 last.seq, m.seq
-            )),
-        );
+            )));
+        }
+        Ok(())
     }
-    report.ok = true;
-    Ok(report)
+
+    /// A log without a record is whole only if neither witness names a record written.
+    fn check_empty(&self) -> Result<(), BadRecord> {
+        match (self.head, self.mark) {
+            (Some(h), _) if h.seq > 0 => Err(no_record(format!(
+                "the log holds no record but record {} was written",
+                h.seq
+            ))),
+            (_, Some(m)) if m.seq > 0 => Err(no_record(format!(
+                "the log holds no record but the node's store says record {} was written: the log was removed",
+                m.seq
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 fn no_record(reason: String) -> BadRecord {

@@ -477,41 +477,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<Settings, String> {
-        let relay = match self.network.relay_mode {
-            RelayMode::Default => RelayPolicy::Default,
-            RelayMode::Disabled => RelayPolicy::Disabled,
-            RelayMode::Custom => {
-                if self.network.relay_urls.is_empty() {
-                    return Err(
-                        "network.relay_urls: relay_mode = \"custom\" needs at least one relay url"
-                            .into(),
-                    );
-                }
-                let urls = self
-                    .network
-                    .relay_urls
-                    .iter()
-                    .map(|u| {
-                        u.parse::<RelayUrl>().map_err(|e| {
-                            format!("network.relay_urls: {u:?} is not a relay url: {e}")
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-                RelayPolicy::Custom(urls)
-            }
-        };
-        let bind = self
-            .network
-            .bind
-            .items()
-            .iter()
-            .map(|b| {
-                b.parse::<SocketAddr>().map_err(|_| {
-                    format!("network.bind: {b:?} is not an address like \"127.0.0.1:0\"")
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let discovery = validate_discovery(&self.network)?;
+        let network = validate_network(&self.network)?;
         let metrics = self
             .telemetry
             .metrics
@@ -527,12 +493,7 @@ impl Config {
             .as_deref()
             .map(otlp_traces_url)
             .transpose()?;
-        if self.limits.max_sessions == 0 {
-            return Err("limits.max_sessions: must be at least 1".into());
-        }
-        if self.limits.rate_limit_per_min == 0 {
-            return Err("limits.rate_limit_per_min: must be at least 1".into());
-        }
+        check_limits(&self.limits)?;
         let status_listen = self
             .telemetry
             .status
@@ -549,25 +510,10 @@ impl Config {
         for (name, svc) in &self.services {
             services.push(validate_service(name, svc, &self.limits)?);
         }
-        let mut peers = Vec::new();
-        for (name, peer) in &self.peers {
-            peers.push(validate_peer(name, peer)?);
-        }
-        for (i, a) in peers.iter().enumerate() {
-            if let Some(b) = peers[..i].iter().find(|b| b.id == a.id) {
-                return Err(format!(
-                    "peers.{}.id: the same key is already configured as peers.{}",
-                    a.name, b.name
-                ));
-            }
-        }
+        let peers = validate_peers(&self.peers)?;
         Ok(Settings {
             nickname: self.identity.nickname.clone(),
-            network: NetworkConfig {
-                relay,
-                bind,
-                discovery,
-            },
+            network,
             rate_limit_per_min: self.limits.rate_limit_per_min,
             dial_timeout: Duration::from_secs(self.limits.dial_timeout_secs.max(1)),
             idle_close: Duration::from_secs(self.limits.idle_close_secs.max(1)),
@@ -582,6 +528,79 @@ impl Config {
             otlp,
         })
     }
+}
+
+/// `[network]`: the relays, the addresses to bind and the discovery service.
+fn validate_network(network: &NetworkSection) -> Result<NetworkConfig, String> {
+    let relay = relay_policy(network)?;
+    let bind = network
+        .bind
+        .items()
+        .iter()
+        .map(|b| {
+            b.parse::<SocketAddr>()
+                .map_err(|_| format!("network.bind: {b:?} is not an address like \"127.0.0.1:0\""))
+        })
+        .collect::<Result<_, _>>()?;
+    let discovery = validate_discovery(network)?;
+    Ok(NetworkConfig {
+        relay,
+        bind,
+        discovery,
+    })
+}
+
+/// `relay_mode` and, for a custom one, its `relay_urls`.
+fn relay_policy(network: &NetworkSection) -> Result<RelayPolicy, String> {
+    Ok(match network.relay_mode {
+        RelayMode::Default => RelayPolicy::Default,
+        RelayMode::Disabled => RelayPolicy::Disabled,
+        RelayMode::Custom => {
+            if network.relay_urls.is_empty() {
+                return Err(
+                    "network.relay_urls: relay_mode = \"custom\" needs at least one relay url"
+                        .into(),
+                );
+            }
+            let urls = network
+                .relay_urls
+                .iter()
+                .map(|u| {
+                    u.parse::<RelayUrl>()
+                        .map_err(|e| format!("network.relay_urls: {u:?} is not a relay url: {e}"))
+                })
+                .collect::<Result<_, _>>()?;
+            RelayPolicy::Custom(urls)
+        }
+    })
+}
+
+/// The node-wide `[limits]` that have no sensible zero.
+fn check_limits(limits: &LimitsSection) -> Result<(), String> {
+    if limits.max_sessions == 0 {
+        return Err("limits.max_sessions: must be at least 1".into());
+    }
+    if limits.rate_limit_per_min == 0 {
+        return Err("limits.rate_limit_per_min: must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// `[peers.NAME]`, each checked, and no key configured under two names.
+fn validate_peers(configured: &BTreeMap<String, PeerConfig>) -> Result<Vec<PeerSpec>, String> {
+    let mut peers = Vec::new();
+    for (name, peer) in configured {
+        peers.push(validate_peer(name, peer)?);
+    }
+    for (i, a) in peers.iter().enumerate() {
+        if let Some(b) = peers[..i].iter().find(|b| b.id == a.id) {
+            return Err(format!(
+                "peers.{}.id: the same key is already configured as peers.{}",
+                a.name, b.name
+            ));
+        }
+    }
+    Ok(peers)
 }
 
 /// `[telemetry] otlp` as the URL traces are posted to: an `http` or `https` collector, whose
@@ -628,15 +647,58 @@ fn validate_service(
             "services.{name}: a service name is 1-64 letters, digits, '.', '_' or '-'"
         ));
     }
-    let cmd = match &svc.run {
+    let cmd = run_command(name, svc)?;
+    check_backend_keys(name, svc, cmd.is_some())?;
+    let backend = backend_spec(name, svc, cmd)?;
+    check_env(name, &svc.env)?;
+    let allow = svc
+        .allow
+        .iter()
+        .map(|a| a.parse().map_err(|e| format!("services.{name}.allow: {e}")))
+        .collect::<Result<_, _>>()?;
+    if let Some(text) = &svc.description {
+        crate::catalog::valid_description(text)
+            .map_err(|e| format!("services.{name}.description: {e}"))?;
+    }
+    let limits = service_limits(name, svc, limits)?;
+    let tools = svc
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| {
+            validate_tool_rule(rule).map_err(|e| format!("services.{name}.tools[{i}]: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(ServiceSpec {
+        tools,
+        max_in_flight: limits.max_in_flight,
+        request_timeout: limits.request_timeout,
+        name: name.to_owned(),
+        backend,
+        allow,
+        env: svc.env.clone(),
+        description: svc.description.clone().filter(|d| !d.is_empty()),
+        cwd: svc.cwd.clone(),
+        max_sessions: limits.max_sessions,
+        rate_limit_per_min: limits.rate_limit_per_min,
+    })
+}
+
+/// `run` as a command line: a string is split like a shell would.
+fn run_command(name: &str, svc: &ServiceConfig) -> Result<Option<Vec<String>>, String> {
+    Ok(match &svc.run {
         OneOrMany::One(line) => Some(
             shlex::split(line)
                 .ok_or_else(|| format!("services.{name}.run: unbalanced quotes in {line:?}"))?,
         ),
         OneOrMany::Many(v) => Some(v.clone()),
         OneOrMany::None => None,
-    };
-    let given = [cmd.is_some(), svc.socket.is_some(), svc.url.is_some()];
+    })
+}
+
+/// One backend at most, and the keys that belong to another kind of backend absent.
+fn check_backend_keys(name: &str, svc: &ServiceConfig, has_run: bool) -> Result<(), String> {
+    let given = [has_run, svc.socket.is_some(), svc.url.is_some()];
     if given.iter().filter(|g| **g).count() > 1 {
         return Err(format!(
             "services.{name}: give one of run, socket or url, not several"
@@ -667,16 +729,25 @@ fn validate_service(
             "services.{name}.caller_header: only a url service sends headers"
         ));
     }
-    if cmd.is_some() && svc.caller_assertion.is_some() {
+    if has_run && svc.caller_assertion.is_some() {
         return Err(format!(
             "services.{name}.caller_assertion: only url and socket services get one (a run service reads the caller from its environment)"
         ));
     }
-    let backend = if let Some(cmd) = cmd {
+    Ok(())
+}
+
+/// What the service's sessions are attached to: `cmd` (its `run`), its socket or its url.
+fn backend_spec(
+    name: &str,
+    svc: &ServiceConfig,
+    cmd: Option<Vec<String>>,
+) -> Result<BackendSpec, String> {
+    if let Some(cmd) = cmd {
         if cmd.first().is_none_or(|c| c.is_empty()) {
             return Err(format!("services.{name}.run: must name a command"));
         }
-        BackendSpec::Run(cmd)
+        Ok(BackendSpec::Run(cmd))
     } else if let Some(path) = &svc.socket {
         if !path.is_absolute() {
             return Err(format!(
@@ -684,57 +755,70 @@ fn validate_service(
                 path.display()
             ));
         }
-        BackendSpec::Socket {
+        Ok(BackendSpec::Socket {
             path: path.clone(),
             caller_assertion: svc.caller_assertion.unwrap_or(false),
-        }
+        })
     } else if let Some(url) = &svc.url {
-        validate_url(url).map_err(|e| format!("services.{name}.url: {e}"))?;
-        for (header, template) in &svc.headers {
-            reqwest::header::HeaderName::from_bytes(header.as_bytes())
-                .map_err(|_| format!("services.{name}.headers: {header:?} is not a header name"))?;
-            crate::template::expand(template, |_| Some(String::new()))
-                .map_err(|e| format!("services.{name}.headers.{header}: {e}"))?;
-        }
-        BackendSpec::Url {
-            url: url.clone(),
-            headers: svc.headers.clone(),
-            caller_header: caller_header(svc).map_err(|e| format!("services.{name}.{e}"))?,
-            oauth: svc
-                .oauth
-                .as_ref()
-                .map(oauth_settings)
-                .transpose()
-                .map_err(|e| format!("services.{name}.oauth.{e}"))?,
-        }
+        url_backend(name, url, svc)
     } else {
-        return Err(format!(
+        Err(format!(
             "services.{name}.run: must name a command (or give socket = \"/path/to/server.sock\" or url = \"http://…\")"
-        ));
-    };
-    if let Some(key) = svc.env.keys().find(|k| k.starts_with(RESERVED_ENV_PREFIX)) {
+        ))
+    }
+}
+
+/// A `url` service: the URL, its header templates, the caller assertion's header and the
+/// OAuth client settings.
+fn url_backend(name: &str, url: &str, svc: &ServiceConfig) -> Result<BackendSpec, String> {
+    validate_url(url).map_err(|e| format!("services.{name}.url: {e}"))?;
+    for (header, template) in &svc.headers {
+        reqwest::header::HeaderName::from_bytes(header.as_bytes())
+            .map_err(|_| format!("services.{name}.headers: {header:?} is not a header name"))?;
+        crate::template::expand(template, |_| Some(String::new()))
+            .map_err(|e| format!("services.{name}.headers.{header}: {e}"))?;
+    }
+    Ok(BackendSpec::Url {
+        url: url.to_owned(),
+        headers: svc.headers.clone(),
+        caller_header: caller_header(svc).map_err(|e| format!("services.{name}.{e}"))?,
+        oauth: svc
+            .oauth
+            .as_ref()
+            .map(oauth_settings)
+            .transpose()
+            .map_err(|e| format!("services.{name}.oauth.{e}"))?,
+    })
+}
+
+/// The service's `env`: names a child can be given, none of them the node's own.
+fn check_env(name: &str, env: &BTreeMap<String, String>) -> Result<(), String> {
+    if let Some(key) = env.keys().find(|k| k.starts_with(RESERVED_ENV_PREFIX)) {
         return Err(format!(
             "services.{name}.env.{key}: variables starting with {RESERVED_ENV_PREFIX} are set by the node"
         ));
     }
-    if let Some(bad) = svc
-        .env
-        .keys()
-        .find(|k| k.is_empty() || k.contains(['=', '\0']))
-    {
+    if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
         return Err(format!(
             "services.{name}.env: {bad:?} is not a variable name"
         ));
     }
-    let allow = svc
-        .allow
-        .iter()
-        .map(|a| a.parse().map_err(|e| format!("services.{name}.allow: {e}")))
-        .collect::<Result<_, _>>()?;
-    if let Some(text) = &svc.description {
-        crate::catalog::valid_description(text)
-            .map_err(|e| format!("services.{name}.description: {e}"))?;
-    }
+    Ok(())
+}
+
+/// A service's own limits: each one it sets, or the node's `[limits]`.
+struct ServiceLimits {
+    max_sessions: u32,
+    rate_limit_per_min: u32,
+    max_in_flight: u32,
+    request_timeout: Duration,
+}
+
+fn service_limits(
+    name: &str,
+    svc: &ServiceConfig,
+    limits: &LimitsSection,
+) -> Result<ServiceLimits, String> {
     let max_sessions = svc.max_sessions.unwrap_or(limits.max_sessions);
     if max_sessions == 0 {
         return Err(format!("services.{name}.max_sessions: must be at least 1"));
@@ -757,26 +841,11 @@ fn validate_service(
             "services.{name}.request_timeout_secs: must be at least 1"
         ));
     }
-    let tools = svc
-        .tools
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            validate_tool_rule(rule).map_err(|e| format!("services.{name}.tools[{i}]: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(ServiceSpec {
-        tools,
-        max_in_flight,
-        request_timeout: Duration::from_secs(timeout),
-        name: name.to_owned(),
-        backend,
-        allow,
-        env: svc.env.clone(),
-        description: svc.description.clone().filter(|d| !d.is_empty()),
-        cwd: svc.cwd.clone(),
+    Ok(ServiceLimits {
         max_sessions,
         rate_limit_per_min: rate,
+        max_in_flight,
+        request_timeout: Duration::from_secs(timeout),
     })
 }
 
@@ -964,9 +1033,6 @@ pub fn set_peer(
     Ok(())
 }
 
-/// Serves `[services.NAME]` with `backend`. An existing entry is updated in place: its
-/// backend (and `max_sessions`, if given) change, `allow` gains the new principals, and
-/// everything else — grants already made, `env`, `cwd`, limits — stays.
 /// Sets (or, with `None` or an empty text, removes) the description of the service `name`.
 pub fn set_description(
     doc: &mut toml_edit::DocumentMut,
@@ -1089,6 +1155,9 @@ pub fn valid_caller_header(name: &str, headers: &BTreeMap<String, String>) -> Re
     Ok(())
 }
 
+/// Serves `[services.NAME]` with `backend`. An existing entry is updated in place: its
+/// backend (and `max_sessions`, if given) change, `allow` gains the new principals, and
+/// everything else — grants already made, `env`, `cwd`, limits — stays.
 pub fn set_service(
     doc: &mut toml_edit::DocumentMut,
     name: &str,
@@ -1101,73 +1170,7 @@ pub fn set_service(
         .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()))
         .as_table_like_mut()
         .ok_or_else(|| format!("services.{name}: expected a table"))?;
-    match backend {
-        BackendSpec::Run(cmd) => {
-            entry.remove("socket");
-            entry.remove("url");
-            entry.remove("headers");
-            entry.remove("caller_assertion");
-            entry.remove("caller_header");
-            entry.remove("oauth");
-            entry.insert(
-                "run",
-                toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
-            );
-        }
-        BackendSpec::Socket {
-            path,
-            caller_assertion,
-        } => {
-            entry.remove("run");
-            entry.remove("url");
-            entry.remove("headers");
-            entry.remove("caller_assertion");
-            entry.remove("caller_header");
-            entry.remove("oauth");
-            entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
-            if *caller_assertion {
-                entry.insert("caller_assertion", toml_edit::value(true));
-            }
-        }
-        BackendSpec::Url {
-            url,
-            headers,
-            caller_header,
-            oauth,
-        } => {
-            entry.remove("run");
-            entry.remove("socket");
-            match oauth {
-                Some(settings) => {
-                    entry.insert("oauth", toml_edit::Item::Table(oauth_table(settings)));
-                }
-                None => {
-                    entry.remove("oauth");
-                }
-            }
-            entry.insert("url", toml_edit::value(url.as_str()));
-            entry.remove("caller_assertion");
-            entry.remove("caller_header");
-            match caller_header.as_deref() {
-                None => {
-                    entry.insert("caller_assertion", toml_edit::value(false));
-                }
-                Some(crate::assertion::DEFAULT_HEADER) => {}
-                Some(other) => {
-                    entry.insert("caller_header", toml_edit::value(other));
-                }
-            }
-            if headers.is_empty() {
-                entry.remove("headers");
-            } else {
-                let mut table = toml_edit::InlineTable::new();
-                for (k, v) in headers {
-                    table.insert(k, v.as_str().into());
-                }
-                entry.insert("headers", toml_edit::value(table));
-            }
-        }
-    }
+    write_backend(entry, backend);
     if let Some(n) = max_sessions {
         entry.insert("max_sessions", toml_edit::value(i64::from(n)));
     }
@@ -1181,6 +1184,104 @@ pub fn set_service(
         push_allow(doc, name, &principal, entry)?;
     }
     Ok(())
+}
+
+/// Writes `backend`'s keys into a service's entry and removes those of the other kinds, so
+/// the entry names one backend.
+fn write_backend(entry: &mut dyn toml_edit::TableLike, backend: &BackendSpec) {
+    match backend {
+        BackendSpec::Run(cmd) => {
+            let others = [
+                "socket",
+                "url",
+                "headers",
+                "caller_assertion",
+                "caller_header",
+                "oauth",
+            ];
+            for key in others {
+                entry.remove(key);
+            }
+            entry.insert(
+                "run",
+                toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
+            );
+        }
+        BackendSpec::Socket {
+            path,
+            caller_assertion,
+        } => {
+            let others = [
+                "run",
+                "url",
+                "headers",
+                "caller_assertion",
+                "caller_header",
+                "oauth",
+            ];
+            for key in others {
+                entry.remove(key);
+            }
+            entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
+            if *caller_assertion {
+                entry.insert("caller_assertion", toml_edit::value(true));
+            }
+        }
+        BackendSpec::Url {
+            url,
+            headers,
+            caller_header,
+            oauth,
+        } => write_url_backend(
+            entry,
+            url,
+            headers,
+            caller_header.as_deref(),
+            oauth.as_ref(),
+        ),
+    }
+}
+
+/// A `url` backend's keys: `oauth`, `url`, the caller assertion's header (written only where
+/// it departs from the default) and `headers`.
+fn write_url_backend(
+    entry: &mut dyn toml_edit::TableLike,
+    url: &str,
+    headers: &BTreeMap<String, String>,
+    caller_header: Option<&str>,
+    oauth: Option<&crate::oauth::flow::ClientSettings>,
+) {
+    entry.remove("run");
+    entry.remove("socket");
+    match oauth {
+        Some(settings) => {
+            entry.insert("oauth", toml_edit::Item::Table(oauth_table(settings)));
+        }
+        None => {
+            entry.remove("oauth");
+        }
+    }
+    entry.insert("url", toml_edit::value(url));
+    entry.remove("caller_assertion");
+    entry.remove("caller_header");
+    match caller_header {
+        None => {
+            entry.insert("caller_assertion", toml_edit::value(false));
+        }
+        Some(crate::assertion::DEFAULT_HEADER) => {}
+        Some(other) => {
+            entry.insert("caller_header", toml_edit::value(other));
+        }
+    }
+    if headers.is_empty() {
+        entry.remove("headers");
+    } else {
+        let mut table = toml_edit::InlineTable::new();
+        for (k, v) in headers {
+            table.insert(k, v.as_str().into());
+        }
+        entry.insert("headers", toml_edit::value(table));
+    }
 }
 
 /// Sets `env` in `[services.NAME] env` (the service's other variables stay).

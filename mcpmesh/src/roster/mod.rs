@@ -238,6 +238,24 @@ pub fn valid_device(name: &str) -> bool {
 /// The structural rules: bounded sizes, valid names, each endpoint once, users and groups
 /// never sharing a name.
 fn check_shape(r: &Roster) -> Result<(), RosterError> {
+    check_header(r)?;
+    let mut seen = Seen::default();
+    for m in &r.members {
+        seen.member(m)?;
+    }
+    for eid in &r.revoked {
+        let id = parse_eid(eid).ok_or_else(|| invalid("a revoked key is not an eid".into()))?;
+        seen.endpoint(id, eid)?;
+    }
+    check_removals(r)?;
+    if let Some(both) = seen.users.intersection(&seen.groups).next() {
+        return Err(invalid(format!("{both} is both a user and a group")));
+    }
+    Ok(())
+}
+
+/// The roster's own fields: its format, its org's name, its size and its validity window.
+fn check_header(r: &Roster) -> Result<(), RosterError> {
     if r.v != 1 {
         return Err(invalid(format!("format {} is from a newer mcpmesh", r.v)));
     }
@@ -250,14 +268,25 @@ fn check_shape(r: &Roster) -> Result<(), RosterError> {
     if r.expires_at <= r.issued_at {
         return Err(invalid("it expires before it is issued".into()));
     }
-    let mut users = HashSet::new();
-    let mut groups = HashSet::new();
-    let mut endpoints = HashSet::new();
-    for m in &r.members {
+    Ok(())
+}
+
+/// The names and endpoints met so far in one roster, each of which may appear only once.
+#[derive(Default)]
+struct Seen<'a> {
+    users: HashSet<&'a str>,
+    groups: HashSet<&'a str>,
+    endpoints: HashSet<EndpointId>,
+}
+
+impl<'a> Seen<'a> {
+    /// A member: a new, valid user id, a bounded number of devices and groups, and each of
+    /// those well formed.
+    fn member(&mut self, m: &'a Member) -> Result<(), RosterError> {
         if !valid_user(&m.user) {
             return Err(invalid(format!("user id {:?}", m.user)));
         }
-        if !users.insert(m.user.as_str()) {
+        if !self.users.insert(m.user.as_str()) {
             return Err(invalid(format!("user {} appears twice", m.user)));
         }
         if m.devices.is_empty() || m.devices.len() > MAX_DEVICES || m.groups.len() > MAX_GROUPS {
@@ -271,35 +300,46 @@ fn check_shape(r: &Roster) -> Result<(), RosterError> {
             if !valid_service_name(g) || !own_groups.insert(g.as_str()) {
                 return Err(invalid(format!("group {g:?} of user {}", m.user)));
             }
-            groups.insert(g.as_str());
+            self.groups.insert(g.as_str());
         }
         let mut names = HashSet::new();
         for d in &m.devices {
             if !valid_device(&d.name) || !names.insert(d.name.as_str()) {
                 return Err(invalid(format!("device {:?} of user {}", d.name, m.user)));
             }
-            let id = parse_eid(&d.eid)
-                .ok_or_else(|| invalid(format!("device {} of {}: bad eid", d.name, m.user)))?;
-            if !endpoints.insert(id) {
-                return Err(invalid(format!("endpoint {} appears twice", short(&d.eid))));
-            }
-            if d.addrs.len() > MAX_ADDRS || d.addrs.iter().any(|a| a.parse::<SocketAddr>().is_err())
-            {
-                return Err(invalid(format!("addresses of device {}", d.name)));
-            }
-            if let Some(relay) = &d.relay
-                && relay.parse::<iroh::RelayUrl>().is_err()
-            {
-                return Err(invalid(format!("relay of device {}", d.name)));
-            }
+            self.device(d, &m.user)?;
         }
+        Ok(())
     }
-    for eid in &r.revoked {
-        let id = parse_eid(eid).ok_or_else(|| invalid("a revoked key is not an eid".into()))?;
-        if !endpoints.insert(id) {
+
+    /// A device of `user`: an endpoint not seen before, and addresses that parse.
+    fn device(&mut self, d: &Device, user: &str) -> Result<(), RosterError> {
+        let id = parse_eid(&d.eid)
+            .ok_or_else(|| invalid(format!("device {} of {}: bad eid", d.name, user)))?;
+        self.endpoint(id, &d.eid)?;
+        if d.addrs.len() > MAX_ADDRS || d.addrs.iter().any(|a| a.parse::<SocketAddr>().is_err()) {
+            return Err(invalid(format!("addresses of device {}", d.name)));
+        }
+        if let Some(relay) = &d.relay
+            && relay.parse::<iroh::RelayUrl>().is_err()
+        {
+            return Err(invalid(format!("relay of device {}", d.name)));
+        }
+        Ok(())
+    }
+
+    /// An endpoint (a device's or a revoked key), `eid` as written.
+    fn endpoint(&mut self, id: EndpointId, eid: &str) -> Result<(), RosterError> {
+        if !self.endpoints.insert(id) {
             return Err(invalid(format!("endpoint {} appears twice", short(eid))));
         }
+        Ok(())
     }
+}
+
+/// The removal notices: a bounded number, each for a revoked key, at most one per key, and
+/// none from a later roster.
+fn check_removals(r: &Roster) -> Result<(), RosterError> {
     if r.removals.len() > removal::MAX_REMOVALS {
         return Err(invalid("too many removal notices".into()));
     }
@@ -318,9 +358,6 @@ fn check_shape(r: &Roster) -> Result<(), RosterError> {
                 short(&n.eid)
             )));
         }
-    }
-    if let Some(both) = users.intersection(&groups).next() {
-        return Err(invalid(format!("{both} is both a user and a group")));
     }
     Ok(())
 }

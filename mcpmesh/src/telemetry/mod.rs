@@ -200,7 +200,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
         let server_ops = Histograms::<Operation>::new_with_constructor(histogram as fn() -> _);
         let client_ops = Histograms::<Operation>::new_with_constructor(histogram as fn() -> _);
         let server_sessions = Histograms::<Labels>::new_with_constructor(histogram as fn() -> _);
@@ -221,69 +220,76 @@ impl Metrics {
             names: Mutex::default(),
             registry: Registry::default(),
         };
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// Registers every metric in `registry` under its name, help text and unit (the registry
+    /// holds clones of the families, which share their series with `self`).
+    fn register(&self, registry: &mut Registry) {
         let seconds = || Unit::Seconds;
         registry.register_with_unit(
             "mcp_server_operation_duration",
             "Requests served, from the caller's request to the server's answer",
             seconds(),
-            m.server_ops.clone(),
+            self.server_ops.clone(),
         );
         registry.register_with_unit(
             "mcp_client_operation_duration",
             "Requests this node's clients sent to peers, from the request to its answer",
             seconds(),
-            m.client_ops.clone(),
+            self.client_ops.clone(),
         );
         registry.register_with_unit(
             "mcp_server_session_duration",
             "Sessions served, from admission to their end",
             seconds(),
-            m.server_sessions.clone(),
+            self.server_sessions.clone(),
         );
         registry.register_with_unit(
             "mcp_client_session_duration",
             "Sessions this node opened to peers' services, from opening to their end",
             seconds(),
-            m.client_sessions.clone(),
+            self.client_sessions.clone(),
         );
         registry.register(
             "mcpmesh_requests",
             "Requests to served services, by how they ended",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "mcpmesh_refusals",
             "Connections, sessions and requests refused, by reason",
-            m.refusals.clone(),
+            self.refusals.clone(),
         );
         registry.register_with_unit(
             "mcpmesh_request",
             "Bytes of served requests (in) and of their answers (out)",
             Unit::Bytes,
-            m.bytes.clone(),
+            self.bytes.clone(),
         );
         registry.register(
             "mcpmesh_sessions_live",
             "Sessions being served now, per service",
-            m.sessions_live.clone(),
+            self.sessions_live.clone(),
         );
         registry.register(
             "mcpmesh_children_alive",
             "Server processes the node runs now",
-            m.children_alive.clone(),
+            self.children_alive.clone(),
         );
         registry.register(
             "mcpmesh_peers",
             "Peers by the path their traffic takes now (unreachable: no path)",
-            m.peers.clone(),
+            self.peers.clone(),
         );
         registry.register_with_unit(
             "mcpmesh_peer_rtt",
             "Round trip to each reachable peer on its current path",
             seconds(),
-            m.peer_rtt.clone(),
+            self.peer_rtt.clone(),
         );
-        Metrics { registry, ..m }
     }
 
     /// `name` as a label value, shared.
