@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use iroh::EndpointId;
 use iroh::endpoint::{Connection, VarInt};
 use iroh::protocol::{AcceptError, ProtocolHandler};
-use iroh_gossip::api::{Event, GossipSender};
+use iroh_gossip::api::{Event, GossipReceiver, GossipSender};
 use iroh_gossip::{Gossip, TopicId};
 use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
 use serde::{Deserialize, Serialize};
@@ -345,6 +345,41 @@ impl OrgGossip {
     }
 }
 
+/// Hands each notice the topic delivers to the node, and counts the node's neighbors on it,
+/// until the topic or the node is gone.
+async fn receive_notices(
+    node: std::sync::Weak<Node>,
+    mut receiver: GossipReceiver,
+    counted: Arc<AtomicUsize>,
+) {
+    while let Some(event) = receiver.next().await {
+        let Some(node) = node.upgrade() else { return };
+        match event {
+            Ok(Event::Received(message)) => {
+                node.heard_notice(message.delivered_from, &message.content);
+            }
+            Ok(Event::NeighborUp(_)) => {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Event::NeighborDown(_)) => {
+                let was = counted
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                if was == Ok(1) {
+                    // Alone on the topic: notices would no longer reach it.
+                    node.rejoin_gossip_soon(REJOIN_AFTER);
+                }
+            }
+            Ok(Event::Lagged) => {
+                tracing::debug!("gossip: notices were dropped (lagged)");
+            }
+            Err(e) => {
+                tracing::debug!("gossip: {e}");
+                return;
+            }
+        }
+    }
+}
+
 impl Node {
     /// Joins the topic of the org held (leaving another one) through a few of its members,
     /// `via` (a device known to hold the roster) first; joins through a few more when it has
@@ -381,60 +416,34 @@ impl Node {
                 }
             }
             _ => {
-                let through = pick(members, via, JOIN_THROUGH);
-                let subscribed = self.gossip.instance().subscribe(topic, through).await;
-                let (sender, receiver) = match subscribed {
-                    Ok(topic) => topic.split(),
-                    Err(e) => {
-                        tracing::warn!("cannot join the org's gossip: {e}");
-                        return;
-                    }
-                };
-                let node = Arc::downgrade(self);
-                let neighbors = Arc::new(AtomicUsize::new(0));
-                let counted = neighbors.clone();
-                let receiving = tokio::spawn(async move {
-                    let mut receiver = receiver;
-                    while let Some(event) = receiver.next().await {
-                        let Some(node) = node.upgrade() else { return };
-                        match event {
-                            Ok(Event::Received(message)) => {
-                                node.heard_notice(message.delivered_from, &message.content);
-                            }
-                            Ok(Event::NeighborUp(_)) => {
-                                counted.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok(Event::NeighborDown(_)) => {
-                                let was = counted.fetch_update(
-                                    Ordering::Relaxed,
-                                    Ordering::Relaxed,
-                                    |n| n.checked_sub(1),
-                                );
-                                if was == Ok(1) {
-                                    // Alone on the topic: notices would no longer reach it.
-                                    node.rejoin_gossip_soon(REJOIN_AFTER);
-                                }
-                            }
-                            Ok(Event::Lagged) => {
-                                tracing::debug!("gossip: notices were dropped (lagged)");
-                            }
-                            Err(e) => {
-                                tracing::debug!("gossip: {e}");
-                                return;
-                            }
-                        }
-                    }
-                });
-                *self.gossip.joined() = Some(Joined {
-                    topic,
-                    sender,
-                    neighbors,
-                    _receiving: AbortOnDropHandle::new(receiving),
-                });
-                // The members it joined through may all be away: it tries others if so.
-                self.rejoin_gossip_soon(FIRST_NEIGHBOR_WAIT);
+                self.join_gossip(topic, pick(members, via, JOIN_THROUGH))
+                    .await
             }
         }
+    }
+
+    /// Subscribes to `topic` through the members `through`, in place of any topic joined
+    /// before, and receives its notices.
+    async fn join_gossip(self: &Arc<Self>, topic: TopicId, through: Vec<EndpointId>) {
+        let subscribed = self.gossip.instance().subscribe(topic, through).await;
+        let (sender, receiver) = match subscribed {
+            Ok(topic) => topic.split(),
+            Err(e) => {
+                tracing::warn!("cannot join the org's gossip: {e}");
+                return;
+            }
+        };
+        let node = Arc::downgrade(self);
+        let neighbors = Arc::new(AtomicUsize::new(0));
+        let receiving = tokio::spawn(receive_notices(node, receiver, neighbors.clone()));
+        *self.gossip.joined() = Some(Joined {
+            topic,
+            sender,
+            neighbors,
+            _receiving: AbortOnDropHandle::new(receiving),
+        });
+        // The members it joined through may all be away: it tries others if so.
+        self.rejoin_gossip_soon(FIRST_NEIGHBOR_WAIT);
     }
 
     /// After `wait`, joins the topic through more members if the node has fewer than

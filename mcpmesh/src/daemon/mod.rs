@@ -28,9 +28,9 @@ use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, RefusalTally, RosterRefusals};
+use crate::audit::{AuditLog, AuditSink, RefusalTally, RosterRefusals};
 use crate::backends::spawn::Launcher;
-use crate::config::{ConfigError, ConfigFile};
+use crate::config::{ConfigError, ConfigFile, Settings};
 use crate::control::codes;
 use crate::control::server;
 use crate::keys;
@@ -120,6 +120,48 @@ pub async fn run(
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), DaemonError> {
     raise_descriptor_limit();
+    let lock = lock_profile(&profile)?;
+    let Built {
+        node,
+        mut observers,
+    } = build_node(&profile, launcher).await?;
+    let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
+    let router = serve_mesh(&node, refusals.clone());
+    let tasks = Tasks::start(&node, &refusals);
+    open_local_endpoints(&node, observers.metrics.take()).await;
+
+    let socket_path = profile.socket_path();
+    let listener = bind_control_socket(&socket_path)?;
+    let stop = CancellationToken::new();
+    let control = tokio::spawn(server::serve(listener, node.clone(), stop.clone()));
+    let addrs = endpoint::direct_addrs(&node.endpoint);
+    tracing::info!(id = %node.endpoint.id(), ?addrs, "node ready");
+    on_ready(&Ready {
+        id: node.endpoint.id(),
+        addrs,
+        socket: socket_path.clone(),
+    });
+
+    wait_for_stop(&stop, &node).await;
+    stop.cancel();
+    let running = Running {
+        node,
+        router,
+        control,
+        socket_path,
+        tasks,
+        refusals,
+        observers,
+    };
+    running.stop().await;
+    // Released last: `down` returns once it can take this lock, when nothing is left running.
+    drop(lock);
+    Ok(())
+}
+
+/// Takes the profile's lock, so that one node runs per profile; the node holds it until it
+/// has stopped.
+fn lock_profile(profile: &Profile) -> Result<std::fs::File, DaemonError> {
     profile.create_dirs().map_err(DaemonError::Files)?;
     profile.check_trusted()?;
     let mut lock = std::fs::OpenOptions::new()
@@ -137,19 +179,24 @@ pub async fn run(
     lock.set_len(0)
         .and_then(|()| writeln!(lock, "{}", std::process::id()))
         .map_err(DaemonError::Files)?;
+    Ok(lock)
+}
 
+/// The node as built, and what records it from outside: closed by `run` after the node stops.
+struct Built {
+    node: Arc<Node>,
+    observers: Observers,
+}
+
+/// Builds the node from its profile (config, key, endpoint, store, audit, the service host)
+/// and settles its state before any peer can call.
+async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Built, DaemonError> {
     let config_file = ConfigFile::new(profile.config_file());
     let settings = config_file.load()?;
     let secret = keys::load_or_create(&profile.key_file())?;
-    let issuer = match crate::assertion::Issuer::new(&secret) {
-        Ok(issuer) => Some(Arc::new(issuer)),
-        Err(e) => {
-            tracing::error!("{e}; url services get no caller assertion");
-            None
-        }
-    };
+    let issuer = caller_issuer(&secret);
     let book = MemoryLookup::new();
-    let endpoint = bind_endpoint(&profile, secret, &settings.network, book.clone()).await?;
+    let endpoint = bind_endpoint(profile, secret, &settings.network, book.clone()).await?;
 
     let store = Arc::new(Store::open(&profile.store_file())?);
 
@@ -157,40 +204,14 @@ pub async fn run(
     let registry = Arc::new(ConnectionRegistry::new());
     let gate = Arc::new(PeerGate::default());
     let services = Arc::new(RwLock::new(ServiceTable::default()));
-    let (audit_log, audit) = AuditLog::start(
-        profile.audit_dir(),
-        settings.audit_retain_months,
-        Some(store.clone()),
-    )
-    .map_err(DaemonError::Files)?;
-    let metrics = settings
-        .metrics
-        .map(|listen| (listen, Arc::new(Metrics::new())));
-    let audit = match &metrics {
-        Some((_, m)) => audit.with_metrics(m.clone()),
-        None => audit,
-    };
-    let traces = settings.otlp.as_ref().and_then(|url| {
-        // A collector that cannot be set up is no reason not to run the node.
-        match Traces::new(url, &endpoint.id().to_string()) {
-            Ok(traces) => Some(Arc::new(traces)),
-            Err(e) => {
-                tracing::error!("{e}; the node runs without traces");
-                None
-            }
-        }
-    });
-    let audit = match &traces {
-        Some(t) => audit.with_traces(t.clone()),
-        None => audit,
-    };
+    let (observers, audit) = Observers::start(profile, &settings, &store, endpoint.id())?;
     let mut host = ServiceHost::new(services.clone(), audit.clone(), shutdown.clone())
         .with_launcher(launcher)
         .with_principals(gate.clone());
     if let Some(issuer) = issuer {
         host = host.with_issuer(issuer);
     }
-    let grants = crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(&profile));
+    let grants = crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(profile));
     let host = Arc::new(host.with_grants(Arc::new(grants)));
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
@@ -204,21 +225,21 @@ pub async fn run(
         settings: RwLock::new(settings.clone()),
         store,
         endpoint: endpoint.clone(),
-        gate: gate.clone(),
+        gate,
         services,
-        host: host.clone(),
-        registry: registry.clone(),
+        host,
+        registry,
         dialer,
-        shutdown: shutdown.clone(),
+        shutdown,
         audit: audit.clone(),
         naming: Default::default(),
         outgoing: Default::default(),
         catalogs: catalog::Catalogs::load(&profile.state_dir),
-        gossip: gossip::OrgGossip::new(endpoint.clone()),
+        gossip: gossip::OrgGossip::new(endpoint),
         reach: Default::default(),
         held: Default::default(),
         roster_damage: Default::default(),
-        roster_refusals: RosterRefusals::new(audit.clone()),
+        roster_refusals: RosterRefusals::new(audit),
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
         log_file: profile.log_file(),
@@ -231,16 +252,95 @@ pub async fn run(
     node.apply(settings);
     // Before any peer can call: grants a pairing committed just before a crash.
     node.settle_owed_grants();
-    let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
+    Ok(Built { node, observers })
+}
+
+/// What signs the caller assertion `url` services get. A key it cannot use is no reason not
+/// to run the node: those services get none.
+fn caller_issuer(secret: &iroh::SecretKey) -> Option<Arc<crate::assertion::Issuer>> {
+    match crate::assertion::Issuer::new(secret) {
+        Ok(issuer) => Some(Arc::new(issuer)),
+        Err(e) => {
+            tracing::error!("{e}; url services get no caller assertion");
+            None
+        }
+    }
+}
+
+/// What records the node from outside its sessions: the audit log's writer, and the metrics
+/// and traces the config asks for.
+struct Observers {
+    audit_log: AuditLog,
+    /// Where to serve the metrics, until `run` opens that endpoint.
+    metrics: Option<(SocketAddr, Arc<Metrics>)>,
+    traces: Option<Arc<Traces>>,
+}
+
+impl Observers {
+    /// Starts the audit log's writer and the traces' exporter; returns the sink every part
+    /// records through, feeding the metrics and traces too.
+    fn start(
+        profile: &Profile,
+        settings: &Settings,
+        store: &Arc<Store>,
+        id: EndpointId,
+    ) -> Result<(Self, AuditSink), DaemonError> {
+        let (audit_log, audit) = AuditLog::start(
+            profile.audit_dir(),
+            settings.audit_retain_months,
+            Some(store.clone()),
+        )
+        .map_err(DaemonError::Files)?;
+        let metrics = settings
+            .metrics
+            .map(|listen| (listen, Arc::new(Metrics::new())));
+        let audit = match &metrics {
+            Some((_, m)) => audit.with_metrics(m.clone()),
+            None => audit,
+        };
+        let traces = settings.otlp.as_ref().and_then(|url| {
+            // A collector that cannot be set up is no reason not to run the node.
+            match Traces::new(url, &id.to_string()) {
+                Ok(traces) => Some(Arc::new(traces)),
+                Err(e) => {
+                    tracing::error!("{e}; the node runs without traces");
+                    None
+                }
+            }
+        });
+        let audit = match &traces {
+            Some(t) => audit.with_traces(t.clone()),
+            None => audit,
+        };
+        let observers = Observers {
+            audit_log,
+            metrics,
+            traces,
+        };
+        Ok((observers, audit))
+    }
+
+    /// Writes out what is queued: the audit records, then the last spans.
+    async fn close(self) {
+        self.audit_log.close().await;
+        if let Some(traces) = self.traces {
+            // Sending the last spans blocks; `down` returns only after they were sent (or gave up).
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
+    }
+}
+
+/// Answers the mesh ALPNs, each behind the gate it needs.
+fn serve_mesh(node: &Arc<Node>, refusals: Arc<RefusalTally>) -> Router {
     let audited = Arc::new(AuditedGate {
-        peers: gate.clone(),
-        refusals: refusals.clone(),
-        node: Arc::downgrade(&node),
+        peers: node.gate.clone(),
+        refusals,
+        node: Arc::downgrade(node),
     });
-    let router = Router::builder(endpoint.clone())
+    let router = Router::builder(node.endpoint.clone())
         .accept(
             ALPN_MCP,
-            MeshProtocol::new(audited.clone(), host.clone(), registry.clone()),
+            MeshProtocol::new(audited.clone(), node.host.clone(), node.registry.clone()),
         )
         .accept(ALPN_PING, PingProtocol::new(audited.clone()))
         .accept(
@@ -257,80 +357,113 @@ pub async fn run(
         .spawn();
     // Pairing is answered only while an invite is live.
     node.update_alpns();
-    {
-        let node = node.clone();
-        tokio::spawn(async move { node.gossip_follow_roster(None).await });
+    router
+}
+
+/// The node's periodic work, each a task of its own until shutdown.
+struct Tasks {
+    upkeep: tokio::task::JoinHandle<()>,
+    puller: tokio::task::JoinHandle<()>,
+    checker: tokio::task::JoinHandle<()>,
+}
+
+impl Tasks {
+    /// Joins the org's gossip and starts the periodic work.
+    fn start(node: &Arc<Node>, refusals: &Arc<RefusalTally>) -> Self {
+        {
+            let node = node.clone();
+            tokio::spawn(async move { node.gossip_follow_roster(None).await });
+        }
+        let upkeep = tokio::spawn(keep_house(node.clone(), refusals.clone()));
+        let puller = tokio::spawn(keep_roster_current(node.clone()));
+        let checker = tokio::spawn(keep_checking_peers(node.clone()));
+        Tasks {
+            upkeep,
+            puller,
+            checker,
+        }
     }
-    let upkeep = {
-        let (node, stop, refusals) = (node.clone(), shutdown.clone(), refusals.clone());
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(HOUSEKEEPING);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    // The first tick is immediate: pairings a crash left pending or owing
-                    // grants are settled as soon as the node is up.
-                    _ = every.tick() => {
-                        refusals.flush();
-                        node.roster_refusals.flush();
-                        node.housekeeping();
-                        node.roster_upkeep();
-                        node.confirm_pending().await;
-                        node.confirm_pending_join().await;
-                    }
-                }
+
+    async fn stop(self) {
+        self.upkeep.abort();
+        let _ = self.upkeep.await;
+        self.checker.abort();
+        let _ = self.checker.await;
+        self.puller.abort();
+        let _ = self.puller.await;
+    }
+}
+
+/// Every [`HOUSEKEEPING`]: writes out the tallied refusals, prunes what expired, and settles
+/// what a crash left pending.
+async fn keep_house(node: Arc<Node>, refusals: Arc<RefusalTally>) {
+    let stop = node.shutdown.clone();
+    let mut every = tokio::time::interval(HOUSEKEEPING);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            // The first tick is immediate: pairings a crash left pending or owing
+            // grants are settled as soon as the node is up.
+            _ = every.tick() => {
+                refusals.flush();
+                node.roster_refusals.flush();
+                node.housekeeping();
+                node.roster_upkeep();
+                node.confirm_pending().await;
+                node.confirm_pending_join().await;
             }
-        })
-    };
+        }
+    }
+}
 
-    let puller = {
-        let (node, stop) = (node.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(node.settings().org_sync);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    // The first tick is immediate: a node coming back catches up at once.
-                    _ = every.tick() => {
-                        // A node left with too few gossip neighbors joins through more.
-                        node.gossip_follow_roster(None).await;
-                        node.sync_all().await;
-                    }
-                }
+/// Every `org_sync`: keeps the node on the org's gossip and its roster current.
+async fn keep_roster_current(node: Arc<Node>) {
+    let stop = node.shutdown.clone();
+    let mut every = tokio::time::interval(node.settings().org_sync);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            // The first tick is immediate: a node coming back catches up at once.
+            _ = every.tick() => {
+                // A node left with too few gossip neighbors joins through more.
+                node.gossip_follow_roster(None).await;
+                node.sync_all().await;
             }
-        })
-    };
+        }
+    }
+}
 
-    let checker = {
-        let (node, stop) = (node.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            // A connection open (either way) is its own witness; an org member is followed
-            // closely only while in use.
-            let peers = || {
-                let incoming = node.registry.connected_peers();
-                node.gate
-                    .snapshot()
-                    .all()
-                    .iter()
-                    .map(|p| {
-                        let connected = node.dialer.is_connected(&p.id) || incoming.contains(&p.id);
-                        let watch = match p.user {
-                            _ if connected => reach::Watch::Connected,
-                            Some(_) => reach::Watch::WhenUsed,
-                            None => reach::Watch::Always,
-                        };
-                        (p.id, watch)
-                    })
-                    .collect()
-            };
-            node.reach
-                .keep_checking(node.endpoint.clone(), peers, stop)
-                .await;
-        })
+/// Keeps checking which peers are reachable, each as closely as it is used.
+async fn keep_checking_peers(node: Arc<Node>) {
+    let stop = node.shutdown.clone();
+    // A connection open (either way) is its own witness; an org member is followed
+    // closely only while in use.
+    let peers = || {
+        let incoming = node.registry.connected_peers();
+        node.gate
+            .snapshot()
+            .all()
+            .iter()
+            .map(|p| {
+                let connected = node.dialer.is_connected(&p.id) || incoming.contains(&p.id);
+                let watch = match p.user {
+                    _ if connected => reach::Watch::Connected,
+                    Some(_) => reach::Watch::WhenUsed,
+                    None => reach::Watch::Always,
+                };
+                (p.id, watch)
+            })
+            .collect()
     };
+    node.reach
+        .keep_checking(node.endpoint.clone(), peers, stop)
+        .await;
+}
 
+/// Opens the status page and the metrics endpoint when the config asks for them.
+async fn open_local_endpoints(node: &Arc<Node>, metrics: Option<(SocketAddr, Arc<Metrics>)>) {
     // A page configured to listen from the start that cannot is no reason not to run the
     // node: it is logged, and `status --web` tries again and says why.
     let page_configured = node.settings().status_listen.is_some();
@@ -340,48 +473,49 @@ pub async fn run(
     if let Some((listen, metrics)) = metrics {
         let _ = node
             .metrics_at
-            .set(serve_metrics(&node, listen, metrics).await);
+            .set(serve_metrics(node, listen, metrics).await);
     }
+}
 
-    let socket_path = profile.socket_path();
-    let listener = bind_control_socket(&socket_path)?;
-    let stop = CancellationToken::new();
-    let control = tokio::spawn(server::serve(listener, node.clone(), stop.clone()));
-    let addrs = endpoint::direct_addrs(&endpoint);
-    tracing::info!(id = %endpoint.id(), ?addrs, "node ready");
-    on_ready(&Ready {
-        id: endpoint.id(),
-        addrs,
-        socket: socket_path.clone(),
-    });
+/// What `run` started, to be stopped in order once the node is told to stop.
+struct Running {
+    node: Arc<Node>,
+    router: Router,
+    control: tokio::task::JoinHandle<()>,
+    socket_path: std::path::PathBuf,
+    tasks: Tasks,
+    refusals: Arc<RefusalTally>,
+    observers: Observers,
+}
 
-    wait_for_stop(&stop, &node).await;
-    stop.cancel();
-    node.stop_sessions().await;
-    registry.close_all(CLOSE_SHUTDOWN, b"node shutting down");
-    let _ = router.shutdown().await;
-    let _ = control.await;
-    let _ = std::fs::remove_file(&socket_path);
-    upkeep.abort();
-    let _ = upkeep.await;
-    checker.abort();
-    let _ = checker.await;
-    puller.abort();
-    let _ = puller.await;
-    refusals.flush();
-    node.roster_refusals.flush();
-    audit_log.close().await;
-    if let Some(traces) = traces {
-        // Sending the last spans blocks; `down` returns only after they were sent (or gave up).
-        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+impl Running {
+    /// Ends the sessions and their children, closes the connections and the control socket,
+    /// stops the periodic work, and writes out what the node recorded.
+    async fn stop(self) {
+        let Running {
+            node,
+            router,
+            control,
+            socket_path,
+            tasks,
+            refusals,
+            observers,
+        } = self;
+        node.stop_sessions().await;
+        node.registry
+            .close_all(CLOSE_SHUTDOWN, b"node shutting down");
+        let _ = router.shutdown().await;
+        let _ = control.await;
+        let _ = std::fs::remove_file(&socket_path);
+        tasks.stop().await;
+        refusals.flush();
+        node.roster_refusals.flush();
+        observers.close().await;
+        tracing::info!("node stopped");
+        // The store goes before the lock: a node started the moment the lock is free opens it.
+        drop(router);
+        drop(node);
     }
-    tracing::info!("node stopped");
-    // The store goes before the lock: a node started the moment the lock is free opens it.
-    drop(router);
-    drop(node);
-    // Released last: `down` returns once it can take this lock, when nothing is left running.
-    drop(lock);
-    Ok(())
 }
 
 /// Starts the metrics endpoint. A node whose metrics port is taken still serves its peers:

@@ -69,6 +69,33 @@ fn sanitize(name: Option<&str>, fallback: &str) -> String {
     }
 }
 
+/// The name a pairing gives the inviter: one the user chose with `--name`, or one the
+/// invite suggests (made free if taken).
+enum WantedName {
+    Chosen(String),
+    Suggested(String),
+}
+
+/// Where the inviter may be reached: the addresses and relay its invite names.
+fn inviter_hint(inviter: EndpointId, invite: &Invite) -> EndpointAddr {
+    let mut hint = EndpointAddr::new(inviter);
+    for a in invite
+        .addrs
+        .iter()
+        .filter_map(|a| a.parse::<SocketAddr>().ok())
+    {
+        hint = hint.with_ip_addr(a);
+    }
+    if let Some(relay) = invite
+        .relay
+        .as_deref()
+        .and_then(|u| u.parse::<RelayUrl>().ok())
+    {
+        hint = hint.with_relay_url(relay);
+    }
+    hint
+}
+
 impl Node {
     /// A name for `id`: its current one if known, else `wanted` or the first free one of
     /// `wanted-2`, `wanted-3`… Free means no peer has it and no `allow` mentions it: a new
@@ -470,30 +497,14 @@ impl Node {
                 ),
             ));
         }
-        let wanted = match &r.name {
+        let wanted = match r.name {
             Some(n) => {
-                self.check_chosen_name(n, &inviter)?;
-                n.clone()
+                self.check_chosen_name(&n, &inviter)?;
+                WantedName::Chosen(n)
             }
-            None => sanitize(invite.nick.as_deref(), "peer"),
+            None => WantedName::Suggested(sanitize(invite.nick.as_deref(), "peer")),
         };
-
-        let mut hint = EndpointAddr::new(inviter);
-        for a in invite
-            .addrs
-            .iter()
-            .filter_map(|a| a.parse::<SocketAddr>().ok())
-        {
-            hint = hint.with_ip_addr(a);
-        }
-        if let Some(relay) = invite
-            .relay
-            .as_deref()
-            .and_then(|u| u.parse::<RelayUrl>().ok())
-        {
-            hint = hint.with_relay_url(relay);
-        }
-        self.dialer.add_address_hint(hint);
+        self.dialer.add_address_hint(inviter_hint(inviter, &invite));
 
         let hello = PairHello {
             pair: 1,
@@ -502,6 +513,21 @@ impl Node {
             nick: self.settings().nickname.clone(),
             addrs: self.direct_addrs(),
         };
+        let (pending, services) = self
+            .pair_through_inviter(inviter, &invite, &hello, wanted)
+            .await?;
+        self.confirm_paired(inviter, &secret, pending, &services)
+    }
+
+    /// The pairing's exchange with the inviter: the hello, then, once the inviter is stored
+    /// here as a pending peer, the commit. Returns that peer and the services it shares.
+    async fn pair_through_inviter(
+        &self,
+        inviter: EndpointId,
+        invite: &Invite,
+        hello: &PairHello,
+        wanted: WantedName,
+    ) -> Result<(StoredPeer, Vec<String>), ControlError> {
         let limit = self.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
         let unanswered =
             || ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time");
@@ -515,35 +541,15 @@ impl Node {
         let mut exchange = tokio::time::timeout(limit, open)
             .await
             .map_err(|_| unanswered())??;
-        let reply: PairReply = tokio::time::timeout(limit, exchange.ask(&hello))
+        let reply: PairReply = tokio::time::timeout(limit, exchange.ask(hello))
             .await
             .map_err(|_| unanswered())??;
         if !reply.ok {
             return Err(refusal(reply));
         }
-        // The name is chosen and taken with nothing awaited in between, so no other pairing
-        // picks it meanwhile.
-        let naming = self.naming.lock().await;
-        let name = if r.name.is_some() {
-            self.check_chosen_name(&wanted, &inviter)?;
-            wanted
-        } else {
-            self.name_for(&inviter, &wanted)
-        };
-        // Stored as pending before the inviter commits: whatever crashes next, recovery can
-        // tell from the inviter whether the pairing happened (see `confirm_pending`).
-        let mut peer = StoredPeer {
-            id: inviter.to_string(),
-            name: name.clone(),
-            addrs: invite.addrs.clone(),
-            mounts: reply.services.clone(),
-            paired_at: unix_ms(),
-            pending: true,
-            grants_owed: Vec::new(),
-        };
-        self.store.put_peer(&peer, None).map_err(store_err)?;
-        self.refresh();
-        drop(naming);
+        let pending = self
+            .store_pending_peer(inviter, wanted, invite, &reply)
+            .await?;
         let done = tokio::time::timeout(
             limit,
             exchange.ask::<PairReply>(&pairing::PairCommit { commit: true }),
@@ -553,11 +559,12 @@ impl Node {
         match done {
             Ok(Ok(done)) if done.ok => {}
             Ok(Ok(refused)) => {
-                self.store.remove_peer(&peer.id).map_err(store_err)?;
+                self.store.remove_peer(&pending.id).map_err(store_err)?;
                 self.refresh();
                 return Err(refusal(refused));
             }
             _ => {
+                let name = &pending.name;
                 return Err(ControlError::new(
                     codes::UNREACHABLE,
                     format!(
@@ -566,7 +573,54 @@ impl Node {
                 ));
             }
         }
-        let code = pairing::code(&inviter, &self.endpoint.id(), &secret);
+        Ok((pending, reply.services))
+    }
+
+    /// Names the inviter and stores it as a pending peer, before the inviter commits:
+    /// whatever crashes next, recovery can tell from the inviter whether the pairing happened
+    /// (see `confirm_pending`).
+    async fn store_pending_peer(
+        &self,
+        inviter: EndpointId,
+        wanted: WantedName,
+        invite: &Invite,
+        reply: &PairReply,
+    ) -> Result<StoredPeer, ControlError> {
+        // The name is chosen and taken with nothing awaited in between, so no other pairing
+        // picks it meanwhile.
+        let naming = self.naming.lock().await;
+        let name = match wanted {
+            WantedName::Chosen(name) => {
+                self.check_chosen_name(&name, &inviter)?;
+                name
+            }
+            WantedName::Suggested(name) => self.name_for(&inviter, &name),
+        };
+        let peer = StoredPeer {
+            id: inviter.to_string(),
+            name,
+            addrs: invite.addrs.clone(),
+            mounts: reply.services.clone(),
+            paired_at: unix_ms(),
+            pending: true,
+            grants_owed: Vec::new(),
+        };
+        self.store.put_peer(&peer, None).map_err(store_err)?;
+        self.refresh();
+        drop(naming);
+        Ok(peer)
+    }
+
+    /// The inviter committed: the peer is no longer pending, and the pairing's code is kept.
+    fn confirm_paired(
+        &self,
+        inviter: EndpointId,
+        secret: &[u8; 32],
+        mut peer: StoredPeer,
+        services: &[String],
+    ) -> Result<Value, ControlError> {
+        let name = peer.name.clone();
+        let code = pairing::code(&inviter, &self.endpoint.id(), secret);
         peer.pending = false;
         let record = Pairing {
             peer: name.clone(),
@@ -580,12 +634,8 @@ impl Node {
         // and been refused; it admits this node now.
         self.reach.recheck(&inviter);
         self.trust_event("pair", Some(&name), None);
-        let mounts: Vec<String> = reply
-            .services
-            .iter()
-            .map(|s| format!("{name}/{s}"))
-            .collect();
-        Ok(json!({ "peer": name, "code": code, "services": reply.services, "mounts": mounts }))
+        let mounts: Vec<String> = services.iter().map(|s| format!("{name}/{s}")).collect();
+        Ok(json!({ "peer": name, "code": code, "services": services, "mounts": mounts }))
     }
 
     /// A name the user chose for the inviter with `--name`: refused when another peer has it,

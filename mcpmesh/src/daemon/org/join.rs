@@ -20,8 +20,10 @@ use crate::roster::invite::{
     ALPN_JOIN, JoinCommit, JoinHello, JoinInvite, JoinReply, MAX_MESSAGE as MAX_JOIN_MESSAGE,
 };
 use crate::roster::sync::{EXCHANGE_TIMEOUT, MAX_MESSAGE};
-use crate::roster::{self, DEFAULT_VALIDITY_SECS, Device, Member, RosterView, SignedRoster};
-use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin};
+use crate::roster::{
+    self, DEFAULT_VALIDITY_SECS, Device, Member, Roster, RosterView, SignedRoster,
+};
+use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin, StoredJoinInvite};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Exchange, Wire, next_message, send_message};
@@ -108,32 +110,7 @@ impl Node {
         check_device(j.device.as_deref())?;
         self.dialer
             .add_address_hint(hint(admin, &invite.addrs, invite.relay.as_deref()));
-        if let Some(existing) = self.store.org().map_err(store_err)? {
-            let same = existing.root.eq_ignore_ascii_case(&invite.root);
-            let mut member = self.roster().is_some_and(|v| v.seat(&me).is_some());
-            if same && member {
-                // A device removed while it was away still holds the roster naming it: the
-                // admin's node says whether it is a member before it is told it is one.
-                self.sync_with(admin).await;
-                member = self.roster().is_some_and(|v| v.seat(&me).is_some());
-            }
-            // A removed device is in no org: it may join this one again, or another.
-            if !same && existing.removed.is_none() {
-                return Err(ControlError::new(
-                    codes::CONFLICT,
-                    format!(
-                        "this node is in the org {} already; a node belongs to one org",
-                        existing.org
-                    ),
-                ));
-            }
-            if member {
-                return Err(ControlError::new(
-                    codes::CONFLICT,
-                    format!("this node is a member of {} already", existing.org),
-                ));
-            }
-        }
+        self.check_free_to_join(&invite, admin).await?;
         let hello = JoinHello {
             join: 1,
             invite: invite.iid.clone(),
@@ -145,83 +122,7 @@ impl Node {
             addrs: self.direct_addrs(),
             relay: self.home_relay(),
         };
-        let limit = self.settings().dial_timeout + EXCHANGE_TIMEOUT;
-        let unanswered = || {
-            ControlError::new(
-                codes::UNREACHABLE,
-                "the admin's node did not answer in time",
-            )
-        };
-        let open = Exchange::open(
-            &self.endpoint,
-            admin,
-            ALPN_JOIN,
-            MAX_JOIN_MESSAGE + MAX_MESSAGE,
-            "the admin's node",
-        );
-        let mut exchange = tokio::time::timeout(limit, open)
-            .await
-            .map_err(|_| unanswered())??;
-        let reply: JoinReply = tokio::time::timeout(limit, exchange.ask(&hello))
-            .await
-            .map_err(|_| unanswered())??;
-        if !reply.ok {
-            return Err(join_refusal(reply));
-        }
-        // Pinned and pending before the admin commits: whatever crashes next, recovery can
-        // tell from the admin's node whether the join happened (see `confirm_pending_join`).
-        {
-            let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-            // A removal from another org is forgotten; one from this org is kept until the
-            // join completes.
-            let held = self
-                .store
-                .org()
-                .map_err(store_err)?
-                .filter(|h| h.root.eq_ignore_ascii_case(&invite.root));
-            self.store
-                .put_org(&OrgRecord {
-                    org: invite.org.clone(),
-                    root: invite.root.clone(),
-                    pending: Some(PendingJoin {
-                        admin: invite.admin.clone(),
-                        addrs: invite.addrs.clone(),
-                        relay: invite.relay.clone(),
-                        user: invite.user.clone(),
-                        at: unix_ms(),
-                    }),
-                    ..held.unwrap_or_default()
-                })
-                .map_err(store_err)?;
-        }
-        let done = tokio::time::timeout(
-            limit,
-            exchange.ask::<JoinReply>(&JoinCommit { commit: true }),
-        )
-        .await;
-        exchange.close();
-        let roster_text = match done {
-            Ok(Ok(JoinReply {
-                ok: true,
-                roster: Some(text),
-                ..
-            })) => text,
-            Ok(Ok(refused)) => {
-                let _ = self.store.org().map(|held| match held {
-                    Some(h) if h.roster.is_some() || h.removed.is_some() => {
-                        self.store.put_org(&OrgRecord { pending: None, ..h })
-                    }
-                    _ => self.store.remove_org(),
-                });
-                return Err(join_refusal(refused));
-            }
-            Err(_) | Ok(Err(_)) => {
-                return Err(ControlError::new(
-                    codes::UNREACHABLE,
-                    "the admin's node did not confirm the join; it will be confirmed or undone when it can be reached",
-                ));
-            }
-        };
+        let roster_text = self.join_through_admin(admin, &invite, &hello).await?;
         let admin_name = format!("eid:{}", admin.fmt_short());
         self.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
             .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
@@ -242,6 +143,139 @@ impl Node {
             "code": code,
             "serial": view.roster().serial,
         }))
+    }
+
+    /// Refuses a join into another org while this node is in one (a removed device is in
+    /// none), or into the org it is a member of already.
+    async fn check_free_to_join(
+        &self,
+        invite: &JoinInvite,
+        admin: EndpointId,
+    ) -> Result<(), ControlError> {
+        let Some(existing) = self.store.org().map_err(store_err)? else {
+            return Ok(());
+        };
+        let me = self.endpoint.id();
+        let same = existing.root.eq_ignore_ascii_case(&invite.root);
+        let mut member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+        if same && member {
+            // A device removed while it was away still holds the roster naming it: the
+            // admin's node says whether it is a member before it is told it is one.
+            self.sync_with(admin).await;
+            member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+        }
+        // A removed device is in no org: it may join this one again, or another.
+        if !same && existing.removed.is_none() {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!(
+                    "this node is in the org {} already; a node belongs to one org",
+                    existing.org
+                ),
+            ));
+        }
+        if member {
+            return Err(ControlError::new(
+                codes::CONFLICT,
+                format!("this node is a member of {} already", existing.org),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The join's exchange with the admin's node: the hello, then, once the join is pinned
+    /// here as pending, the commit. Returns the roster naming this device.
+    async fn join_through_admin(
+        &self,
+        admin: EndpointId,
+        invite: &JoinInvite,
+        hello: &JoinHello,
+    ) -> Result<String, ControlError> {
+        let limit = self.settings().dial_timeout + EXCHANGE_TIMEOUT;
+        let unanswered = || {
+            ControlError::new(
+                codes::UNREACHABLE,
+                "the admin's node did not answer in time",
+            )
+        };
+        let open = Exchange::open(
+            &self.endpoint,
+            admin,
+            ALPN_JOIN,
+            MAX_JOIN_MESSAGE + MAX_MESSAGE,
+            "the admin's node",
+        );
+        let mut exchange = tokio::time::timeout(limit, open)
+            .await
+            .map_err(|_| unanswered())??;
+        let reply: JoinReply = tokio::time::timeout(limit, exchange.ask(hello))
+            .await
+            .map_err(|_| unanswered())??;
+        if !reply.ok {
+            return Err(join_refusal(reply));
+        }
+        // Pinned and pending before the admin commits: whatever crashes next, recovery can
+        // tell from the admin's node whether the join happened (see `confirm_pending_join`).
+        self.pin_pending_join(invite)?;
+        let done = tokio::time::timeout(
+            limit,
+            exchange.ask::<JoinReply>(&JoinCommit { commit: true }),
+        )
+        .await;
+        exchange.close();
+        match done {
+            Ok(Ok(JoinReply {
+                ok: true,
+                roster: Some(text),
+                ..
+            })) => Ok(text),
+            Ok(Ok(refused)) => {
+                self.drop_pending_join();
+                Err(join_refusal(refused))
+            }
+            Err(_) | Ok(Err(_)) => Err(ControlError::new(
+                codes::UNREACHABLE,
+                "the admin's node did not confirm the join; it will be confirmed or undone when it can be reached",
+            )),
+        }
+    }
+
+    /// Stores the org as joined through `invite`, pending the admin's commit.
+    fn pin_pending_join(&self, invite: &JoinInvite) -> Result<(), ControlError> {
+        let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+        // A removal from another org is forgotten; one from this org is kept until the
+        // join completes.
+        let held = self
+            .store
+            .org()
+            .map_err(store_err)?
+            .filter(|h| h.root.eq_ignore_ascii_case(&invite.root));
+        self.store
+            .put_org(&OrgRecord {
+                org: invite.org.clone(),
+                root: invite.root.clone(),
+                pending: Some(PendingJoin {
+                    admin: invite.admin.clone(),
+                    addrs: invite.addrs.clone(),
+                    relay: invite.relay.clone(),
+                    user: invite.user.clone(),
+                    at: unix_ms(),
+                }),
+                ..held.unwrap_or_default()
+            })
+            .map_err(store_err)?;
+        Ok(())
+    }
+
+    /// The admin's node refused the commit: the pending join is dropped, and with it the
+    /// org, unless this node held a roster or a removal of it before.
+    fn drop_pending_join(&self) {
+        let _ = self.store.org().map(|held| match held {
+            Some(h) if h.roster.is_some() || h.removed.is_some() => {
+                self.store.put_org(&OrgRecord { pending: None, ..h })
+            }
+            _ => self.store.remove_org(),
+        });
     }
 
     /// On the admin's node, on the joiner's hello: the proof must hold for a live invite.
@@ -304,13 +338,6 @@ impl Node {
             return JoinReply::refused("this node is no longer the org's admin");
         };
         let me = self.endpoint.id();
-        let addrs: Vec<String> = hello
-            .addrs
-            .iter()
-            .filter(|a| a.parse::<SocketAddr>().is_ok())
-            .take(16)
-            .cloned()
-            .collect();
         let now = now_secs();
         let record = match self.store.org() {
             Ok(Some(r)) => r,
@@ -323,46 +350,7 @@ impl Node {
                     if !pairing::proof_matches(&invite.secret, &me, &joiner, &hello.proof) {
                         return Err("the invite's secret does not match".to_owned());
                     }
-                    let mut next = roster::successor(view.roster(), now, DEFAULT_VALIDITY_SECS);
-                    next.revoked
-                        .retain(|r| roster::parse_eid(r) != Some(joiner));
-                    next.removals
-                        .retain(|r| roster::parse_eid(&r.eid) != Some(joiner));
-                    let wanted = device_name(invite.device.as_deref().or(hello.device.as_deref()));
-                    let device = |member: &Member| Device {
-                        name: free_device_name(member, &wanted),
-                        eid: joiner.to_string(),
-                        addrs: addrs.clone(),
-                        relay: hello
-                            .relay
-                            .clone()
-                            .filter(|r| r.parse::<iroh::RelayUrl>().is_ok()),
-                    };
-                    if next.members.iter().any(|m| {
-                        m.devices
-                            .iter()
-                            .any(|d| roster::parse_eid(&d.eid) == Some(joiner))
-                    }) {
-                        return Err("this device is a member already".to_owned());
-                    }
-                    match next.members.iter_mut().find(|m| m.user == invite.user) {
-                        Some(member) => {
-                            let d = device(member);
-                            member.devices.push(d);
-                        }
-                        None => {
-                            let member = Member {
-                                user: invite.user.clone(),
-                                groups: invite.groups.clone(),
-                                devices: Vec::new(),
-                            };
-                            let d = device(&member);
-                            next.members.push(Member {
-                                devices: vec![d],
-                                ..member
-                            });
-                        }
-                    }
+                    let next = admitting(view.roster(), now, joiner, invite, hello)?;
                     let signed = SignedRoster::sign(next, &key).map_err(|e| e.to_string())?;
                     let code = pairing::code(&me, &joiner, &invite.secret);
                     let stored = OrgRecord {
@@ -380,25 +368,7 @@ impl Node {
         };
         self.update_alpns();
         match outcome {
-            Ok(JoinStep::Accepted((signed, user))) => {
-                let signed_view = Arc::new(RosterView::new(signed.clone()));
-                self.hold(signed_view);
-                self.audit.record(AuditEvent::RosterInstalled {
-                    org: signed.roster.org.clone(),
-                    serial: signed.roster.serial,
-                    from: "self".to_owned(),
-                });
-                self.refresh();
-                self.trust_event("org_join", Some(&user), None);
-                tracing::info!(user = %user, device = %joiner.fmt_short(), "a device joined the org");
-                self.spread_roster(signed.roster.serial, None);
-                self.push_all();
-                JoinReply {
-                    ok: true,
-                    error: None,
-                    roster: Some(signed.text),
-                }
-            }
+            Ok(JoinStep::Accepted((signed, user))) => self.joined_here(joiner, signed, &user),
             Ok(JoinStep::Refused(reason)) => JoinReply::refused(reason),
             Err(e) => {
                 tracing::error!("{e}");
@@ -406,6 +376,88 @@ impl Node {
             }
         }
     }
+
+    /// On the admin's node, once the roster naming `joiner` is stored: it is held here and
+    /// spread to the members, and goes to the joiner in the reply.
+    fn joined_here(&self, joiner: EndpointId, signed: SignedRoster, user: &str) -> JoinReply {
+        let signed_view = Arc::new(RosterView::new(signed.clone()));
+        self.hold(signed_view);
+        self.audit.record(AuditEvent::RosterInstalled {
+            org: signed.roster.org.clone(),
+            serial: signed.roster.serial,
+            from: "self".to_owned(),
+        });
+        self.refresh();
+        self.trust_event("org_join", Some(user), None);
+        tracing::info!(user = %user, device = %joiner.fmt_short(), "a device joined the org");
+        self.spread_roster(signed.roster.serial, None);
+        self.push_all();
+        JoinReply {
+            ok: true,
+            error: None,
+            roster: Some(signed.text),
+        }
+    }
+}
+
+/// The roster after `current` that names `joiner` as a device of the invite's user (a new
+/// member with the invite's groups if the user is not one yet), its key no longer revoked.
+/// Refused if the device is a member already.
+fn admitting(
+    current: &Roster,
+    now: u64,
+    joiner: EndpointId,
+    invite: &StoredJoinInvite,
+    hello: &JoinHello,
+) -> Result<Roster, String> {
+    let addrs: Vec<String> = hello
+        .addrs
+        .iter()
+        .filter(|a| a.parse::<SocketAddr>().is_ok())
+        .take(16)
+        .cloned()
+        .collect();
+    let mut next = roster::successor(current, now, DEFAULT_VALIDITY_SECS);
+    next.revoked
+        .retain(|r| roster::parse_eid(r) != Some(joiner));
+    next.removals
+        .retain(|r| roster::parse_eid(&r.eid) != Some(joiner));
+    let wanted = device_name(invite.device.as_deref().or(hello.device.as_deref()));
+    let device = |member: &Member| Device {
+        name: free_device_name(member, &wanted),
+        eid: joiner.to_string(),
+        addrs: addrs.clone(),
+        relay: hello
+            .relay
+            .clone()
+            .filter(|r| r.parse::<iroh::RelayUrl>().is_ok()),
+    };
+    if next.members.iter().any(|m| {
+        m.devices
+            .iter()
+            .any(|d| roster::parse_eid(&d.eid) == Some(joiner))
+    }) {
+        return Err("this device is a member already".to_owned());
+    }
+    match next.members.iter_mut().find(|m| m.user == invite.user) {
+        Some(member) => {
+            let d = device(member);
+            member.devices.push(d);
+        }
+        None => {
+            let member = Member {
+                user: invite.user.clone(),
+                groups: invite.groups.clone(),
+                devices: Vec::new(),
+            };
+            let d = device(&member);
+            next.members.push(Member {
+                devices: vec![d],
+                ..member
+            });
+        }
+    }
+    Ok(next)
 }
 
 pub(super) fn hint(id: EndpointId, addrs: &[String], relay: Option<&str>) -> EndpointAddr {

@@ -262,19 +262,7 @@ impl Node {
     }
 
     pub(super) fn org_invite(&self, params: Value) -> Result<Value, ControlError> {
-        #[derive(Deserialize)]
-        struct Mint {
-            user: String,
-            #[serde(default)]
-            groups: Vec<String>,
-            #[serde(default)]
-            device: Option<String>,
-            #[serde(default)]
-            ttl_secs: Option<u64>,
-            #[serde(default)]
-            readmit: bool,
-        }
-        let m: Mint = params_of(params)?;
+        let m: InviteParams = params_of(params)?;
         check_user(&m.user)?;
         check_groups(&m.groups)?;
         check_device(m.device.as_deref())?;
@@ -287,39 +275,7 @@ impl Node {
             view = self.readmit(&m.user, device)?;
         }
         let r = view.roster();
-        let existing = r.members.iter().find(|x| x.user == m.user);
-        let groups = match existing {
-            Some(member) => {
-                let Some(device) = &m.device else {
-                    return Err(ControlError::new(
-                        codes::CONFLICT,
-                        format!(
-                            "{} is a member already; to add a device: mcpmesh org invite {} --device NAME",
-                            m.user, m.user
-                        ),
-                    ));
-                };
-                if member.devices.iter().any(|d| &d.name == device) {
-                    return Err(ControlError::new(
-                        codes::CONFLICT,
-                        format!("{} has a device named {device} already", m.user),
-                    ));
-                }
-                if !m.groups.is_empty() && m.groups != member.groups {
-                    return Err(bad(format!(
-                        "{} is a member already; change groups with: mcpmesh org groups {} G1,G2",
-                        m.user, m.user
-                    )));
-                }
-                member.groups.clone()
-            }
-            None => m.groups.clone(),
-        };
-        if r.members.iter().any(|x| groups.contains(&x.user))
-            || r.members.iter().any(|x| x.groups.contains(&m.user))
-        {
-            return Err(bad("a user id and a group name may not be the same"));
-        }
+        let groups = invitee_groups(r, &m)?;
         let ttl = Duration::from_secs(m.ttl_secs.unwrap_or(roster::invite::DEFAULT_TTL.as_secs()));
         if ttl.is_zero() || ttl > roster::invite::MAX_TTL {
             return Err(bad("--ttl must be between 1s and 7d"));
@@ -647,38 +603,8 @@ impl Node {
         let (key, signed) = roster::root::import(&i.path)
             .map_err(|e| ControlError::new(codes::REFUSED, e.to_string()))?;
         let root_hex = key.public().to_string();
-        let org = signed.roster.org.clone();
-        match self.store.org().map_err(store_err)? {
-            Some(held) if !held.root.eq_ignore_ascii_case(&root_hex) => {
-                return Err(ControlError::new(
-                    codes::CONFLICT,
-                    format!("this node is in another org ({})", held.org),
-                ));
-            }
-            Some(_) => {}
-            None => self
-                .store
-                .put_org(&OrgRecord {
-                    org: org.clone(),
-                    root: root_hex.clone(),
-                    ..OrgRecord::default()
-                })
-                .map_err(store_err)?,
-        }
-        match keys::load(&self.root_file) {
-            Ok(Some(existing)) if existing.public() != key.public() => {
-                return Err(ControlError::new(
-                    codes::CONFLICT,
-                    "this node holds another org's root key",
-                ));
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                keys::store_new(&self.root_file, &key)
-                    .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
-            }
-            Err(e) => return Err(ControlError::new(codes::LOCAL, e.to_string())),
-        }
+        self.adopt_org(&signed.roster.org, &root_hex)?;
+        self.keep_root_key(&key)?;
         // The export's roster, unless this node holds a newer one of the same org.
         let _ = self.install_roster(signed.text.as_bytes(), "import");
         let me = self.endpoint.id();
@@ -699,23 +625,7 @@ impl Node {
                     addrs: addrs.clone(),
                     relay: None,
                 };
-                match next.members.iter_mut().find(|m| m.user == name) {
-                    Some(m) => {
-                        let d = Device {
-                            name: free_device_name(m, &device_name(nickname.as_deref())),
-                            ..device
-                        };
-                        m.devices.push(d);
-                    }
-                    None => next.members.push(Member {
-                        user: name.clone(),
-                        groups: Vec::new(),
-                        devices: vec![Device {
-                            name: device_name(nickname.as_deref()),
-                            ..device
-                        }],
-                    }),
-                }
+                seat_device(next, &name, device, nickname.as_deref());
                 user = Some(name);
             }
             Ok(())
@@ -728,5 +638,116 @@ impl Node {
             "serial": view.roster().serial,
             "user": user,
         }))
+    }
+
+    /// Takes on the org whose root is `root_hex`, unless this node is in another one.
+    fn adopt_org(&self, org: &str, root_hex: &str) -> Result<(), ControlError> {
+        match self.store.org().map_err(store_err)? {
+            Some(held) if !held.root.eq_ignore_ascii_case(root_hex) => Err(ControlError::new(
+                codes::CONFLICT,
+                format!("this node is in another org ({})", held.org),
+            )),
+            Some(_) => Ok(()),
+            None => self
+                .store
+                .put_org(&OrgRecord {
+                    org: org.to_owned(),
+                    root: root_hex.to_owned(),
+                    ..OrgRecord::default()
+                })
+                .map_err(store_err),
+        }
+    }
+
+    /// Keeps the imported root `key`, unless this node holds another org's.
+    fn keep_root_key(&self, key: &SecretKey) -> Result<(), ControlError> {
+        match keys::load(&self.root_file) {
+            Ok(Some(existing)) if existing.public() != key.public() => Err(ControlError::new(
+                codes::CONFLICT,
+                "this node holds another org's root key",
+            )),
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                keys::store_new(&self.root_file, key)
+                    .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
+                Ok(())
+            }
+            Err(e) => Err(ControlError::new(codes::LOCAL, e.to_string())),
+        }
+    }
+}
+
+/// The parameters of `org.invite`.
+#[derive(Deserialize)]
+struct InviteParams {
+    user: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    device: Option<String>,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default)]
+    readmit: bool,
+}
+
+/// The groups an invite gives: a member's own (a new device of theirs, which must be
+/// named), or those asked for a new member. No user id may be a group name.
+fn invitee_groups(r: &Roster, m: &InviteParams) -> Result<Vec<String>, ControlError> {
+    let existing = r.members.iter().find(|x| x.user == m.user);
+    let groups = match existing {
+        Some(member) => {
+            let Some(device) = &m.device else {
+                return Err(ControlError::new(
+                    codes::CONFLICT,
+                    format!(
+                        "{} is a member already; to add a device: mcpmesh org invite {} --device NAME",
+                        m.user, m.user
+                    ),
+                ));
+            };
+            if member.devices.iter().any(|d| &d.name == device) {
+                return Err(ControlError::new(
+                    codes::CONFLICT,
+                    format!("{} has a device named {device} already", m.user),
+                ));
+            }
+            if !m.groups.is_empty() && m.groups != member.groups {
+                return Err(bad(format!(
+                    "{} is a member already; change groups with: mcpmesh org groups {} G1,G2",
+                    m.user, m.user
+                )));
+            }
+            member.groups.clone()
+        }
+        None => m.groups.clone(),
+    };
+    if r.members.iter().any(|x| groups.contains(&x.user))
+        || r.members.iter().any(|x| x.groups.contains(&m.user))
+    {
+        return Err(bad("a user id and a group name may not be the same"));
+    }
+    Ok(groups)
+}
+
+/// Seats `device` (its name still to be chosen) in `next` as a device of `user`: beside
+/// the user's others, or as a new member with no groups.
+fn seat_device(next: &mut Roster, user: &str, device: Device, nickname: Option<&str>) {
+    match next.members.iter_mut().find(|m| m.user == user) {
+        Some(m) => {
+            let d = Device {
+                name: free_device_name(m, &device_name(nickname)),
+                ..device
+            };
+            m.devices.push(d);
+        }
+        None => next.members.push(Member {
+            user: user.to_owned(),
+            groups: Vec::new(),
+            devices: vec![Device {
+                name: device_name(nickname),
+                ..device
+            }],
+        }),
     }
 }
