@@ -716,44 +716,23 @@ async fn post(
         Ok(body) => body,
         Err(refusal) => return refusal,
     };
-    // One message, one line: the line breaks a client may put between tokens go (JSON
-    // strings cannot hold raw ones); every other byte passes as sent.
-    let line: Bytes = body
-        .iter()
-        .copied()
-        .filter(|b| *b != b'\n' && *b != b'\r')
-        .collect::<Vec<u8>>()
-        .into();
-    let Some(peek) = jsonrpc::peek(&line) else {
-        let (code, why) = if jsonrpc::is_json(&line) {
-            (
-                ErrorCode::InvalidRequest,
-                "one JSON-RPC message per POST (no batches)",
-            )
-        } else {
-            (ErrorCode::Parse, "the body is not JSON")
-        };
-        return rpc_error(StatusCode::BAD_REQUEST, code, None, why);
+    let posted = match Posted::read(&body) {
+        Ok(posted) => posted,
+        Err((code, why)) => return rpc_error(StatusCode::BAD_REQUEST, code, None, why),
     };
-    let kind = peek.kind();
-    let id = peek.id.map(ToOwned::to_owned);
-    let meta = jsonrpc::meta(peek.params);
-    let token = meta.progress_token;
-    let initialize = peek.method.as_deref() == Some("initialize");
-    let stateless = kind == Kind::Request && !initialize && meta.protocol_version.is_some();
-
+    let id = posted.id.as_deref();
     let session = match gateway.session(&headers, &peer, &service) {
         Lookup::Found(s) => s,
         Lookup::Unknown => {
             return rpc_error(
                 StatusCode::NOT_FOUND,
                 ErrorCode::UnknownSession,
-                id.as_deref(),
+                id,
                 "unknown or ended session: initialize a new one",
             );
         }
-        Lookup::NoHeader if initialize => {
-            let Some(id) = id.as_deref() else {
+        Lookup::NoHeader if posted.initialize => {
+            let Some(id) = id else {
                 return plain(StatusCode::BAD_REQUEST, "initialize needs an id");
             };
             let Some(place) = gateway.reserve() else {
@@ -762,57 +741,101 @@ async fn post(
                     "the gateway holds as many sessions as it may; end one (DELETE) first",
                 );
             };
-            let sent = Sent {
-                line: &line,
-                id,
-                token: token.as_deref(),
-                headers: &headers,
-            };
+            let sent = posted.sent(id, &headers);
             return sent.initialize(&gateway, &peer, &service, place).await;
         }
-        Lookup::NoHeader if stateless => {
-            let Some(rid) = id.as_deref() else {
+        Lookup::NoHeader if posted.stateless => {
+            let Some(rid) = id else {
                 return plain(StatusCode::BAD_REQUEST, "a request needs an id");
             };
             let shared = match gateway.stateless_session(&peer, &service).await {
                 Ok(s) => s,
-                Err((code, message)) => return open_failed(code, id.as_deref(), &message),
+                Err((code, message)) => return open_failed(code, id, &message),
             };
             if !gateway.bounds.register_delay.is_zero() {
                 tokio::time::sleep(gateway.bounds.register_delay).await;
             }
-            let sent = Sent {
-                line: &line,
-                id: rid,
-                token: token.as_deref(),
-                headers: &headers,
-            };
+            let sent = posted.sent(rid, &headers);
             return sent.remapped(&shared, gateway.bounds.max_pending).await;
         }
         Lookup::NoHeader => {
             return rpc_error(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::NotReady,
-                id.as_deref(),
+                id,
                 "an Mcp-Session-Id header is required (initialize first)",
             );
         }
     };
 
-    match (kind, id.as_deref()) {
+    match (posted.kind, id) {
         (Kind::Request, Some(id)) => {
-            let sent = Sent {
-                line: &line,
-                id,
-                token: token.as_deref(),
-                headers: &headers,
-            };
+            let sent = posted.sent(id, &headers);
             sent.over(&session, gateway.bounds.max_pending).await
         }
-        _ => match session.send(&line).await {
+        _ => match session.send(&posted.line).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
             Err(_) => plain(StatusCode::NOT_FOUND, "the mesh session ended"),
         },
+    }
+}
+
+/// One JSON-RPC message as a POST brings it, and what the gateway reads of it.
+struct Posted {
+    line: Bytes,
+    kind: Kind,
+    id: Option<Box<RawValue>>,
+    token: Option<Box<RawValue>>,
+    initialize: bool,
+    /// A 2026-07-28 request, which needs no session.
+    stateless: bool,
+}
+
+impl Posted {
+    /// The message a POST's body holds; for a body that is not one message, the error it is
+    /// answered with (400).
+    fn read(body: &[u8]) -> Result<Posted, (ErrorCode, &'static str)> {
+        // One message, one line: the line breaks a client may put between tokens go (JSON
+        // strings cannot hold raw ones); every other byte passes as sent.
+        let line: Bytes = body
+            .iter()
+            .copied()
+            .filter(|b| *b != b'\n' && *b != b'\r')
+            .collect::<Vec<u8>>()
+            .into();
+        let Some(peek) = jsonrpc::peek(&line) else {
+            return Err(if jsonrpc::is_json(&line) {
+                (
+                    ErrorCode::InvalidRequest,
+                    "one JSON-RPC message per POST (no batches)",
+                )
+            } else {
+                (ErrorCode::Parse, "the body is not JSON")
+            });
+        };
+        let kind = peek.kind();
+        let id = peek.id.map(ToOwned::to_owned);
+        let meta = jsonrpc::meta(peek.params);
+        let initialize = peek.method.as_deref() == Some("initialize");
+        let stateless = kind == Kind::Request && !initialize && meta.protocol_version.is_some();
+        Ok(Posted {
+            kind,
+            id,
+            token: meta.progress_token,
+            initialize,
+            stateless,
+            line,
+        })
+    }
+
+    /// The message as a request `id` on its way into a mesh session.
+    fn sent<'a>(&'a self, id: &'a RawValue, headers: &'a HeaderMap) -> Sent<'a> {
+        Sent {
+            line: &self.line,
+            id,
+            token: self.token.as_deref(),
+            headers,
+        }
     }
 }
 

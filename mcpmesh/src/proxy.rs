@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use iroh::endpoint::{RecvStream, SendStream};
+use iroh::endpoint::{Connection, RecvStream, SendStream};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{LongLines, PumpError, Seen, forward, write_run};
@@ -301,52 +301,14 @@ pub async fn tunnel(
         input,
         output,
         leftover,
-        gone,
+        mut gone,
         report,
     } = local;
-    let mut gone = gone;
     let mut local_r = FrameReader::new(input, MAX_FRAME);
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
-    let local_w = Mutex::new(output);
-    let mesh_w = Mutex::new(send);
-    let outstanding = Arc::new(StdMutex::new(Outstanding::timed(dialed)));
-    let changed = Arc::new(Notify::new());
-    // Told whenever the last unanswered request is answered.
-    let settled = Notify::new();
-    let track = |f: &dyn Fn(&mut Outstanding)| {
-        let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        let before = o.version;
-        f(&mut o);
-        if o.version != before {
-            changed.notify_one();
-            if o.ids.is_empty() {
-                settled.notify_one();
-            }
-        }
-    };
-    let owed = || {
-        !outstanding
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ids
-            .is_empty()
-    };
-    let reporter = report.map(|w| {
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(report_outstanding(
-            w,
-            outstanding.clone(),
-            changed.clone(),
-            stop.clone(),
-        ));
-        (stop, task)
-    });
-
-    if !leftover.is_empty() {
-        let run = leftover.freeze();
-        track(&|o| o.client_sent(Seen::Lines(&run)));
-        let _ = write_run(&mesh_w, &run).await;
-    }
+    let tunnel = Tunnel::new(output, send, &connection, shutdown, dialed);
+    let reporter = report.map(|w| tunnel.report_to(w));
+    tunnel.pass_leftover(leftover).await;
 
     // One pump for the server's side for the whole session: when the client's side ends first,
     // the same pump drains what is still coming, so an answer halfway through (a long line
@@ -355,18 +317,18 @@ pub async fn tunnel(
     let stop = CancellationToken::new();
     let mut server_side = Box::pin(forward(
         &mut mesh_r,
-        &local_w,
-        &local_w,
+        &tunnel.local_w,
+        &tunnel.local_w,
         LongLines::PassOn,
         stop.cancelled(),
-        |seen| track(&|o| o.server_sent(seen)),
+        |seen| tunnel.track(&|o| o.server_sent(seen)),
     ));
     let mut server_done = false;
     let end = tokio::select! {
-        r = forward(&mut local_r, &mesh_w, &local_w, LongLines::Whole, std::future::pending(), |seen| track(&|o| o.client_sent(seen))) => match r {
+        r = forward(&mut local_r, &tunnel.mesh_w, &tunnel.local_w, LongLines::Whole, std::future::pending(), |seen| tunnel.track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
             Err(PumpError::Read(_)) => End::ClientGone,
-            Err(PumpError::Write(_)) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
+            Err(PumpError::Write(_)) => tunnel.lost(),
             Err(PumpError::TooManyStrikes) => End::ClientGone,
         },
         r = &mut server_side => {
@@ -374,57 +336,24 @@ pub async fn tunnel(
             match r {
                 Ok(()) => End::ServerClosed,
                 Err(PumpError::Write(_)) => End::ClientGone,
-                Err(_) => End::Lost(close_reason_code(connection.close_reason().as_ref())),
+                Err(_) => tunnel.lost(),
             }
         },
-        _ = shutdown.cancelled() => End::Shutdown,
+        _ = tunnel.shutdown.cancelled() => End::Shutdown,
         _ = &mut gone => End::ClientGone,
     };
-
-    let (end, code, message) = match end {
-        End::ClientGone => {
-            drop(server_side);
-            return client_gone(&mut mesh_r, &mesh_w, reporter).await;
-        }
+    let end = match end {
         End::ClientClosed => {
-            // The client is done sending but may still read: every answer it is owed comes
-            // (the serving side bounds how long its server may take), then the stream ends.
-            let _ = mesh_w.lock().await.finish();
-            let drained = loop {
-                let waiting = owed();
-                tokio::select! {
-                    r = &mut server_side => break Some(r),
-                    _ = tokio::time::sleep(DRAIN), if !waiting => break None,
-                    _ = settled.notified(), if waiting => {}
-                    _ = shutdown.cancelled() => break None,
-                    _ = &mut gone => {
-                        drop(server_side);
-                        return client_gone(&mut mesh_r, &mesh_w, reporter).await;
-                    }
-                }
-            };
-            server_done = drained.is_some();
-            let end = match drained {
-                Some(Ok(())) => End::ServerClosed,
-                Some(Err(PumpError::Write(_))) => {
-                    drop(server_side);
-                    return client_gone(&mut mesh_r, &mesh_w, reporter).await;
-                }
-                _ if shutdown.is_cancelled() => End::Shutdown,
-                // The client had every answer it was owed and ended the session: a serving
-                // side slow to end its own (a stalled machine) or gone meanwhile cost it
-                // nothing, and the session ended as the client chose.
-                _ if !owed() => End::ClientClosed,
-                _ => End::Lost(close_reason_code(connection.close_reason().as_ref())),
-            };
-            let (code, message) = failure(&end);
-            (end, code, message)
+            let drained = tunnel.drain(&mut server_side, &mut gone).await;
+            server_done = drained.server_done;
+            drained.end
         }
-        other => {
-            let (code, message) = failure(&other);
-            (other, code, message)
-        }
+        other => other,
     };
+    if let End::ClientGone = end {
+        drop(server_side);
+        return client_gone(&mut mesh_r, &tunnel.mesh_w, reporter).await;
+    }
     let mut line_ended = true;
     if !server_done {
         stop.cancel();
@@ -432,44 +361,191 @@ pub async fn tunnel(
         line_ended = tokio::time::timeout(DRAIN, &mut server_side).await.is_ok();
     }
     drop(server_side);
-    let (answers, requests_seen, refusal) = {
-        let mut o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
-        (
-            o.answer_all(code, message),
-            o.requests_seen,
-            o.refusal.take(),
-        )
-    };
-    if !answers.is_empty() && line_ended {
-        let _ = tokio::time::timeout(DRAIN, write_run(&local_w, &answers)).await;
-    }
-    let _ = mesh_w.lock().await.finish();
-    // Ending with nothing unanswered is ordinary unless the peer or the node went away.
-    let ending = match end {
-        End::ServerClosed if let Some(refusal) = refusal => refusal,
-        End::Lost(_) | End::Shutdown => Ending {
-            code: Some(code.code()),
-            message: message.to_owned(),
-        },
-        _ if !answers.is_empty() => Ending {
-            code: Some(code.code()),
-            message: message.to_owned(),
-        },
-        _ => Ending::clean(),
-    };
-    finish_report(reporter, ending.clone()).await;
-    if !requests_seen {
-        // The session failed before the client asked anything (a refusal can outrun its first
-        // request): answer what it sends next, so it learns why instead of seeing a bare EOF.
-        let _ = tokio::time::timeout(
-            LINGER,
-            answer_first_request(&mut local_r, &local_w, code, message),
-        )
-        .await;
-    }
-    let _ = local_w.lock().await.shutdown().await;
-    ending
+    tunnel.finish(end, line_ended, &mut local_r, reporter).await
 }
+
+/// The daemon half of one session while it runs: the writers both pumps share, the requests
+/// the client is still owed, and what may end the session.
+struct Tunnel<'a> {
+    mesh_w: Mutex<SendStream>,
+    local_w: Mutex<Box<dyn AsyncWrite + Unpin + Send>>,
+    outstanding: Arc<StdMutex<Outstanding>>,
+    /// Told whenever `outstanding` changed (the reporter waits on it).
+    changed: Arc<Notify>,
+    /// Told whenever the last unanswered request is answered.
+    settled: Notify,
+    connection: &'a Connection,
+    shutdown: CancellationToken,
+}
+
+/// How the wait for the answers owed after the client closed its side ended.
+struct Drained {
+    end: End,
+    /// Whether the server's side pump ended meanwhile.
+    server_done: bool,
+}
+
+impl<'a> Tunnel<'a> {
+    fn new(
+        output: Box<dyn AsyncWrite + Unpin + Send>,
+        send: SendStream,
+        connection: &'a Connection,
+        shutdown: CancellationToken,
+        dialed: Option<Dialed>,
+    ) -> Self {
+        Tunnel {
+            mesh_w: Mutex::new(send),
+            local_w: Mutex::new(output),
+            outstanding: Arc::new(StdMutex::new(Outstanding::timed(dialed))),
+            changed: Arc::new(Notify::new()),
+            settled: Notify::new(),
+            connection,
+            shutdown,
+        }
+    }
+
+    /// Applies `f` to the unanswered requests, telling whoever waits when they changed.
+    fn track(&self, f: &dyn Fn(&mut Outstanding)) {
+        let mut o = self.outstanding.lock().unwrap_or_else(|p| p.into_inner());
+        let before = o.version;
+        f(&mut o);
+        if o.version != before {
+            self.changed.notify_one();
+            if o.ids.is_empty() {
+                self.settled.notify_one();
+            }
+        }
+    }
+
+    /// Whether any request is still unanswered.
+    fn owed(&self) -> bool {
+        !self
+            .outstanding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .is_empty()
+    }
+
+    /// The session lost with its connection, under the code the connection closed with.
+    fn lost(&self) -> End {
+        End::Lost(close_reason_code(self.connection.close_reason().as_ref()))
+    }
+
+    /// Starts writing the set of unanswered requests to the opener's `w` (see
+    /// [`report_outstanding`]).
+    fn report_to(&self, w: Box<dyn AsyncWrite + Unpin + Send>) -> Reporter {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(report_outstanding(
+            w,
+            self.outstanding.clone(),
+            self.changed.clone(),
+            stop.clone(),
+        ));
+        (stop, task)
+    }
+
+    /// Sends the client's bytes read past the session's opening, tracked like any others.
+    async fn pass_leftover(&self, leftover: BytesMut) {
+        if !leftover.is_empty() {
+            let run = leftover.freeze();
+            self.track(&|o| o.client_sent(Seen::Lines(&run)));
+            let _ = write_run(&self.mesh_w, &run).await;
+        }
+    }
+
+    /// The client is done sending but may still read: every answer it is owed comes (the
+    /// serving side bounds how long its server may take), then the stream ends.
+    async fn drain<S>(&self, server_side: &mut S, gone: &mut LocalGone) -> Drained
+    where
+        S: Future<Output = Result<(), PumpError>> + Unpin,
+    {
+        let client_gone = Drained {
+            end: End::ClientGone,
+            server_done: false,
+        };
+        let _ = self.mesh_w.lock().await.finish();
+        let drained = loop {
+            let waiting = self.owed();
+            tokio::select! {
+                r = &mut *server_side => break Some(r),
+                _ = tokio::time::sleep(DRAIN), if !waiting => break None,
+                _ = self.settled.notified(), if waiting => {}
+                _ = self.shutdown.cancelled() => break None,
+                _ = &mut *gone => return client_gone,
+            }
+        };
+        let end = match drained {
+            Some(Ok(())) => End::ServerClosed,
+            Some(Err(PumpError::Write(_))) => return client_gone,
+            _ if self.shutdown.is_cancelled() => End::Shutdown,
+            // The client had every answer it was owed and ended the session: a serving
+            // side slow to end its own (a stalled machine) or gone meanwhile cost it
+            // nothing, and the session ended as the client chose.
+            _ if !self.owed() => End::ClientClosed,
+            _ => self.lost(),
+        };
+        Drained {
+            end,
+            server_done: drained.is_some(),
+        }
+    }
+
+    /// Ends a session whose client is still there, once the server's side pump is stopped:
+    /// every unanswered request gets the error `end` calls for (when the client's output is
+    /// not left halfway through a line), the mesh stream is finished and the opener told how
+    /// the session ended.
+    async fn finish(
+        &self,
+        end: End,
+        line_ended: bool,
+        local_r: &mut FrameReader<Box<dyn AsyncRead + Unpin + Send>>,
+        reporter: Option<Reporter>,
+    ) -> Ending {
+        let (code, message) = failure(&end);
+        let (answers, requests_seen, refusal) = {
+            let mut o = self.outstanding.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                o.answer_all(code, message),
+                o.requests_seen,
+                o.refusal.take(),
+            )
+        };
+        if !answers.is_empty() && line_ended {
+            let _ = tokio::time::timeout(DRAIN, write_run(&self.local_w, &answers)).await;
+        }
+        let _ = self.mesh_w.lock().await.finish();
+        // Ending with nothing unanswered is ordinary unless the peer or the node went away.
+        let ending = match end {
+            End::ServerClosed if let Some(refusal) = refusal => refusal,
+            End::Lost(_) | End::Shutdown => Ending {
+                code: Some(code.code()),
+                message: message.to_owned(),
+            },
+            _ if !answers.is_empty() => Ending {
+                code: Some(code.code()),
+                message: message.to_owned(),
+            },
+            _ => Ending::clean(),
+        };
+        finish_report(reporter, ending.clone()).await;
+        if !requests_seen {
+            // The session failed before the client asked anything (a refusal can outrun its
+            // first request): answer what it sends next, so it learns why instead of seeing a
+            // bare EOF.
+            let _ = tokio::time::timeout(
+                LINGER,
+                answer_first_request(local_r, &self.local_w, code, message),
+            )
+            .await;
+        }
+        let _ = self.local_w.lock().await.shutdown().await;
+        ending
+    }
+}
+
+/// Resolves when the `connect` process is gone (see [`LocalSide::gone`]).
+type LocalGone = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Ends a session whose client went away (its `connect` died, or its output closed): the mesh
 /// stream is reset, not finished, so the serving side stops at once rather than finishing

@@ -334,36 +334,20 @@ impl SessionHandler for ServiceHost {
             .entry(&service)
             .filter(|e| is_allowed(&e.spec.allow, &now));
         let Some(entry) = entry else {
-            // Unknown and unauthorized look the same to the caller, on purpose.
-            tracing::info!(peer = %peer.name, %service, "refused a session: unknown or unauthorized service");
-            self.audit.record(AuditEvent::SessionRefused {
-                service,
-                principal: peer.principal(),
-                peer: peer.name,
-                code: ErrorCode::UnknownService.code(),
-                reason: None,
-            });
-            refuse(&mut transport, ErrorFrame::new(ErrorCode::UnknownService)).await;
+            self.refuse_unknown(peer, service, &mut transport).await;
             return;
         };
         let sever = CancellationToken::new();
         let relist = Arc::new(Notify::new());
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.live_map().insert(
-            id,
-            LiveSession {
-                peer: peer.endpoint,
-                peer_name: peer.name.clone(),
-                service: service.clone(),
-                since: crate::time::unix_ms(),
-                sever: sever.clone(),
-                tools: Arc::new(std::sync::Mutex::new(access(&entry.spec.tools, &now))),
-                relist: relist.clone(),
-            },
-        );
-        let _guard = LiveGuard { host: self, id };
+        let _guard = self.go_live(LiveSession {
+            peer: peer.endpoint,
+            peer_name: peer.name.clone(),
+            service: service.clone(),
+            since: crate::time::unix_ms(),
+            sever: sever.clone(),
+            tools: Arc::new(std::sync::Mutex::new(access(&entry.spec.tools, &now))),
+            relist: relist.clone(),
+        });
         let caller_gone = CancellationToken::new();
         let gone_watch = caller_gone_watch(&transport, caller_gone.clone());
         let session = SessionOptions {
@@ -383,63 +367,7 @@ impl SessionHandler for ServiceHost {
             audit: self.audit.clone(),
             limiter: entry.limiter.clone(),
         };
-        let run = async {
-            match &entry.spec.backend {
-                BackendSpec::Run(cmd) => {
-                    let backend = SpawnBackend {
-                        cmd: cmd.clone(),
-                        concurrency: ctx.concurrency,
-                        service: ctx.service,
-                        audit: ctx.audit,
-                        limiter: ctx.limiter,
-                    };
-                    let options = SpawnOptions {
-                        env: entry.spec.env.clone(),
-                        cwd: entry.spec.cwd.clone(),
-                        session,
-                        launcher: self.launcher.clone(),
-                    };
-                    backend
-                        .run_session(Some(peer.clone()), None, transport, &options)
-                        .await
-                }
-                BackendSpec::Socket {
-                    path,
-                    caller_assertion,
-                } => {
-                    let backend = SocketBackend {
-                        path: path.clone(),
-                        ctx,
-                        issuer: self.issuer.clone().filter(|_| *caller_assertion),
-                    };
-                    backend.run_session(peer.clone(), transport, &session).await
-                }
-                BackendSpec::Url {
-                    url: configured,
-                    headers,
-                    caller_header,
-                    oauth,
-                } => match crate::config::validate_url(configured) {
-                    Ok(url) => {
-                        let backend = UrlBackend {
-                            url,
-                            headers: headers.clone(),
-                            ctx,
-                            timeout: entry.spec.request_timeout,
-                            caller: self.caller_assertion(configured, caller_header.as_deref()),
-                            grants: self.grants.clone(),
-                            oauth_required: oauth.is_some(),
-                            configured: configured.clone(),
-                        };
-                        backend.run_session(peer.clone(), transport, &session).await
-                    }
-                    Err(message) => Err(BackendError::Upstream {
-                        url: configured.clone(),
-                        message,
-                    }),
-                },
-            }
-        };
+        let run = self.run_backend(&entry, ctx, &peer, transport, session);
         let run = async {
             tokio::select! {
                 r = run => r,
@@ -448,6 +376,103 @@ impl SessionHandler for ServiceHost {
         };
         if let Err(e) = self.sessions.track_future(run).await {
             tracing::warn!(peer = %peer.name, %service, "session ended with an error: {e}");
+        }
+    }
+}
+
+impl ServiceHost {
+    /// Refuses a session to a service that is unknown or that the caller may not use.
+    async fn refuse_unknown(
+        &self,
+        peer: PeerIdentity,
+        service: String,
+        transport: &mut MeshTransport,
+    ) {
+        // Unknown and unauthorized look the same to the caller, on purpose.
+        tracing::info!(peer = %peer.name, %service, "refused a session: unknown or unauthorized service");
+        self.audit.record(AuditEvent::SessionRefused {
+            service,
+            principal: peer.principal(),
+            peer: peer.name,
+            code: ErrorCode::UnknownService.code(),
+            reason: None,
+        });
+        refuse(transport, ErrorFrame::new(ErrorCode::UnknownService)).await;
+    }
+
+    /// Counts `session` among the live ones (the ones a trust change may sever) until the
+    /// returned guard drops.
+    fn go_live(&self, session: LiveSession) -> LiveGuard<'_> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live_map().insert(id, session);
+        LiveGuard { host: self, id }
+    }
+
+    /// Runs an admitted session on the backend `entry` names.
+    async fn run_backend(
+        &self,
+        entry: &ServiceEntry,
+        ctx: ServiceCtx,
+        peer: &PeerIdentity,
+        transport: MeshTransport,
+        session: SessionOptions,
+    ) -> Result<(), BackendError> {
+        match &entry.spec.backend {
+            BackendSpec::Run(cmd) => {
+                let backend = SpawnBackend {
+                    cmd: cmd.clone(),
+                    concurrency: ctx.concurrency,
+                    service: ctx.service,
+                    audit: ctx.audit,
+                    limiter: ctx.limiter,
+                };
+                let options = SpawnOptions {
+                    env: entry.spec.env.clone(),
+                    cwd: entry.spec.cwd.clone(),
+                    session,
+                    launcher: self.launcher.clone(),
+                };
+                backend
+                    .run_session(Some(peer.clone()), None, transport, &options)
+                    .await
+            }
+            BackendSpec::Socket {
+                path,
+                caller_assertion,
+            } => {
+                let backend = SocketBackend {
+                    path: path.clone(),
+                    ctx,
+                    issuer: self.issuer.clone().filter(|_| *caller_assertion),
+                };
+                backend.run_session(peer.clone(), transport, &session).await
+            }
+            BackendSpec::Url {
+                url: configured,
+                headers,
+                caller_header,
+                oauth,
+            } => match crate::config::validate_url(configured) {
+                Ok(url) => {
+                    let backend = UrlBackend {
+                        url,
+                        headers: headers.clone(),
+                        ctx,
+                        timeout: entry.spec.request_timeout,
+                        caller: self.caller_assertion(configured, caller_header.as_deref()),
+                        grants: self.grants.clone(),
+                        oauth_required: oauth.is_some(),
+                        configured: configured.clone(),
+                    };
+                    backend.run_session(peer.clone(), transport, &session).await
+                }
+                Err(message) => Err(BackendError::Upstream {
+                    url: configured.clone(),
+                    message,
+                }),
+            },
         }
     }
 }

@@ -296,58 +296,28 @@ impl Host<'_> {
         T: FnOnce(Duration) -> F,
         F: Future<Output = ()>,
     {
-        self.audit.record(AuditEvent::SessionOpen {
-            service: self.service.to_owned(),
-            principal: who.principal.clone(),
-            peer: who.peer.clone(),
-        });
-        let started = Instant::now();
+        self.record_open(&who);
+        let mut traffic = Traffic::from_now();
         let (mut mesh_r, mesh_w) = transport.into_parts();
         let mesh_w = Mutex::new(mesh_w);
         let server_w = Mutex::new(server_w);
         let mut server_r = FrameReader::new(server_r, MAX_FRAME);
-        let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-        let caller = Caller {
-            service: self.service.to_owned(),
-            principal: who.principal.clone(),
-            peer: who.peer.clone(),
-            held: who.held.clone(),
-            tools: options.tools.clone(),
-            listed: options.listed.clone(),
-        };
-        let ledger = StdMutex::new(Ledger::new(
-            caller,
-            self.limiter.clone(),
-            self.audit.clone(),
-            options.max_in_flight,
-        ));
-        let account = || ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let ledger = StdMutex::new(self.ledger(&who, options));
         let mut check = |line: &[u8]| {
-            bytes_in += line.len() as u64 + 1;
-            let verdict = account().client_line(line);
+            traffic.bytes_in += line.len() as u64 + 1;
+            let verdict = account(&ledger).client_line(line);
             match (&stamp, verdict) {
-                (Some(stamp), Verdict::Forward) => {
-                    stamped(stamp, line, |id, code| account().answered_here(id, code))
-                }
+                (Some(stamp), Verdict::Forward) => stamped(stamp, line, |id, code| {
+                    account(&ledger).answered_here(id, code)
+                }),
                 (_, verdict) => verdict,
             }
         };
 
-        let mut end = End::ClientClosed;
-        if let Some(first) = &first_frame {
-            let line = serde_json::to_vec(first).unwrap_or_default();
-            let written = match check(&line) {
-                Verdict::Forward => write_run(&server_w, &[&line[..], b"\n"].concat()).await,
-                Verdict::Replace(line) => write_run(&server_w, &line).await,
-                Verdict::Answer(answer) | Verdict::Strike(answer) => {
-                    write_run(&mesh_w, &answer).await
-                }
-            };
-            if let Err(e) = written {
-                end = End::Failed(format!("writing the first frame: {e}"));
-            }
-        }
-        let mut patience = GRACE;
+        let mut ending = Ending::new(match &first_frame {
+            Some(first) => forward_first(first, &mut check, &server_w, &mesh_w).await,
+            None => End::ClientClosed,
+        });
         // One pump for the server's side for the whole session: when the client's side ends
         // first, the same pump drains what the server still sends, so an answer halfway
         // through (a long line passing in parts) goes on where it was. It holds `mesh_w`
@@ -357,7 +327,7 @@ impl Host<'_> {
         let settled = Notify::new();
         let mut server_account = ServerSent {
             ledger: &ledger,
-            bytes_out: &mut bytes_out,
+            bytes_out: &mut traffic.bytes_out,
             settled: &settled,
         };
         let mut server_side = Box::pin(forward_observed(
@@ -368,87 +338,73 @@ impl Host<'_> {
             stop.cancelled(),
             &mut server_account,
         ));
-        let mut server_done = false;
-        if matches!(end, End::ClientClosed) {
-            end = tokio::select! {
+        if matches!(ending.end, End::ClientClosed) {
+            ending.end = tokio::select! {
                 r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
                     Ok(()) => End::ClientClosed,
                     Err(PumpError::Read(_)) => End::ClientGone,
                     Err(e) => End::Failed(e.to_string()),
                 },
                 r = &mut server_side => {
-                    server_done = true;
+                    ending.server_done = true;
                     server_ended(r)
                 },
                 _ = options.shutdown.cancelled() => End::Shutdown,
                 _ = options.sever.cancelled() => End::Severed,
                 _ = options.caller_gone.cancelled() => End::ClientGone,
-                never = relist(&options.relist, || account().listed_tools(), &mesh_w) => match never {},
+                never = relist(&options.relist, || account(&ledger).listed_tools(), &mesh_w) => match never {},
             };
         }
         // The server's input ends: EOF on a child's stdin, a half-close on a socket.
         let _ = server_w.into_inner().shutdown().await;
-        if !server_done && matches!(end, End::ClientClosed) {
-            // The client is done sending and may still be reading: the server answers what
-            // it was asked, within its request timeout, then gets a short grace to exit.
-            let deadline = tokio::time::Instant::now() + options.request_timeout;
-            loop {
-                let owed = account().owes_answers();
-                let until = match owed {
-                    true => deadline,
-                    false => (tokio::time::Instant::now() + GRACE).min(deadline),
-                };
-                tokio::select! {
-                    r = &mut server_side => {
-                        server_done = true;
-                        if let End::ClientGone = server_ended(r) {
-                            end = End::ClientGone;
-                        }
-                        break;
-                    }
-                    _ = tokio::time::sleep_until(until) => break,
-                    _ = settled.notified(), if owed => {}
-                    _ = options.shutdown.cancelled() => {
-                        end = End::Shutdown;
-                        break;
-                    }
-                    _ = options.sever.cancelled() => {
-                        end = End::Severed;
-                        break;
-                    }
-                    _ = options.caller_gone.cancelled() => {
-                        end = End::ClientGone;
-                        break;
-                    }
-                }
-            }
-            if !server_done {
-                patience = Duration::ZERO; // it had its time while draining
-            }
+        if !ending.server_done && matches!(ending.end, End::ClientClosed) {
+            ending
+                .drain(&mut server_side, options, &ledger, &settled)
+                .await;
         }
-        if matches!(end, End::ClientGone) {
-            // Nobody is left to read what the server still sends, nor to wait for it.
-            patience = Duration::ZERO;
-        } else if !server_done {
-            stop.cancel();
-            // A pump that cannot even end its line (the client reads nothing) is dropped.
-            server_done = tokio::time::timeout(GRACE, &mut server_side).await.is_ok();
-        }
+        ending.stop_server_side(&mut server_side, &stop).await;
         drop(server_side);
-        if matches!(end, End::Severed) && server_done {
-            let answers = account()
-                .answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
-            if !answers.is_empty() {
-                let _ = tokio::time::timeout(GRACE, write_run(&mesh_w, &answers)).await;
-            }
+        if matches!(ending.end, End::Severed) && ending.server_done {
+            answer_severed(&ledger, &mesh_w).await;
         }
         // Client-visible end first, so the caller is never kept waiting on the server.
         let _ = mesh_w.lock().await.shutdown().await;
         drop(server_r);
-        teardown(patience).await;
-        account().close();
+        teardown(ending.patience).await;
+        account(&ledger).close();
+        self.record_close(who, &ending.end, traffic);
+    }
 
-        let ended = match &end {
+    /// The account the session's requests are kept in: the caller, the service's tool rules
+    /// and its in-flight cap.
+    fn ledger(&self, who: &Who, options: &SessionOptions) -> Ledger {
+        let caller = Caller {
+            service: self.service.to_owned(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+            held: who.held.clone(),
+            tools: options.tools.clone(),
+            listed: options.listed.clone(),
+        };
+        Ledger::new(
+            caller,
+            self.limiter.clone(),
+            self.audit.clone(),
+            options.max_in_flight,
+        )
+    }
+
+    fn record_open(&self, who: &Who) {
+        self.audit.record(AuditEvent::SessionOpen {
+            service: self.service.to_owned(),
+            principal: who.principal.clone(),
+            peer: who.peer.clone(),
+        });
+    }
+
+    /// Writes the session's closing record, saying how it ended.
+    fn record_close(&self, who: Who, end: &End, traffic: Traffic) {
+        let ended = match end {
             End::ClientClosed => "client_closed".to_owned(),
             End::ClientGone => "client_gone".to_owned(),
             End::ServerClosed => "server_closed".to_owned(),
@@ -463,11 +419,149 @@ impl Host<'_> {
             service: self.service.to_owned(),
             principal: who.principal,
             peer: who.peer,
-            duration_ms: started.elapsed().as_millis() as u64,
-            bytes_in,
-            bytes_out,
+            duration_ms: traffic.started.elapsed().as_millis() as u64,
+            bytes_in: traffic.bytes_in,
+            bytes_out: traffic.bytes_out,
             ended,
         });
+    }
+}
+
+/// What a session carried, for its closing record.
+struct Traffic {
+    started: Instant,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Traffic {
+    fn from_now() -> Self {
+        Traffic {
+            started: Instant::now(),
+            bytes_in: 0,
+            bytes_out: 0,
+        }
+    }
+}
+
+/// The session's ledger, locked (a poisoned lock is taken as it is).
+fn account(ledger: &StdMutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
+    ledger.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Passes on the first frame, read before the session was admitted, as the client's pump
+/// would have; a failed write ends the session before the pumps start.
+async fn forward_first<W, SW>(
+    first: &Value,
+    check: &mut impl FnMut(&[u8]) -> Verdict,
+    server_w: &Mutex<SW>,
+    mesh_w: &Mutex<W>,
+) -> End
+where
+    W: AsyncWrite + Unpin,
+    SW: AsyncWrite + Unpin,
+{
+    let line = serde_json::to_vec(first).unwrap_or_default();
+    let written = match check(&line) {
+        Verdict::Forward => write_run(server_w, &[&line[..], b"\n"].concat()).await,
+        Verdict::Replace(line) => write_run(server_w, &line).await,
+        Verdict::Answer(answer) | Verdict::Strike(answer) => write_run(mesh_w, &answer).await,
+    };
+    match written {
+        Ok(()) => End::ClientClosed,
+        Err(e) => End::Failed(format!("writing the first frame: {e}")),
+    }
+}
+
+/// A severed session's requests still pending are answered `-32052` (given [`GRACE`] to
+/// reach a caller that may have stopped reading).
+async fn answer_severed<W: AsyncWrite + Unpin>(ledger: &StdMutex<Ledger>, mesh_w: &Mutex<W>) {
+    let answers =
+        account(ledger).answer_pending(ErrorCode::NotReady, "session severed: access was revoked");
+    if !answers.is_empty() {
+        let _ = tokio::time::timeout(GRACE, write_run(mesh_w, &answers)).await;
+    }
+}
+
+/// Where a session's ending stands once the client's side stopped.
+struct Ending {
+    end: End,
+    /// Whether the server's side pump has ended.
+    server_done: bool,
+    /// How long the server may still take to go after its input ended.
+    patience: Duration,
+}
+
+impl Ending {
+    fn new(end: End) -> Self {
+        Ending {
+            end,
+            server_done: false,
+            patience: GRACE,
+        }
+    }
+
+    /// The client is done sending and may still be reading: the server answers what it was
+    /// asked, within its request timeout, then gets a short grace to exit.
+    async fn drain<S>(
+        &mut self,
+        server_side: &mut S,
+        options: &SessionOptions,
+        ledger: &StdMutex<Ledger>,
+        settled: &Notify,
+    ) where
+        S: Future<Output = Result<(), PumpError>> + Unpin,
+    {
+        let deadline = tokio::time::Instant::now() + options.request_timeout;
+        loop {
+            let owed = account(ledger).owes_answers();
+            let until = match owed {
+                true => deadline,
+                false => (tokio::time::Instant::now() + GRACE).min(deadline),
+            };
+            tokio::select! {
+                r = &mut *server_side => {
+                    self.server_done = true;
+                    if let End::ClientGone = server_ended(r) {
+                        self.end = End::ClientGone;
+                    }
+                    break;
+                }
+                _ = tokio::time::sleep_until(until) => break,
+                _ = settled.notified(), if owed => {}
+                _ = options.shutdown.cancelled() => {
+                    self.end = End::Shutdown;
+                    break;
+                }
+                _ = options.sever.cancelled() => {
+                    self.end = End::Severed;
+                    break;
+                }
+                _ = options.caller_gone.cancelled() => {
+                    self.end = End::ClientGone;
+                    break;
+                }
+            }
+        }
+        if !self.server_done {
+            self.patience = Duration::ZERO; // it had its time while draining
+        }
+    }
+
+    /// Stops the server's side pump unless it ended or nobody is left to read it; it gets
+    /// [`GRACE`] to end the line it is in.
+    async fn stop_server_side<S>(&mut self, server_side: &mut S, stop: &CancellationToken)
+    where
+        S: Future<Output = Result<(), PumpError>> + Unpin,
+    {
+        if matches!(self.end, End::ClientGone) {
+            // Nobody is left to read what the server still sends, nor to wait for it.
+            self.patience = Duration::ZERO;
+        } else if !self.server_done {
+            stop.cancel();
+            // A pump that cannot even end its line (the client reads nothing) is dropped.
+            self.server_done = tokio::time::timeout(GRACE, server_side).await.is_ok();
+        }
     }
 }
 

@@ -140,52 +140,9 @@ where
         .call(crate::control::methods::PEERS_LIST, json!({}))
         .await
         .map_err(|e| HubError::Node(e.to_string()))?;
-    let follow = config.targets.is_empty();
-    let (targets, tool_counts) = if follow {
-        let catalog = node
-            .call(crate::control::methods::SERVICES_LIST, json!({}))
-            .await
-            .map_err(|e| HubError::Node(e.to_string()))?;
-        catalog_targets(&catalog)
-    } else {
-        (config.targets.clone(), HashMap::new())
-    };
-    let cache = Cache::load(Cache::path_in(&config.profile.state_dir));
-    let (out, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
-    let (inbound, inbound_rx) = mpsc::channel::<Inbound>(OUT_QUEUE);
-    let hub = Arc::new(Hub {
-        pool: Pool::new(config.idle),
-        node,
-        targets: StdMutex::new(targets),
-        follow,
-        tool_counts: StdMutex::new(tool_counts),
-        out,
-        inbound,
-        cache: StdMutex::new(cache),
-        view: StdMutex::new(View::default()),
-        hello: StdMutex::new(None),
-        client: StdMutex::new(Client::default()),
-        listens: StdMutex::new(HashMap::new()),
-        bridge: Arc::new(StdMutex::new(bridge::Bridge::new())),
-        log_level: StdMutex::new(None),
-        forwarded: StdMutex::new(HashMap::new()),
-        asked: StdMutex::new(HashMap::new()),
-        bridged: StdMutex::new(HashMap::new()),
-        tokens: StdMutex::new(HashMap::new()),
-        task_leases: Arc::new(StdMutex::new(HashMap::new())),
-        reach: StdMutex::new(reachability(&peers)),
-        refreshing: StdMutex::new(HashSet::new()),
-        again: StdMutex::new(HashSet::new()),
-        first_fetches: watch::channel(0).0,
-        listed: AtomicBool::new(false),
-        early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
-        next: AtomicU64::new(1),
-        tasks: TaskTracker::new(),
-        owed: watch::channel(0).0,
-        stop: CancellationToken::new(),
-        input_ended: CancellationToken::new(),
-        config,
-    });
+    let (targets, tool_counts) = presented(&node, &config).await?;
+    let (hub, out_rx, inbound_rx) = Hub::new(config, node, &peers, targets, tool_counts);
+    let hub = Arc::new(hub);
     // Two items sharing a name is an error at start, before the client sees anything.
     hub.rebuild()
         .map_err(|c| HubError::Collision(c.to_string()))?;
@@ -194,25 +151,7 @@ where
     tokio::spawn(hub.clone().from_servers(inbound_rx));
     tokio::spawn(hub.clone().watch_reach());
 
-    let mut frames = FrameReader::new(input, MAX_FRAME);
-    loop {
-        let line = tokio::select! {
-            line = frames.next_line() => line,
-            _ = hub.stop.cancelled() => break,
-        };
-        match line {
-            Ok(Some(line)) => hub.clone().client_frame(&line).await,
-            Ok(None) => break,
-            Err(TransportError::FrameTooLarge(_)) => {
-                hub.send(ErrorFrame::new(ErrorCode::FrameTooLarge).to_line())
-                    .await;
-            }
-            Err(e) => {
-                tracing::debug!("the client's input failed: {e}");
-                break;
-            }
-        }
-    }
+    hub.read_client(input).await;
     // Answers still on their way get a moment; then every session is closed.
     hub.input_ended.cancel();
     hub.tasks.close();
@@ -224,6 +163,22 @@ where
     hub.pool.close_all().await;
     let _ = writer.await;
     Ok(())
+}
+
+/// The services the hub presents: those named on the command line, else every one in the
+/// node's catalog, with the tool count the catalog gave each.
+async fn presented(
+    node: &NodeAccess,
+    config: &HubConfig,
+) -> Result<(Vec<Target>, HashMap<Target, Option<u64>>), HubError> {
+    if !config.targets.is_empty() {
+        return Ok((config.targets.clone(), HashMap::new()));
+    }
+    let catalog = node
+        .call(crate::control::methods::SERVICES_LIST, json!({}))
+        .await
+        .map_err(|e| HubError::Node(e.to_string()))?;
+    Ok(catalog_targets(&catalog))
 }
 
 /// Every `peer/service` the node may mount, from its `services.list` answer (its peers'
@@ -262,6 +217,77 @@ fn reachability(peers: &Value) -> HashMap<String, bool> {
 }
 
 impl Hub {
+    /// A hub presenting `targets` (following the node's catalog when none were named), with
+    /// the receiving ends of its queues toward the client and from the servers.
+    fn new(
+        config: HubConfig,
+        node: NodeAccess,
+        peers: &Value,
+        targets: Vec<Target>,
+        tool_counts: HashMap<Target, Option<u64>>,
+    ) -> (Hub, mpsc::Receiver<Vec<u8>>, mpsc::Receiver<Inbound>) {
+        let cache = Cache::load(Cache::path_in(&config.profile.state_dir));
+        let (out, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+        let (inbound, inbound_rx) = mpsc::channel::<Inbound>(OUT_QUEUE);
+        let hub = Hub {
+            pool: Pool::new(config.idle),
+            node,
+            targets: StdMutex::new(targets),
+            follow: config.targets.is_empty(),
+            tool_counts: StdMutex::new(tool_counts),
+            out,
+            inbound,
+            cache: StdMutex::new(cache),
+            view: StdMutex::new(View::default()),
+            hello: StdMutex::new(None),
+            client: StdMutex::new(Client::default()),
+            listens: StdMutex::new(HashMap::new()),
+            bridge: Arc::new(StdMutex::new(bridge::Bridge::new())),
+            log_level: StdMutex::new(None),
+            forwarded: StdMutex::new(HashMap::new()),
+            asked: StdMutex::new(HashMap::new()),
+            bridged: StdMutex::new(HashMap::new()),
+            tokens: StdMutex::new(HashMap::new()),
+            task_leases: Arc::new(StdMutex::new(HashMap::new())),
+            reach: StdMutex::new(reachability(peers)),
+            refreshing: StdMutex::new(HashSet::new()),
+            again: StdMutex::new(HashSet::new()),
+            first_fetches: watch::channel(0).0,
+            listed: AtomicBool::new(false),
+            early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
+            next: AtomicU64::new(1),
+            tasks: TaskTracker::new(),
+            owed: watch::channel(0).0,
+            stop: CancellationToken::new(),
+            input_ended: CancellationToken::new(),
+            config,
+        };
+        (hub, out_rx, inbound_rx)
+    }
+
+    /// Takes the client's frames until its input ends (or fails) or the hub stops.
+    async fn read_client<R: AsyncRead + Unpin>(self: &Arc<Self>, input: R) {
+        let mut frames = FrameReader::new(input, MAX_FRAME);
+        loop {
+            let line = tokio::select! {
+                line = frames.next_line() => line,
+                _ = self.stop.cancelled() => break,
+            };
+            match line {
+                Ok(Some(line)) => self.clone().client_frame(&line).await,
+                Ok(None) => break,
+                Err(TransportError::FrameTooLarge(_)) => {
+                    self.send(ErrorFrame::new(ErrorCode::FrameTooLarge).to_line())
+                        .await;
+                }
+                Err(e) => {
+                    tracing::debug!("the client's input failed: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
     async fn send(&self, line: Vec<u8>) {
         if !line.is_empty() {
             let _ = self.out.send(line).await;
@@ -323,43 +349,8 @@ impl Hub {
         }
         let stateless = self.client_era_is(Era::Stateless);
         let reply = match method {
-            "initialize" => {
-                *lock(&self.hello) = Some(params.clone());
-                self.clone().first_listings();
-                self.greeting_wait().await;
-                let asked = params["protocolVersion"].as_str().unwrap_or_default();
-                let version = era::HANDSHAKE
-                    .iter()
-                    .find(|v| **v == asked)
-                    .copied()
-                    .unwrap_or(era::HANDSHAKE[0]);
-                answer(
-                    &id,
-                    json!({
-                        "protocolVersion": version,
-                        "capabilities": self.capabilities(),
-                        "serverInfo": server_info(),
-                        "instructions": self.instructions(),
-                        "_meta": { SERVICES: self.services_info() },
-                    }),
-                )
-            }
-            "server/discover" => {
-                self.clone().first_listings();
-                self.greeting_wait().await;
-                let mut versions = vec![era::STATELESS];
-                versions.extend(era::HANDSHAKE);
-                self.typed_answer(
-                    &id,
-                    method,
-                    json!({
-                        "supportedVersions": versions,
-                        "capabilities": self.capabilities(),
-                        "instructions": self.instructions(),
-                        "_meta": { SERVICES: self.services_info() },
-                    }),
-                )
-            }
+            "initialize" => self.initialize(&id, &params).await,
+            "server/discover" => self.discover(&id, method).await,
             "subscriptions/listen" if stateless => {
                 self.listen(&id, &params).await;
                 return;
@@ -379,15 +370,7 @@ impl Hub {
                 self.listed.store(true, Ordering::SeqCst);
                 self.list(&id, method, &params)
             }
-            "logging/setLevel" => {
-                *lock(&self.log_level) = Some(params.clone());
-                for up in self.pool.all_live().await {
-                    if up.era() == Era::Handshake && up.capabilities().get("logging").is_some() {
-                        let _ = up.start("logging/setLevel", params.clone()).await;
-                    }
-                }
-                self.typed_answer(&id, method, json!({}))
-            }
+            "logging/setLevel" => self.set_log_level(&id, method, &params).await,
             "tools/call" | "prompts/get" | "resources/read"
                 if stateless && bridge::is_retry(&params) =>
             {
@@ -415,15 +398,74 @@ impl Hub {
             other => rpc_error(&id, -32601, format!("method not found: {other}")),
         };
         if method == "initialize" {
-            // The warnings held go out in the same write as the answer, so nothing the client
-            // asks after reading it (a list, answered at once) can come before them.
-            let mut early = self.early_warnings.lock().await;
-            let mut reply = reply;
-            for warning in early.take().into_iter().flatten() {
-                reply.extend(warning);
-            }
-            self.send(reply).await;
+            self.send_greeting(reply).await;
             return;
+        }
+        self.send(reply).await;
+    }
+
+    /// Answers a handshake-era client's `initialize` (once the first listings came, or
+    /// [`GREETING_WAIT`] passed), in the protocol version it asked for when the hub speaks it.
+    async fn initialize(self: &Arc<Self>, id: &Value, params: &Value) -> Vec<u8> {
+        *lock(&self.hello) = Some(params.clone());
+        self.clone().first_listings();
+        self.greeting_wait().await;
+        let asked = params["protocolVersion"].as_str().unwrap_or_default();
+        let version = era::HANDSHAKE
+            .iter()
+            .find(|v| **v == asked)
+            .copied()
+            .unwrap_or(era::HANDSHAKE[0]);
+        answer(
+            id,
+            json!({
+                "protocolVersion": version,
+                "capabilities": self.capabilities(),
+                "serverInfo": server_info(),
+                "instructions": self.instructions(),
+                "_meta": { SERVICES: self.services_info() },
+            }),
+        )
+    }
+
+    /// Answers a stateless client's `server/discover`, like [`Hub::initialize`] its greeting.
+    async fn discover(self: &Arc<Self>, id: &Value, method: &str) -> Vec<u8> {
+        self.clone().first_listings();
+        self.greeting_wait().await;
+        let mut versions = vec![era::STATELESS];
+        versions.extend(era::HANDSHAKE);
+        self.typed_answer(
+            id,
+            method,
+            json!({
+                "supportedVersions": versions,
+                "capabilities": self.capabilities(),
+                "instructions": self.instructions(),
+                "_meta": { SERVICES: self.services_info() },
+            }),
+        )
+    }
+
+    /// Keeps the client's log level (sessions opened later and the hub's own warnings follow
+    /// it) and passes it to every live handshake-era session whose server logs.
+    async fn set_log_level(&self, id: &Value, method: &str, params: &Value) -> Vec<u8> {
+        *lock(&self.log_level) = Some(params.clone());
+        for up in self.pool.all_live().await {
+            if up.era() == Era::Handshake && up.capabilities().get("logging").is_some() {
+                let _ = up.start("logging/setLevel", params.clone()).await;
+            }
+        }
+        self.typed_answer(id, method, json!({}))
+    }
+
+    /// Sends the answer to `initialize` with the warnings held until it went.
+    async fn send_greeting(&self, reply: Vec<u8>) {
+        // The warnings held go out in the same write as the answer, so nothing the client
+        // asks after reading it (a list, answered at once) can come before them.
+        let mut early = self.early_warnings.lock().await;
+        let mut reply = reply;
+        for warning in early.take().into_iter().flatten() {
+            reply.extend(warning);
         }
         self.send(reply).await;
     }

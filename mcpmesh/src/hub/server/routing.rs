@@ -58,6 +58,40 @@ pub(super) struct Call {
     pub(super) declared: Value,
 }
 
+/// What a bridged call (a stateless client's call to a handshake-era server) keeps: what its
+/// retry must match, where the server's requests to the client during it go, and what its
+/// client declared it can do. Nothing for any other call.
+struct Bridging {
+    bound: String,
+    asks: Option<mpsc::Sender<bridge::Ask>>,
+    asked: Option<mpsc::Receiver<bridge::Ask>>,
+    declared: Value,
+}
+
+impl Bridging {
+    fn of(bridged: bool, target: &Target, method: &str, params: &Value) -> Self {
+        if !bridged {
+            return Bridging {
+                bound: String::new(),
+                asks: None,
+                asked: None,
+                declared: Value::Null,
+            };
+        }
+        let (tx, rx) = mpsc::channel(bridge::ASKS_AT_ONCE);
+        Bridging {
+            bound: bridge::bound(target, method, params),
+            asks: Some(tx),
+            asked: Some(rx),
+            declared: params
+                .get("_meta")
+                .and_then(|m| m.get(era::META_CLIENT_CAPABILITIES))
+                .cloned()
+                .unwrap_or(Value::Null),
+        }
+    }
+}
+
 impl Hub {
     /// Where a request goes, and its params as that server must see them.
     pub(super) fn destination(
@@ -220,61 +254,25 @@ impl Hub {
         {
             params.remove("task");
         }
-        // The progress token the server sees is the hub's own, mapped back on the way.
-        let mut token_key = None;
-        if let Some(token) = params.pointer("/_meta/progressToken").cloned() {
-            let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-            params["_meta"]["progressToken"] = ours.clone();
-            let k = (target.clone(), key(&ours));
-            lock(&self.tokens).insert(k.clone(), token);
-            token_key = Some(k);
-        }
-        // Which way a call may need bridging is known before it goes: the client's era against the server's. Only a bridged call keeps what its retry must match.
+        let token_key = self.own_progress_token(&target, &mut params);
+        // Which way a call may need bridging is known before it goes: the client's era against
+        // the server's.
         let bridged = stateless && up.era() == Era::Handshake;
-        let bound = if bridged {
-            bridge::bound(&target, method, &params)
-        } else {
-            String::new()
-        };
+        let bridging = Bridging::of(bridged, &target, method, &params);
         let retry = (!stateless && up.era() == Era::Stateless).then(|| params.clone());
-        // A stateless client's call to a handshake-era server: the server's requests to the
-        // client during it come to this call, to be bridged. The call is findable before it
-        // goes, since the server may ask before `start` returns.
-        let (asks, asked) = if bridged {
-            let (tx, rx) = mpsc::channel(bridge::ASKS_AT_ONCE);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
-        let declared = match bridged {
-            true => params
-                .get("_meta")
-                .and_then(|m| m.get(era::META_CLIENT_CAPABILITIES))
-                .cloned()
-                .unwrap_or(Value::Null),
-            false => Value::Null,
-        };
-        let noted = |upstream_id| {
-            if asks.is_some() {
-                lock(&self.forwarded).insert(
-                    key(id),
-                    Forwarded {
-                        up: up.clone(),
-                        upstream_id,
-                        cancelled: false,
-                        asks: asks.clone(),
-                        declared: declared.clone(),
-                    },
-                );
-            }
-        };
-        let Ok((upstream_id, rx)) = up.start_noting(method, params, noted).await else {
+        let Ok((upstream_id, rx)) = self.start(id, &up, method, params, &bridging).await else {
             lock(&self.forwarded).remove(&key(id));
             if let Some(k) = token_key {
                 lock(&self.tokens).remove(&k);
             }
             return lost(id, &target);
         };
+        let Bridging {
+            bound,
+            asks,
+            asked,
+            declared,
+        } = bridging;
         let call = Call {
             lease,
             rx,
@@ -288,6 +286,44 @@ impl Hub {
             declared,
         };
         self.await_call(id, call, asks).await
+    }
+
+    /// Gives the request the hub's own progress token in place of the client's (when it names
+    /// one), remembered to map the server's progress back; the key it is remembered under.
+    fn own_progress_token(&self, target: &Target, params: &mut Value) -> Option<(Target, String)> {
+        let token = params.pointer("/_meta/progressToken").cloned()?;
+        let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
+        params["_meta"]["progressToken"] = ours.clone();
+        let k = (target.clone(), key(&ours));
+        lock(&self.tokens).insert(k.clone(), token);
+        Some(k)
+    }
+
+    /// Starts the client's request `id` on `up`'s session. A bridged call is findable before
+    /// it goes, since the server may ask before `start` returns.
+    async fn start(
+        &self,
+        id: &Value,
+        up: &Arc<Upstream>,
+        method: &str,
+        params: Value,
+        bridging: &Bridging,
+    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+        let noted = |upstream_id| {
+            if bridging.asks.is_some() {
+                lock(&self.forwarded).insert(
+                    key(id),
+                    Forwarded {
+                        up: up.clone(),
+                        upstream_id,
+                        cancelled: false,
+                        asks: bridging.asks.clone(),
+                        declared: bridging.declared.clone(),
+                    },
+                );
+            }
+        };
+        up.start_noting(method, params, noted).await
     }
 
     /// Waits for `call`'s answer and gives the line that answers the client's request `id`:
@@ -431,7 +467,7 @@ impl Hub {
     /// What servers send, each server's frames in the order it sent them.
     pub(super) async fn from_servers(self: Arc<Self>, mut inbound: mpsc::Receiver<Inbound>) {
         while let Some(inbound) = inbound.recv().await {
-            let (from, mut frame) = match inbound {
+            let (from, frame) = match inbound {
                 Inbound::Frame { from, frame } if frame.get("method").is_some() => (from, frame),
                 // An answer goes to its waiter only now, after what the server sent before it
                 // (a call's progress above all) went to the client.
@@ -446,155 +482,195 @@ impl Hub {
             };
             let method = frame["method"].as_str().unwrap_or_default().to_owned();
             let stateless = self.client_era_is(Era::Stateless);
-            if let Some(theirs) = frame.get("id").cloned()
-                && stateless
+            match frame.get("id").cloned() {
+                Some(theirs) if stateless => {
+                    self.server_request_to_stateless(&from, &theirs, &method, &frame)
+                        .await;
+                }
+                Some(theirs) => self.server_request(&from, theirs, frame).await,
+                None => {
+                    self.server_notification(&from, method, frame, stateless)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// A server's request while the client is stateless: during a bridged call it becomes
+    /// that call's input request; anything else is refused (`-32057`).
+    async fn server_request_to_stateless(
+        &self,
+        from: &Arc<Upstream>,
+        theirs: &Value,
+        method: &str,
+        frame: &Value,
+    ) {
+        // During a call, what the bridge carries becomes that call's input request.
+        let asks = match bridge::BRIDGED.contains(&method) {
+            true => self.asks_of(from),
+            false => Ok(None),
+        };
+        match asks {
+            Ok(Some((_, declared)))
+                if !bridge::declared(
+                    &declared,
+                    method,
+                    frame.get("params").unwrap_or(&Value::Null),
+                ) =>
             {
-                // During a call, what the bridge carries becomes that call's input request.
-                let asks = match bridge::BRIDGED.contains(&method.as_str()) {
-                    true => self.asks_of(&from),
-                    false => Ok(None),
+                // The server was told another client's capabilities (its session
+                // is shared): this call's client never said it takes such a request.
+                let why = format!("{method}: the client of this call declared no such capability");
+                refuse_unbridged(from, theirs, method, why).await;
+                return;
+            }
+            Ok(Some((asks, _))) => {
+                let ask = bridge::Ask {
+                    their_id: theirs.clone(),
+                    method: method.to_owned(),
+                    params: frame.get("params").cloned().unwrap_or(Value::Null),
                 };
-                match asks {
-                    Ok(Some((_, declared)))
-                        if !bridge::declared(
-                            &declared,
-                            &method,
-                            frame.get("params").unwrap_or(&Value::Null),
-                        ) =>
-                    {
-                        // The server was told another client's capabilities (its session
-                        // is shared): this call's client never said it takes such a request.
-                        let why = format!(
-                            "{method}: the client of this call declared no such capability"
-                        );
-                        refuse_unbridged(&from, &theirs, &method, why).await;
-                        continue;
-                    }
-                    Ok(Some((asks, _))) => {
-                        let ask = bridge::Ask {
-                            their_id: theirs.clone(),
-                            method: method.clone(),
-                            params: frame.get("params").cloned().unwrap_or(Value::Null),
-                        };
-                        if asks.try_send(ask).is_ok() {
-                            continue;
-                        }
-                    }
-                    // Given to a guess, it could reach the client as another call's question.
-                    Err(calls) => {
-                        let why = format!(
-                            "{method}: {calls} calls of the hub's client are in flight on this session, and the request names none of them, so the hub cannot tell which call asks"
-                        );
-                        refuse_unbridged(&from, &theirs, &method, why).await;
-                        continue;
-                    }
-                    Ok(None) => {}
+                if asks.try_send(ask).is_ok() {
+                    return;
                 }
-                // A stateless client takes no requests from a server (its sessions to
-                // handshake-era servers declare no capabilities, so a server asks only
-                // against them).
+            }
+            // Given to a guess, it could reach the client as another call's question.
+            Err(calls) => {
                 let why = format!(
-                    "{method}: the hub's client speaks MCP {} and takes no such request from a server outside a call",
-                    era::STATELESS
+                    "{method}: {calls} calls of the hub's client are in flight on this session, and the request names none of them, so the hub cannot tell which call asks"
                 );
-                refuse_unbridged(&from, &theirs, &method, why).await;
-                continue;
+                refuse_unbridged(from, theirs, method, why).await;
+                return;
             }
-            if let Some(theirs) = frame.get("id").cloned() {
-                // A request to the client: under a hub id, answered back to this session.
-                let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-                let full = {
-                    let mut asked = lock(&self.asked);
-                    let full = asked.len() >= MAX_ASKED;
-                    if !full {
-                        asked.insert(key(&ours), (from.clone(), theirs.clone()));
-                    }
-                    full
+            Ok(None) => {}
+        }
+        // A stateless client takes no requests from a server (its sessions to
+        // handshake-era servers declare no capabilities, so a server asks only
+        // against them).
+        let why = format!(
+            "{method}: the hub's client speaks MCP {} and takes no such request from a server outside a call",
+            era::STATELESS
+        );
+        refuse_unbridged(from, theirs, method, why).await;
+    }
+
+    /// A server's request to a handshake-era client: under a hub id, answered back to this
+    /// session.
+    async fn server_request(&self, from: &Arc<Upstream>, theirs: Value, mut frame: Value) {
+        let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
+        let full = {
+            let mut asked = lock(&self.asked);
+            let full = asked.len() >= MAX_ASKED;
+            if !full {
+                asked.insert(key(&ours), (from.clone(), theirs.clone()));
+            }
+            full
+        };
+        if full {
+            let refusal = json!({"jsonrpc": "2.0", "id": theirs, "error": {
+                "code": -32603, "message": "the hub has too many requests waiting for its client",
+                "data": {"source": "mcpmesh"}}});
+            from.send(&refusal).await;
+            return;
+        }
+        frame["id"] = ours;
+        if let Some(params) = frame.get_mut("params") {
+            tasks::present_related(params, &from.target);
+        }
+        self.send(line(&frame)).await;
+    }
+
+    /// A server's notification, passed to the client as it speaks of that service.
+    async fn server_notification(
+        self: &Arc<Self>,
+        from: &Arc<Upstream>,
+        method: String,
+        mut frame: Value,
+        stateless: bool,
+    ) {
+        match method.as_str() {
+            "notifications/progress" => {
+                let Some(token) = frame.pointer("/params/progressToken") else {
+                    return;
                 };
-                if full {
-                    let refusal = json!({"jsonrpc": "2.0", "id": theirs, "error": {
-                        "code": -32603, "message": "the hub has too many requests waiting for its client",
-                        "data": {"source": "mcpmesh"}}});
-                    from.send(&refusal).await;
-                    continue;
-                }
-                frame["id"] = ours;
-                if let Some(params) = frame.get_mut("params") {
-                    tasks::present_related(params, &from.target);
-                }
-                self.send(line(&frame)).await;
-                continue;
-            }
-            match method.as_str() {
-                "notifications/progress" => {
-                    let Some(token) = frame.pointer("/params/progressToken") else {
-                        continue;
-                    };
-                    let theirs = lock(&self.tokens)
-                        .get(&(from.target.clone(), key(token)))
-                        .cloned();
-                    if let Some(client_token) = theirs {
-                        frame["params"]["progressToken"] = client_token;
-                        self.send(line(&frame)).await;
-                    }
-                }
-                "notifications/cancelled" => {
-                    // The server gave up one of its requests to the client.
-                    let Some(request) = frame.pointer("/params/requestId").cloned() else {
-                        continue;
-                    };
-                    let ours = lock(&self.asked)
-                        .iter()
-                        .find(|(_, (up, id))| Arc::ptr_eq(up, &from) && *id == request)
-                        .map(|(k, _)| k.clone());
-                    if let Some(ours) = ours {
-                        lock(&self.asked).remove(&ours);
-                        if let Ok(id) = serde_json::from_str::<Value>(&ours) {
-                            frame["params"]["requestId"] = id;
-                            self.send(line(&frame)).await;
-                        }
-                    }
-                }
-                "notifications/tools/list_changed"
-                | "notifications/prompts/list_changed"
-                | "notifications/resources/list_changed" => {
-                    self.clone().changed_upstream(from.target.clone(), method);
-                }
-                "notifications/resources/updated" => {
-                    let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
-                    present_uri(uri, &from.target);
-                    // The stream of a stateless server's update is the hub's, not the client's.
-                    if let Some(meta) = frame
-                        .pointer_mut("/params/_meta")
-                        .and_then(Value::as_object_mut)
-                    {
-                        meta.remove(era::META_SUBSCRIPTION);
-                        if meta.is_empty()
-                            && let Some(params) = frame["params"].as_object_mut()
-                        {
-                            params.remove("_meta");
-                        }
-                    }
-                    if stateless {
-                        let params = frame["params"].clone();
-                        let shown = params["uri"].as_str().unwrap_or_default();
-                        self.resource_updated(shown, &params).await;
-                    } else {
-                        self.send(line(&frame)).await;
-                    }
-                }
-                // What a stateless server acknowledges is the hub's own listen.
-                "notifications/subscriptions/acknowledged" => {}
-                // Nothing else reaches a stateless client outside a request.
-                _ if stateless => {}
-                "notifications/tasks/status" => {
-                    if let Some(params) = frame.get_mut("params") {
-                        tasks::present_status(params, &from.target);
-                    }
+                let theirs = lock(&self.tokens)
+                    .get(&(from.target.clone(), key(token)))
+                    .cloned();
+                if let Some(client_token) = theirs {
+                    frame["params"]["progressToken"] = client_token;
                     self.send(line(&frame)).await;
                 }
-                _ => self.send(line(&frame)).await,
             }
+            "notifications/cancelled" => self.server_cancelled(from, frame).await,
+            "notifications/tools/list_changed"
+            | "notifications/prompts/list_changed"
+            | "notifications/resources/list_changed" => {
+                self.clone().changed_upstream(from.target.clone(), method);
+            }
+            "notifications/resources/updated" => {
+                self.server_resource_updated(from, frame, stateless).await;
+            }
+            // What a stateless server acknowledges is the hub's own listen.
+            "notifications/subscriptions/acknowledged" => {}
+            // Nothing else reaches a stateless client outside a request.
+            _ if stateless => {}
+            "notifications/tasks/status" => {
+                if let Some(params) = frame.get_mut("params") {
+                    tasks::present_status(params, &from.target);
+                }
+                self.send(line(&frame)).await;
+            }
+            _ => self.send(line(&frame)).await,
+        }
+    }
+
+    /// The server gave up one of its requests to the client: the client is told under the
+    /// request's hub id.
+    async fn server_cancelled(&self, from: &Arc<Upstream>, mut frame: Value) {
+        let Some(request) = frame.pointer("/params/requestId").cloned() else {
+            return;
+        };
+        let ours = lock(&self.asked)
+            .iter()
+            .find(|(_, (up, id))| Arc::ptr_eq(up, from) && *id == request)
+            .map(|(k, _)| k.clone());
+        if let Some(ours) = ours {
+            lock(&self.asked).remove(&ours);
+            if let Ok(id) = serde_json::from_str::<Value>(&ours) {
+                frame["params"]["requestId"] = id;
+                self.send(line(&frame)).await;
+            }
+        }
+    }
+
+    /// A resource of the server's changed: its URI shown under the service's place, to the
+    /// client's own subscription, or (stateless) to the listen streams that follow it.
+    async fn server_resource_updated(
+        &self,
+        from: &Arc<Upstream>,
+        mut frame: Value,
+        stateless: bool,
+    ) {
+        let uri = frame.get_mut("params").and_then(|p| p.get_mut("uri"));
+        present_uri(uri, &from.target);
+        // The stream of a stateless server's update is the hub's, not the client's.
+        if let Some(meta) = frame
+            .pointer_mut("/params/_meta")
+            .and_then(Value::as_object_mut)
+        {
+            meta.remove(era::META_SUBSCRIPTION);
+            if meta.is_empty()
+                && let Some(params) = frame["params"].as_object_mut()
+            {
+                params.remove("_meta");
+            }
+        }
+        if stateless {
+            let params = frame["params"].clone();
+            let shown = params["uri"].as_str().unwrap_or_default();
+            self.resource_updated(shown, &params).await;
+        } else {
+            self.send(line(&frame)).await;
         }
     }
 }
