@@ -809,62 +809,77 @@ fn pairs(flag: &str, given: &[String]) -> Result<Value, Failure> {
 }
 
 fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
-    let Serve {
-        name,
-        allow,
-        max_sessions,
-        description,
-        replace,
-        backend,
-        env,
-    } = serve;
-    let mut params = json!({
-        "name": name, "allow": allow, "max_sessions": max_sessions, "replace": replace,
-        "description": description,
-    });
-    if !env.is_empty() {
-        params["env"] = pairs("--env", &env)?;
-    }
-    match backend {
-        Backend::Socket {
-            path,
-            caller_assertion,
-        } => {
-            let path = std::path::absolute(&path)
-                .with_context(|| format!("socket path {}", path.display()))?;
-            params["socket"] = json!(path);
-            if caller_assertion {
-                params["caller_assertion"] = json!(true);
-            }
-        }
-        Backend::Url {
-            url,
-            headers,
-            caller_header,
-            no_caller_assertion,
-            oauth,
-            oauth_client,
-        } => {
-            if oauth || oauth_client.is_some() {
-                params["oauth"] = json!(true);
-            }
-            if let Some(client) = oauth_client {
-                params["oauth_client"] = client;
-            }
-            params["url"] = json!(url);
-            params["headers"] = pairs("--header", &headers)?;
-            if no_caller_assertion {
-                params["caller_assertion"] = json!(false);
-            }
-            if let Some(name) = caller_header {
-                params["caller_header"] = json!(name);
-            }
-        }
-        Backend::Run(cmd) => params["run"] = json!(cmd),
-    }
+    let name = serve.name.clone();
+    let params = serve.params()?;
     let mut client = ControlClient::connect_or_start(ctx.profile, ctx.exe)?;
     let v = client.call(methods::SERVICES_SERVE, params)?;
-    let node = client.node_id().to_owned();
+    print_served(ctx.out, &name, client.node_id(), &v);
+    Ok(())
+}
+
+impl Serve {
+    /// The `services/serve` request; `NAME=VALUE` flags are checked here, before any node is
+    /// asked.
+    fn params(self) -> Result<Value, Failure> {
+        let mut params = json!({
+            "name": self.name, "allow": self.allow, "max_sessions": self.max_sessions,
+            "replace": self.replace, "description": self.description,
+        });
+        if !self.env.is_empty() {
+            params["env"] = pairs("--env", &self.env)?;
+        }
+        self.backend.add_params(&mut params)?;
+        Ok(params)
+    }
+}
+
+impl Backend {
+    /// Adds what the node needs to know of this backend to a `services/serve` request.
+    fn add_params(self, params: &mut Value) -> Result<(), Failure> {
+        match self {
+            Backend::Socket {
+                path,
+                caller_assertion,
+            } => {
+                let path = std::path::absolute(&path)
+                    .with_context(|| format!("socket path {}", path.display()))?;
+                params["socket"] = json!(path);
+                if caller_assertion {
+                    params["caller_assertion"] = json!(true);
+                }
+            }
+            Backend::Url {
+                url,
+                headers,
+                caller_header,
+                no_caller_assertion,
+                oauth,
+                oauth_client,
+            } => {
+                if oauth || oauth_client.is_some() {
+                    params["oauth"] = json!(true);
+                }
+                if let Some(client) = oauth_client {
+                    params["oauth_client"] = client;
+                }
+                params["url"] = json!(url);
+                params["headers"] = pairs("--header", &headers)?;
+                if no_caller_assertion {
+                    params["caller_assertion"] = json!(false);
+                }
+                if let Some(name) = caller_header {
+                    params["caller_header"] = json!(name);
+                }
+            }
+            Backend::Run(cmd) => params["run"] = json!(cmd),
+        }
+        Ok(())
+    }
+}
+
+/// The node's answer to `serve`: who may use the service now, what it replaced, and the next
+/// step. `node` is this node's id.
+fn print_served(out: &Output, name: &str, node: &str, v: &Value) {
     let peers: Vec<&str> = v["allowed_peers"]
         .as_array()
         .into_iter()
@@ -876,7 +891,7 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         answer["replaced"] = v["replaced"].clone();
         answer["allowed_peers"] = v["allowed_peers"].clone();
     }
-    ctx.out.print(answer, || {
+    out.print(answer, || {
         let mut s = String::new();
         if let Some((key, old)) = v["replaced"].as_object().and_then(|o| o.iter().next()) {
             let keep = if peers.is_empty() {
@@ -897,7 +912,6 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         }
         s
     });
-    Ok(())
 }
 
 /// The audit chain checked against the high-water mark in the node's store: by the running
@@ -919,56 +933,10 @@ fn verify_audit(profile: &Profile) -> Result<mcpmesh::audit::VerifyReport, Failu
 }
 
 fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Failure> {
-    use mcpmesh::audit;
     let dir = profile.audit_dir();
     match action {
-        AuditAction::Verify => {
-            let report = verify_audit(profile)?;
-            let value = serde_json::to_value(&report).context("rendering")?;
-            out.print(value, || match &report.first_bad {
-                None if report.repairs.is_empty() => {
-                    format!("audit log intact: {} records", report.records)
-                }
-                None => format!(
-                    "audit log intact: {} records; repairs the node made after a crash:\n  {}",
-                    report.records,
-                    report.repairs.join("\n  ")
-                ),
-                Some(bad) => format!(
-                    "audit log damaged at {} line {}{}: {}",
-                    bad.file,
-                    bad.line,
-                    bad.seq
-                        .map(|s| format!(" (record {s})"))
-                        .unwrap_or_default(),
-                    bad.reason
-                ),
-            });
-            match &report.first_bad {
-                None => Ok(()),
-                // The report is the answer (on stdout); the failure says it is a bad one.
-                Some(bad) => Err(Failure::new(
-                    codes::CHECK_FAILED,
-                    format!(
-                        "the audit log is damaged at {} line {}: {}",
-                        bad.file, bad.line, bad.reason
-                    ),
-                )),
-            }
-        }
-        AuditAction::Summary { since } => {
-            let since_ms = match since {
-                None => 0,
-                Some(text) => {
-                    let d = parse_duration(&text)?;
-                    mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
-                }
-            };
-            let summary = audit::summarize(&dir, since_ms).context("reading the audit log")?;
-            let value = serde_json::to_value(&summary).context("rendering")?;
-            out.print(value, || render_summary(&summary));
-            Ok(())
-        }
+        AuditAction::Verify => audit_verify(profile, out),
+        AuditAction::Summary { since } => audit_summary(&dir, since.as_deref(), out),
         AuditAction::Tail {
             lines,
             follow,
@@ -979,32 +947,95 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                 peer.as_deref().is_none_or(|p| v["peer"] == p)
                     && service.as_deref().is_none_or(|s| v["service"] == s)
             };
-            let (last, mut cursor) =
-                audit::tail(&dir, lines, wanted).context("reading the audit log")?;
-            if !follow {
-                // One JSON value when the answer is complete; JSON Lines only when streaming.
-                out.print(json!({ "records": last }), || {
-                    last.iter()
-                        .map(render_record)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                });
-                return Ok(());
-            }
-            for v in &last {
-                print_record(v, out.json);
-            }
-            // Only what was added since is read, from where the last read ended.
-            loop {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-                audit::follow(&dir, &mut cursor, |v| {
-                    if wanted(&v) {
-                        print_record(&v, out.json);
-                    }
-                })
-                .context("reading the audit log")?;
-            }
+            audit_tail(&dir, lines, follow, wanted, out)
         }
+    }
+}
+
+/// `audit verify`: the report, and a failure when the chain is damaged.
+fn audit_verify(profile: &Profile, out: &Output) -> Result<(), Failure> {
+    let report = verify_audit(profile)?;
+    let value = serde_json::to_value(&report).context("rendering")?;
+    out.print(value, || match &report.first_bad {
+        None if report.repairs.is_empty() => {
+            format!("audit log intact: {} records", report.records)
+        }
+        None => format!(
+            "audit log intact: {} records; repairs the node made after a crash:\n  {}",
+            report.records,
+            report.repairs.join("\n  ")
+        ),
+        Some(bad) => format!(
+            "audit log damaged at {} line {}{}: {}",
+            bad.file,
+            bad.line,
+            bad.seq
+                .map(|s| format!(" (record {s})"))
+                .unwrap_or_default(),
+            bad.reason
+        ),
+    });
+    match &report.first_bad {
+        None => Ok(()),
+        // The report is the answer (on stdout); the failure says it is a bad one.
+        Some(bad) => Err(Failure::new(
+            codes::CHECK_FAILED,
+            format!(
+                "the audit log is damaged at {} line {}: {}",
+                bad.file, bad.line, bad.reason
+            ),
+        )),
+    }
+}
+
+/// `audit summary`: the totals of the records `since` ago (all of them without it).
+fn audit_summary(dir: &Path, since: Option<&str>, out: &Output) -> Result<(), Failure> {
+    let since_ms = match since {
+        None => 0,
+        Some(text) => {
+            let d = parse_duration(text)?;
+            mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
+        }
+    };
+    let summary = mcpmesh::audit::summarize(dir, since_ms).context("reading the audit log")?;
+    let value = serde_json::to_value(&summary).context("rendering")?;
+    out.print(value, || render_summary(&summary));
+    Ok(())
+}
+
+/// `audit tail`: the last `lines` records that are `wanted`; with `follow`, every one written
+/// after them too, until interrupted.
+fn audit_tail(
+    dir: &Path,
+    lines: usize,
+    follow: bool,
+    wanted: impl Fn(&Value) -> bool,
+    out: &Output,
+) -> Result<(), Failure> {
+    use mcpmesh::audit;
+    let (last, mut cursor) = audit::tail(dir, lines, &wanted).context("reading the audit log")?;
+    if !follow {
+        // One JSON value when the answer is complete; JSON Lines only when streaming.
+        out.print(json!({ "records": last }), || {
+            last.iter()
+                .map(render_record)
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        return Ok(());
+    }
+    for v in &last {
+        print_record(v, out.json);
+    }
+    // Only what was added since is read, from where the last read ended.
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        audit::follow(dir, &mut cursor, |v| {
+            if wanted(&v) {
+                print_record(&v, out.json);
+            }
+        })
+        .context("reading the audit log")?;
     }
 }
 
