@@ -12,7 +12,7 @@ use mcpmesh::control::{Attach, codes, methods};
 use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
-use crate::args::{AuditAction, Cli, Command, PeersAction, wants_json};
+use crate::args::{AuditAction, Cli, Command, GatewayArgs, PeersAction, ServeArgs, wants_json};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
@@ -121,13 +121,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let profile = Profile::resolve(cli.home.clone()).context("locating the node's files")?;
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
-    if reads_profile(&cli.command) {
+    check_profile(&profile, &cli.command)?;
+    let ctx = Ctx {
+        profile: &profile,
+        exe: &exe,
+        out: &out,
+    };
+    run_verb(&ctx, cli.command)
+}
+
+/// Refuses a profile the verb may not use: one it reads that is not trusted, or a `--home`
+/// that holds none when the verb does not create one.
+fn check_profile(profile: &Profile, command: &Command) -> Result<(), Failure> {
+    if reads_profile(command) {
         profile
             .check_trusted()
             .map_err(|e| Failure::new(codes::CONFIG, e.to_string()))?;
     }
     if let Some(home) = &profile.home
-        && !creates_profile(&cli.command)
+        && !creates_profile(command)
         && !profile.exists()
     {
         return Err(Failure::new(
@@ -139,105 +151,61 @@ fn run(cli: Cli) -> Result<(), Failure> {
             ),
         ));
     }
-    let ctx = Ctx {
-        profile: &profile,
-        exe: &exe,
-        out: &out,
-    };
-    match cli.command {
-        Command::Init { loopback, nickname } => init(&ctx, loopback, nickname.as_deref()),
-        Command::Daemon { notify, .. } => daemon(profile.clone(), notify, out.json),
+    Ok(())
+}
+
+/// The verb asked for, handed to the function that does it.
+fn run_verb(ctx: &Ctx, command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Init { loopback, nickname } => init(ctx, loopback, nickname.as_deref()),
+        Command::Daemon { notify, .. } => daemon(ctx.profile.clone(), notify, ctx.out.json),
         Command::DemoServer => {
             crate::demo_server::serve_stdio("mcpmesh-demo").context("demo server")?;
             Ok(())
         }
-        Command::Demo => demo(&ctx),
-        Command::Connect { target } => connect(&profile, &exe, &target, out.json),
+        Command::Demo => demo(ctx),
+        Command::Connect { target } => connect(ctx.profile, ctx.exe, &target, ctx.out.json),
         Command::Hub {
             targets,
             idle,
             names,
-        } => hub(&profile, &exe, &targets, &idle, names),
-        Command::Gateway {
-            listen,
-            allow_remote,
-            token,
-            no_token,
-            allowed_origins,
-            allowed_hosts,
-            idle,
-            tls_cert,
-            tls_key,
-        } => {
-            use mcpmesh::gateway::{TlsFiles, TokenChoice};
-            let token = match (token, no_token) {
-                (_, true) => TokenChoice::Waived,
-                (Some(t), false) => TokenChoice::Given(t),
-                (None, false) => TokenChoice::Profile,
-            };
-            gateway(
-                mcpmesh::gateway::GatewayConfig {
-                    listen,
-                    token: None,
-                    allowed_origins,
-                    allowed_hosts,
-                    profile: profile.clone(),
-                    exe: exe.clone(),
-                    idle: std::time::Duration::from_secs(idle),
-                    tls: None,
-                },
-                allow_remote,
-                token,
-                tls_cert
-                    .zip(tls_key)
-                    .map(|(cert, key)| TlsFiles { cert, key }),
-                &out,
-            )
-        }
-        Command::Audit { action } => audit(&profile, action, &out),
-        Command::Up => up(&ctx),
-        Command::Down => down(&ctx),
-        Command::Id { jwks: false } => id(&ctx),
-        Command::Id { jwks: true } => id_jwks(&ctx),
-        Command::Peers { action: None } => peers_list(&ctx),
-        Command::Peers {
-            action: Some(PeersAction::Add { name, id, addrs }),
-        } => peers_add(&ctx, &name, &id, &addrs),
-        Command::Peers {
-            action: Some(PeersAction::Rename { old, new }),
-        } => peers_rename(&ctx, &old, &new),
-        Command::Peers {
-            action: Some(PeersAction::Remove { name }),
-        } => peers_remove(&ctx, &name),
-        Command::Unserve { name } => unserve(&ctx, &name),
+        } => hub(ctx.profile, ctx.exe, &targets, &idle, names),
+        Command::Gateway(flags) => gateway(ctx, flags),
+        Command::Audit { action } => audit(ctx.profile, action, ctx.out),
+        Command::Up => up(ctx),
+        Command::Down => down(ctx),
+        Command::Id { jwks: false } => id(ctx),
+        Command::Id { jwks: true } => id_jwks(ctx),
+        Command::Peers { action } => peers(ctx, action),
+        Command::Unserve { name } => unserve(ctx, &name),
         Command::Grant {
             peer,
             service,
             tools,
-        } => grant(&ctx, &peer, &service, tools),
+        } => grant(ctx, &peer, &service, tools),
         Command::Revoke {
             peer,
             service,
             tools,
-        } => revoke(&ctx, &peer, &service, tools),
+        } => revoke(ctx, &peer, &service, tools),
         Command::Invite {
             services,
             uses,
             ttl,
-        } => invite(&ctx, &services, uses, &ttl),
-        Command::Pair { invite, name } => pair(&ctx, &invite, name.as_deref()),
-        Command::Join { invite, device } => crate::org::join(&ctx, &invite, device.as_deref()),
-        Command::Org { action } => crate::org::run(&ctx, action),
+        } => invite(ctx, &services, uses, &ttl),
+        Command::Pair { invite, name } => pair(ctx, &invite, name.as_deref()),
+        Command::Join { invite, device } => crate::org::join(ctx, &invite, device.as_deref()),
+        Command::Org { action } => crate::org::run(ctx, action),
         Command::Use {
             target: Some(target),
-        } => crate::mount::use_lines(&profile, &exe, &target, &out),
-        Command::Use { target: None } => crate::mount::mountable(&ctx),
-        Command::Services { refresh } => services_list(&ctx, refresh),
-        Command::Status { web: false } => status(&ctx),
-        Command::Status { web: true } => status_web(&ctx),
-        Command::Doctor { offline } => doctor(&profile, offline, &out),
-        Command::Watch => watch(&ctx),
-        Command::Completions { shell } => completions(shell, &out),
+        } => crate::mount::use_lines(ctx.profile, ctx.exe, &target, ctx.out),
+        Command::Use { target: None } => crate::mount::mountable(ctx),
+        Command::Services { refresh } => services_list(ctx, refresh),
+        Command::Status { web: false } => status(ctx),
+        Command::Status { web: true } => status_web(ctx),
+        Command::Doctor { offline } => doctor(ctx.profile, offline, ctx.out),
+        Command::Watch => watch(ctx),
+        Command::Completions { shell } => completions(shell, ctx.out),
         Command::Auth {
             name,
             browser,
@@ -245,8 +213,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             status,
             logout,
         } => crate::auth::run(
-            &profile,
-            &out,
+            ctx.profile,
+            ctx.out,
             crate::auth::Auth {
                 name,
                 browser,
@@ -255,93 +223,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 logout,
             },
         ),
-        Command::Serve {
-            name,
-            allow,
-            max_sessions,
-            description,
-            replace,
-            socket,
-            url,
-            headers,
-            caller_header,
-            no_caller_assertion,
-            caller_assertion,
-            oauth,
-            client_id,
-            client_secret_file,
-            client_metadata_url,
-            scopes,
-            client_credentials,
-            client_key_file,
-            env,
-            cmd,
-        } => {
-            let oauth_client = (client_id.is_some()
-                || client_metadata_url.is_some()
-                || !scopes.is_empty())
-            .then(|| {
-                let client_secret = client_secret_file
-                    .as_deref()
-                    .map(read_secret_file)
-                    .transpose()?;
-                Ok::<_, Failure>(json!({
-                    "client_id": client_id,
-                    "client_secret": client_secret,
-                    "client_metadata_url": client_metadata_url,
-                    "scopes": scopes,
-                    "client_credentials": client_credentials,
-                    "client_key": client_key_file
-                        .map(|p| std::path::absolute(&p).map_err(|e| Failure::from(anyhow::Error::from(e))))
-                        .transpose()?,
-                }))
-            })
-            .transpose()?;
-            let url_only = !headers.is_empty()
-                || caller_header.is_some()
-                || no_caller_assertion
-                || oauth
-                || oauth_client.is_some();
-            if url.is_none() && url_only {
-                return Err(Failure::new(
-                    codes::USAGE,
-                    "--header, --caller-header, --no-caller-assertion, --oauth and its client flags go with --url",
-                ));
-            }
-            if socket.is_none() && caller_assertion {
-                return Err(Failure::new(
-                    codes::USAGE,
-                    "--caller-assertion goes with --socket (a --url service gets one unless --no-caller-assertion)",
-                ));
-            }
-            let backend = match (socket, url) {
-                (Some(path), _) => Backend::Socket {
-                    path,
-                    caller_assertion,
-                },
-                (None, Some(url)) => Backend::Url {
-                    url,
-                    headers,
-                    caller_header,
-                    no_caller_assertion,
-                    oauth,
-                    oauth_client,
-                },
-                (None, None) => Backend::Run(cmd),
-            };
-            serve(
-                &ctx,
-                Serve {
-                    name,
-                    allow,
-                    max_sessions,
-                    description,
-                    replace,
-                    backend,
-                    env,
-                },
-            )
-        }
+        Command::Serve(flags) => serve(ctx, Serve::from_flags(flags)?),
     }
 }
 
@@ -491,6 +373,16 @@ fn id_jwks(ctx: &Ctx) -> Result<(), Failure> {
         serde_json::to_string_pretty(&jwks).unwrap_or_default()
     });
     Ok(())
+}
+
+/// `mcpmesh peers` and its subverbs.
+fn peers(ctx: &Ctx, action: Option<PeersAction>) -> Result<(), Failure> {
+    match action {
+        None => peers_list(ctx),
+        Some(PeersAction::Add { name, id, addrs }) => peers_add(ctx, &name, &id, &addrs),
+        Some(PeersAction::Rename { old, new }) => peers_rename(ctx, &old, &new),
+        Some(PeersAction::Remove { name }) => peers_remove(ctx, &name),
+    }
 }
 
 fn peers_list(ctx: &Ctx) -> Result<(), Failure> {
@@ -774,6 +666,84 @@ struct Serve {
     backend: Backend,
     /// KEY=VALUE, as given.
     env: Vec<String>,
+}
+
+impl Serve {
+    /// What `serve`'s flags ask for, refusing flags given without the backend they go with.
+    fn from_flags(flags: ServeArgs) -> Result<Self, Failure> {
+        let oauth_client = oauth_client(&flags)?;
+        let url_only = !flags.headers.is_empty()
+            || flags.caller_header.is_some()
+            || flags.no_caller_assertion
+            || flags.oauth
+            || oauth_client.is_some();
+        if flags.url.is_none() && url_only {
+            return Err(Failure::new(
+                codes::USAGE,
+                "--header, --caller-header, --no-caller-assertion, --oauth and its client flags go with --url",
+            ));
+        }
+        if flags.socket.is_none() && flags.caller_assertion {
+            return Err(Failure::new(
+                codes::USAGE,
+                "--caller-assertion goes with --socket (a --url service gets one unless --no-caller-assertion)",
+            ));
+        }
+        let backend = match (flags.socket, flags.url) {
+            (Some(path), _) => Backend::Socket {
+                path,
+                caller_assertion: flags.caller_assertion,
+            },
+            (None, Some(url)) => Backend::Url {
+                url,
+                headers: flags.headers,
+                caller_header: flags.caller_header,
+                no_caller_assertion: flags.no_caller_assertion,
+                oauth: flags.oauth,
+                oauth_client,
+            },
+            (None, None) => Backend::Run(flags.cmd),
+        };
+        Ok(Serve {
+            name: flags.name,
+            allow: flags.allow,
+            max_sessions: flags.max_sessions,
+            description: flags.description,
+            replace: flags.replace,
+            backend,
+            env: flags.env,
+        })
+    }
+}
+
+/// How the node registers as the OAuth client of a `--url` service, when a flag said: the
+/// secret read from its file now, the key file by its absolute path (it is read at each
+/// token request).
+fn oauth_client(flags: &ServeArgs) -> Result<Option<Value>, Failure> {
+    let given = flags.client_id.is_some()
+        || flags.client_metadata_url.is_some()
+        || !flags.scopes.is_empty();
+    if !given {
+        return Ok(None);
+    }
+    let client_secret = flags
+        .client_secret_file
+        .as_deref()
+        .map(read_secret_file)
+        .transpose()?;
+    let client_key = flags
+        .client_key_file
+        .as_deref()
+        .map(|p| std::path::absolute(p).map_err(|e| Failure::from(anyhow::Error::from(e))))
+        .transpose()?;
+    Ok(Some(json!({
+        "client_id": flags.client_id,
+        "client_secret": client_secret,
+        "client_metadata_url": flags.client_metadata_url,
+        "scopes": flags.scopes,
+        "client_credentials": flags.client_credentials,
+        "client_key": client_key,
+    })))
 }
 
 /// The secret in `path` (one line; surrounding whitespace dropped).
@@ -1114,7 +1084,34 @@ fn hub(
     Ok(())
 }
 
-fn gateway(
+/// `mcpmesh gateway`: its flags as the gateway's configuration, then the gateway itself until
+/// Ctrl-C.
+fn gateway(ctx: &Ctx, flags: GatewayArgs) -> Result<(), Failure> {
+    use mcpmesh::gateway::{GatewayConfig, TlsFiles, TokenChoice};
+    let token = match (flags.token, flags.no_token) {
+        (_, true) => TokenChoice::Waived,
+        (Some(t), false) => TokenChoice::Given(t),
+        (None, false) => TokenChoice::Profile,
+    };
+    let config = GatewayConfig {
+        listen: flags.listen,
+        token: None,
+        allowed_origins: flags.allowed_origins,
+        allowed_hosts: flags.allowed_hosts,
+        profile: ctx.profile.clone(),
+        exe: ctx.exe.to_owned(),
+        idle: std::time::Duration::from_secs(flags.idle),
+        tls: None,
+    };
+    let tls = flags
+        .tls_cert
+        .zip(flags.tls_key)
+        .map(|(cert, key)| TlsFiles { cert, key });
+    serve_gateway(config, flags.allow_remote, token, tls, ctx.out)
+}
+
+/// The gateway on `config.listen`, once the bind, the token and the TLS files check out.
+fn serve_gateway(
     mut config: mcpmesh::gateway::GatewayConfig,
     allow_remote: bool,
     token: mcpmesh::gateway::TokenChoice,
