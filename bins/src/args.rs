@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// Share MCP servers between machines, peer to peer.
 #[derive(Debug, Parser)]
@@ -84,89 +84,7 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  mcpmesh serve notes -- npx -y @modelcontextprotocol/server-filesystem ~/notes\n  mcpmesh serve notes --allow bob -- ./notes-server --read-only\n  mcpmesh serve notes --allow group:eng --env NOTES_READONLY=1 -- ./notes-server\n  mcpmesh serve tools --socket /run/user/1000/tools.sock\n  mcpmesh serve search --url https://mcp.example.com/mcp --header 'Authorization=Bearer ${SEARCH_TOKEN}'\n  mcpmesh serve notes --replace -- npx -y @modelcontextprotocol/server-filesystem ~/notes/shared"
     )]
-    Serve {
-        /// The service's name, as peers will mount it (`<this node>/<NAME>`).
-        name: String,
-        /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
-        /// `user:ID`, `group:NAME` and `org:NAME` match members of a team roster. Repeatable.
-        #[arg(long = "allow", value_name = "PRINCIPAL")]
-        allow: Vec<String>,
-        /// Sessions running at once (default 4).
-        #[arg(long, value_name = "N")]
-        max_sessions: Option<u32>,
-        /// What the service is for, in one line: the peers it admits see it in their
-        /// `mcpmesh services`.
-        #[arg(long, value_name = "TEXT")]
-        description: Option<String>,
-        /// Replace the command, socket or URL of a service that already exists; its grants
-        /// stay (the answer says who keeps access).
-        #[arg(long)]
-        replace: bool,
-        /// A Unix socket a running MCP server listens on; one connection per session, the
-        /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
-        #[arg(long, value_name = "PATH", conflicts_with_all = ["cmd", "url"])]
-        socket: Option<PathBuf>,
-        /// A Streamable HTTP MCP server (http:// or https://); one upstream session per mesh
-        /// session, the caller's identity in each request's `_meta` as for `--socket`.
-        #[arg(long, value_name = "URL", conflicts_with = "cmd")]
-        url: Option<String>,
-        /// A header sent to `--url`, as NAME=VALUE; `${VAR}` in VALUE is read from the node's
-        /// environment when a session starts (for tokens). Repeatable.
-        #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
-        headers: Vec<String>,
-        /// The header `--url` gets the signed caller assertion in (default Mcpmesh-Caller);
-        /// the server verifies it against `mcpmesh id --jwks`.
-        #[arg(long, value_name = "NAME", requires = "url")]
-        caller_header: Option<String>,
-        /// The server requires an OAuth grant: sessions send the one `mcpmesh auth NAME` makes
-        /// (and without it are answered -32056 saying so).
-        #[arg(long, requires = "url")]
-        oauth: bool,
-        /// With --oauth: a client registered beforehand with the server's authorization
-        /// server (otherwise a Client ID Metadata Document or dynamic registration).
-        #[arg(long, value_name = "ID", requires = "url")]
-        client_id: Option<String>,
-        /// With --client-id: a file holding that client's secret (kept in config.toml, 0600).
-        #[arg(long, value_name = "PATH", requires = "client_id")]
-        client_secret_file: Option<PathBuf>,
-        /// With --oauth: the https:// URL of a Client ID Metadata Document you serve, used
-        /// as the client id where the authorization server takes one.
-        #[arg(long, value_name = "URL", requires = "url")]
-        client_metadata_url: Option<String>,
-        /// With --oauth: a scope to ask for (otherwise the server's challenge or metadata
-        /// decides). Repeatable.
-        #[arg(long = "scope", value_name = "SCOPE", requires = "url")]
-        scopes: Vec<String>,
-        /// With --client-id and --client-secret-file: the node acts for itself, with the
-        /// client-credentials grant (`mcpmesh auth NAME` needs no browser, and the node asks
-        /// for a new token whenever one lapses).
-        #[arg(long, requires = "client_id")]
-        client_credentials: bool,
-        /// With --client-credentials: a PKCS#8 PEM private key (P-256 or Ed25519, mode 0600)
-        /// the client authenticates with (`private_key_jwt`) instead of a secret; the file
-        /// stays where it is and is read at each token request.
-        #[arg(
-            long,
-            value_name = "PATH",
-            requires = "client_credentials",
-            conflicts_with = "client_secret_file"
-        )]
-        client_key_file: Option<PathBuf>,
-        /// Send `--url` no signed caller assertion (it still gets `_meta`).
-        #[arg(long, requires = "url", conflicts_with = "caller_header")]
-        no_caller_assertion: bool,
-        /// Give `--socket` the signed caller assertion too, in each request's
-        /// `params._meta["mcpmesh/caller"]`, for a server that verifies rather than trusts.
-        #[arg(long, requires = "socket")]
-        caller_assertion: bool,
-        /// An environment variable for the server command, as KEY=VALUE (kept in config.toml;
-        /// other variables of a service that exists stay). Repeatable.
-        #[arg(long = "env", value_name = "KEY=VALUE")]
-        env: Vec<String>,
-        /// The server command and its arguments.
-        #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
-        cmd: Vec<String>,
-    },
+    Serve(ServeArgs),
     /// Stop serving a service (its live sessions end).
     #[command(after_help = "Examples:\n  mcpmesh unserve notes")]
     Unserve {
@@ -360,47 +278,7 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  mcpmesh gateway\n  mcpmesh gateway --listen 127.0.0.1:9000 --allow-origin https://app.example\n  mcpmesh gateway --listen 0.0.0.0:8484 --allow-remote --tls-cert cert.pem --tls-key key.pem"
     )]
-    Gateway {
-        /// Where to listen: loopback unless --allow-remote.
-        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
-        listen: std::net::SocketAddr,
-        /// Allow a non-loopback address (never with --no-token; needs --tls-cert and --tls-key).
-        #[arg(long)]
-        allow_remote: bool,
-        /// Serve HTTPS with this certificate chain (PEM, leaf first); required beyond
-        /// loopback.
-        #[arg(long, value_name = "PEM", requires = "tls_key")]
-        tls_cert: Option<std::path::PathBuf>,
-        /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
-        #[arg(long, value_name = "PEM", requires = "tls_cert")]
-        tls_key: Option<std::path::PathBuf>,
-        /// The bearer token clients must send, instead of this node's own (minted once and
-        /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
-        /// out of process listings.
-        #[arg(
-            long,
-            value_name = "TOKEN",
-            env = "MCPMESH_GATEWAY_TOKEN",
-            hide_env_values = true
-        )]
-        token: Option<String>,
-        /// Serve on loopback without a token: every local user can then act as this node
-        /// through the gateway.
-        #[arg(long, conflicts_with = "token")]
-        no_token: bool,
-        /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
-        /// Repeatable.
-        #[arg(long = "allow-origin", value_name = "ORIGIN")]
-        allowed_origins: Vec<String>,
-        /// A Host name accepted besides loopback names (for a loopback bind reached through a
-        /// local proxy). Repeatable.
-        #[arg(long = "allow-host", value_name = "NAME")]
-        allowed_hosts: Vec<String>,
-        /// End a session after this many seconds with no request in flight and no open
-        /// stream (clients that go away without DELETE).
-        #[arg(long, value_name = "SECS", default_value_t = mcpmesh::gateway::DEFAULT_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
-        idle: u64,
-    },
+    Gateway(GatewayArgs),
     /// Read the audit log: recent records, totals, or a check of its integrity.
     #[command(
         after_help = "Examples:\n  mcpmesh audit tail -n 50 --peer bob\n  mcpmesh audit summary --since 24h\n  mcpmesh audit verify"
@@ -415,6 +293,136 @@ pub enum Command {
     /// The demo's built-in stdio MCP server.
     #[command(hide = true)]
     DemoServer,
+}
+
+/// `serve`'s arguments: the service, who may use it, and what it is attached to.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The service's name, as peers will mount it (`<this node>/<NAME>`).
+    pub name: String,
+    /// Who may use it: a peer name (`NAME` or `peer:NAME`) or a key (`eid:<hex>`);
+    /// `user:ID`, `group:NAME` and `org:NAME` match members of a team roster. Repeatable.
+    #[arg(long = "allow", value_name = "PRINCIPAL")]
+    pub allow: Vec<String>,
+    /// Sessions running at once (default 4).
+    #[arg(long, value_name = "N")]
+    pub max_sessions: Option<u32>,
+    /// What the service is for, in one line: the peers it admits see it in their
+    /// `mcpmesh services`.
+    #[arg(long, value_name = "TEXT")]
+    pub description: Option<String>,
+    /// Replace the command, socket or URL of a service that already exists; its grants
+    /// stay (the answer says who keeps access).
+    #[arg(long)]
+    pub replace: bool,
+    /// A Unix socket a running MCP server listens on; one connection per session, the
+    /// caller's identity in each request's `params._meta["mcpmesh/peer"]`.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["cmd", "url"])]
+    pub socket: Option<PathBuf>,
+    /// A Streamable HTTP MCP server (http:// or https://); one upstream session per mesh
+    /// session, the caller's identity in each request's `_meta` as for `--socket`.
+    #[arg(long, value_name = "URL", conflicts_with = "cmd")]
+    pub url: Option<String>,
+    /// A header sent to `--url`, as NAME=VALUE; `${VAR}` in VALUE is read from the node's
+    /// environment when a session starts (for tokens). Repeatable.
+    #[arg(long = "header", value_name = "NAME=VALUE", requires = "url")]
+    pub headers: Vec<String>,
+    /// The header `--url` gets the signed caller assertion in (default Mcpmesh-Caller);
+    /// the server verifies it against `mcpmesh id --jwks`.
+    #[arg(long, value_name = "NAME", requires = "url")]
+    pub caller_header: Option<String>,
+    /// The server requires an OAuth grant: sessions send the one `mcpmesh auth NAME` makes
+    /// (and without it are answered -32056 saying so).
+    #[arg(long, requires = "url")]
+    pub oauth: bool,
+    /// With --oauth: a client registered beforehand with the server's authorization
+    /// server (otherwise a Client ID Metadata Document or dynamic registration).
+    #[arg(long, value_name = "ID", requires = "url")]
+    pub client_id: Option<String>,
+    /// With --client-id: a file holding that client's secret (kept in config.toml, 0600).
+    #[arg(long, value_name = "PATH", requires = "client_id")]
+    pub client_secret_file: Option<PathBuf>,
+    /// With --oauth: the https:// URL of a Client ID Metadata Document you serve, used
+    /// as the client id where the authorization server takes one.
+    #[arg(long, value_name = "URL", requires = "url")]
+    pub client_metadata_url: Option<String>,
+    /// With --oauth: a scope to ask for (otherwise the server's challenge or metadata
+    /// decides). Repeatable.
+    #[arg(long = "scope", value_name = "SCOPE", requires = "url")]
+    pub scopes: Vec<String>,
+    /// With --client-id and --client-secret-file: the node acts for itself, with the
+    /// client-credentials grant (`mcpmesh auth NAME` needs no browser, and the node asks
+    /// for a new token whenever one lapses).
+    #[arg(long, requires = "client_id")]
+    pub client_credentials: bool,
+    /// With --client-credentials: a PKCS#8 PEM private key (P-256 or Ed25519, mode 0600)
+    /// the client authenticates with (`private_key_jwt`) instead of a secret; the file
+    /// stays where it is and is read at each token request.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "client_credentials",
+        conflicts_with = "client_secret_file"
+    )]
+    pub client_key_file: Option<PathBuf>,
+    /// Send `--url` no signed caller assertion (it still gets `_meta`).
+    #[arg(long, requires = "url", conflicts_with = "caller_header")]
+    pub no_caller_assertion: bool,
+    /// Give `--socket` the signed caller assertion too, in each request's
+    /// `params._meta["mcpmesh/caller"]`, for a server that verifies rather than trusts.
+    #[arg(long, requires = "socket")]
+    pub caller_assertion: bool,
+    /// An environment variable for the server command, as KEY=VALUE (kept in config.toml;
+    /// other variables of a service that exists stay). Repeatable.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The server command and its arguments.
+    #[arg(last = true, required_unless_present_any = ["socket", "url"], value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+/// `gateway`'s arguments: where it listens, and what a request must carry to be let in.
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// Where to listen: loopback unless --allow-remote.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8484")]
+    pub listen: std::net::SocketAddr,
+    /// Allow a non-loopback address (never with --no-token; needs --tls-cert and --tls-key).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); required beyond
+    /// loopback.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The bearer token clients must send, instead of this node's own (minted once and
+    /// kept in the profile); read from MCPMESH_GATEWAY_TOKEN when not given, to keep it
+    /// out of process listings.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "MCPMESH_GATEWAY_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Serve on loopback without a token: every local user can then act as this node
+    /// through the gateway.
+    #[arg(long, conflicts_with = "token")]
+    pub no_token: bool,
+    /// An Origin browsers may call from besides loopback ones (e.g. https://app.example).
+    /// Repeatable.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// A Host name accepted besides loopback names (for a loopback bind reached through a
+    /// local proxy). Repeatable.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+    /// End a session after this many seconds with no request in flight and no open
+    /// stream (clients that go away without DELETE).
+    #[arg(long, value_name = "SECS", default_value_t = mcpmesh::gateway::DEFAULT_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -34,47 +34,61 @@ fn revoke(grant: &mcpmesh::oauth::Grant) -> Result<bool, String> {
 pub fn run(profile: &Profile, out: &Output, auth: Auth) -> Result<(), Failure> {
     let files = GrantFiles::new(profile);
     if auth.logout {
-        // Revoked at the server where it can be (RFC 7009); forgotten here in any case.
-        let grant = files.load(&auth.name).ok().flatten();
-        let revoked = match &grant {
-            Some(grant) => revoke(grant),
-            None => Ok(false),
-        };
-        let had = files.remove(&auth.name)?;
-        files.remove_pending(&auth.name)?;
-        let mut answer = json!({ "service": auth.name, "authorized": false, "revoked": false });
-        match &revoked {
-            Ok(done) => answer["revoked"] = json!(done),
-            Err(why) => answer["revocation_failed"] = json!(why),
-        }
-        out.print(answer, || {
-            let forgot = match had {
-                true => format!("forgot the OAuth grant of {}", auth.name),
-                false => format!("{} had no OAuth grant", auth.name),
-            };
-            match &revoked {
-                Ok(true) => format!("{forgot}; revoked it at its authorization server"),
-                Ok(false) if had => {
-                    format!("{forgot}; its authorization server offers no revocation")
-                }
-                Ok(false) => forgot,
-                Err(why) => format!("{forgot}; revoking it at its server failed: {why}"),
-            }
-        });
-        return Ok(());
+        return logout(&files, &auth.name, out);
     }
     if auth.status {
-        let grant = files.load(&auth.name)?;
-        let answer = described(&auth.name, grant.as_ref());
-        out.print(answer.clone(), || match &grant {
-            Some(g) => format!("{} is authorized by {}{}", auth.name, g.issuer, until(g)),
-            None => format!(
-                "{} has no OAuth grant: run `mcpmesh auth {}`",
-                auth.name, auth.name
-            ),
-        });
-        return Ok(());
+        return show_grant(&files, &auth.name, out);
     }
+    authorize(profile, auth, out)
+}
+
+/// `--logout`: the grant revoked at its server where it can be (RFC 7009), and forgotten here
+/// in any case.
+fn logout(files: &GrantFiles, name: &str, out: &Output) -> Result<(), Failure> {
+    let grant = files.load(name).ok().flatten();
+    let revoked = match &grant {
+        Some(grant) => revoke(grant),
+        None => Ok(false),
+    };
+    let had = files.remove(name)?;
+    files.remove_pending(name)?;
+    let mut answer = json!({ "service": name, "authorized": false, "revoked": false });
+    match &revoked {
+        Ok(done) => answer["revoked"] = json!(done),
+        Err(why) => answer["revocation_failed"] = json!(why),
+    }
+    out.print(answer, || {
+        let forgot = match had {
+            true => format!("forgot the OAuth grant of {name}"),
+            false => format!("{name} had no OAuth grant"),
+        };
+        match &revoked {
+            Ok(true) => format!("{forgot}; revoked it at its authorization server"),
+            Ok(false) if had => {
+                format!("{forgot}; its authorization server offers no revocation")
+            }
+            Ok(false) => forgot,
+            Err(why) => format!("{forgot}; revoking it at its server failed: {why}"),
+        }
+    });
+    Ok(())
+}
+
+/// `--status`: whether the service has a grant, until when, for which scopes.
+fn show_grant(files: &GrantFiles, name: &str, out: &Output) -> Result<(), Failure> {
+    let grant = files.load(name)?;
+    let answer = described(name, grant.as_ref());
+    out.print(answer.clone(), || match &grant {
+        Some(g) => format!("{name} is authorized by {}{}", g.issuer, until(g)),
+        None => format!("{name} has no OAuth grant: run `mcpmesh auth {name}`"),
+    });
+    Ok(())
+}
+
+/// A new grant: finished from the redirect URL the user copied, or made now (in a browser,
+/// or without one for the client-credentials grant); with no browser to open, the URL to
+/// open elsewhere is the answer.
+fn authorize(profile: &Profile, auth: Auth, out: &Output) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

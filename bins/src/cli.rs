@@ -12,7 +12,7 @@ use mcpmesh::control::{Attach, codes, methods};
 use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
-use crate::args::{AuditAction, Cli, Command, PeersAction, wants_json};
+use crate::args::{AuditAction, Cli, Command, GatewayArgs, PeersAction, ServeArgs, wants_json};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
@@ -121,13 +121,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let profile = Profile::resolve(cli.home.clone()).context("locating the node's files")?;
     let exe = std::env::current_exe().context("locating the mcpmesh executable")?;
     let out = Output { json: cli.json };
-    if reads_profile(&cli.command) {
+    check_profile(&profile, &cli.command)?;
+    let ctx = Ctx {
+        profile: &profile,
+        exe: &exe,
+        out: &out,
+    };
+    run_verb(&ctx, cli.command)
+}
+
+/// Refuses a profile the verb may not use: one it reads that is not trusted, or a `--home`
+/// that holds none when the verb does not create one.
+fn check_profile(profile: &Profile, command: &Command) -> Result<(), Failure> {
+    if reads_profile(command) {
         profile
             .check_trusted()
             .map_err(|e| Failure::new(codes::CONFIG, e.to_string()))?;
     }
     if let Some(home) = &profile.home
-        && !creates_profile(&cli.command)
+        && !creates_profile(command)
         && !profile.exists()
     {
         return Err(Failure::new(
@@ -139,105 +151,61 @@ fn run(cli: Cli) -> Result<(), Failure> {
             ),
         ));
     }
-    let ctx = Ctx {
-        profile: &profile,
-        exe: &exe,
-        out: &out,
-    };
-    match cli.command {
-        Command::Init { loopback, nickname } => init(&ctx, loopback, nickname.as_deref()),
-        Command::Daemon { notify, .. } => daemon(profile.clone(), notify, out.json),
+    Ok(())
+}
+
+/// The verb asked for, handed to the function that does it.
+fn run_verb(ctx: &Ctx, command: Command) -> Result<(), Failure> {
+    match command {
+        Command::Init { loopback, nickname } => init(ctx, loopback, nickname.as_deref()),
+        Command::Daemon { notify, .. } => daemon(ctx.profile.clone(), notify, ctx.out.json),
         Command::DemoServer => {
             crate::demo_server::serve_stdio("mcpmesh-demo").context("demo server")?;
             Ok(())
         }
-        Command::Demo => demo(&ctx),
-        Command::Connect { target } => connect(&profile, &exe, &target, out.json),
+        Command::Demo => demo(ctx),
+        Command::Connect { target } => connect(ctx.profile, ctx.exe, &target, ctx.out.json),
         Command::Hub {
             targets,
             idle,
             names,
-        } => hub(&profile, &exe, &targets, &idle, names),
-        Command::Gateway {
-            listen,
-            allow_remote,
-            token,
-            no_token,
-            allowed_origins,
-            allowed_hosts,
-            idle,
-            tls_cert,
-            tls_key,
-        } => {
-            use mcpmesh::gateway::{TlsFiles, TokenChoice};
-            let token = match (token, no_token) {
-                (_, true) => TokenChoice::Waived,
-                (Some(t), false) => TokenChoice::Given(t),
-                (None, false) => TokenChoice::Profile,
-            };
-            gateway(
-                mcpmesh::gateway::GatewayConfig {
-                    listen,
-                    token: None,
-                    allowed_origins,
-                    allowed_hosts,
-                    profile: profile.clone(),
-                    exe: exe.clone(),
-                    idle: std::time::Duration::from_secs(idle),
-                    tls: None,
-                },
-                allow_remote,
-                token,
-                tls_cert
-                    .zip(tls_key)
-                    .map(|(cert, key)| TlsFiles { cert, key }),
-                &out,
-            )
-        }
-        Command::Audit { action } => audit(&profile, action, &out),
-        Command::Up => up(&ctx),
-        Command::Down => down(&ctx),
-        Command::Id { jwks: false } => id(&ctx),
-        Command::Id { jwks: true } => id_jwks(&ctx),
-        Command::Peers { action: None } => peers_list(&ctx),
-        Command::Peers {
-            action: Some(PeersAction::Add { name, id, addrs }),
-        } => peers_add(&ctx, &name, &id, &addrs),
-        Command::Peers {
-            action: Some(PeersAction::Rename { old, new }),
-        } => peers_rename(&ctx, &old, &new),
-        Command::Peers {
-            action: Some(PeersAction::Remove { name }),
-        } => peers_remove(&ctx, &name),
-        Command::Unserve { name } => unserve(&ctx, &name),
+        } => hub(ctx.profile, ctx.exe, &targets, &idle, names),
+        Command::Gateway(flags) => gateway(ctx, flags),
+        Command::Audit { action } => audit(ctx.profile, action, ctx.out),
+        Command::Up => up(ctx),
+        Command::Down => down(ctx),
+        Command::Id { jwks: false } => id(ctx),
+        Command::Id { jwks: true } => id_jwks(ctx),
+        Command::Peers { action } => peers(ctx, action),
+        Command::Unserve { name } => unserve(ctx, &name),
         Command::Grant {
             peer,
             service,
             tools,
-        } => grant(&ctx, &peer, &service, tools),
+        } => grant(ctx, &peer, &service, tools),
         Command::Revoke {
             peer,
             service,
             tools,
-        } => revoke(&ctx, &peer, &service, tools),
+        } => revoke(ctx, &peer, &service, tools),
         Command::Invite {
             services,
             uses,
             ttl,
-        } => invite(&ctx, &services, uses, &ttl),
-        Command::Pair { invite, name } => pair(&ctx, &invite, name.as_deref()),
-        Command::Join { invite, device } => crate::org::join(&ctx, &invite, device.as_deref()),
-        Command::Org { action } => crate::org::run(&ctx, action),
+        } => invite(ctx, &services, uses, &ttl),
+        Command::Pair { invite, name } => pair(ctx, &invite, name.as_deref()),
+        Command::Join { invite, device } => crate::org::join(ctx, &invite, device.as_deref()),
+        Command::Org { action } => crate::org::run(ctx, action),
         Command::Use {
             target: Some(target),
-        } => crate::mount::use_lines(&profile, &exe, &target, &out),
-        Command::Use { target: None } => crate::mount::mountable(&ctx),
-        Command::Services { refresh } => services_list(&ctx, refresh),
-        Command::Status { web: false } => status(&ctx),
-        Command::Status { web: true } => status_web(&ctx),
-        Command::Doctor { offline } => doctor(&profile, offline, &out),
-        Command::Watch => watch(&ctx),
-        Command::Completions { shell } => completions(shell, &out),
+        } => crate::mount::use_lines(ctx.profile, ctx.exe, &target, ctx.out),
+        Command::Use { target: None } => crate::mount::mountable(ctx),
+        Command::Services { refresh } => services_list(ctx, refresh),
+        Command::Status { web: false } => status(ctx),
+        Command::Status { web: true } => status_web(ctx),
+        Command::Doctor { offline } => doctor(ctx.profile, offline, ctx.out),
+        Command::Watch => watch(ctx),
+        Command::Completions { shell } => completions(shell, ctx.out),
         Command::Auth {
             name,
             browser,
@@ -245,8 +213,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             status,
             logout,
         } => crate::auth::run(
-            &profile,
-            &out,
+            ctx.profile,
+            ctx.out,
             crate::auth::Auth {
                 name,
                 browser,
@@ -255,93 +223,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 logout,
             },
         ),
-        Command::Serve {
-            name,
-            allow,
-            max_sessions,
-            description,
-            replace,
-            socket,
-            url,
-            headers,
-            caller_header,
-            no_caller_assertion,
-            caller_assertion,
-            oauth,
-            client_id,
-            client_secret_file,
-            client_metadata_url,
-            scopes,
-            client_credentials,
-            client_key_file,
-            env,
-            cmd,
-        } => {
-            let oauth_client = (client_id.is_some()
-                || client_metadata_url.is_some()
-                || !scopes.is_empty())
-            .then(|| {
-                let client_secret = client_secret_file
-                    .as_deref()
-                    .map(read_secret_file)
-                    .transpose()?;
-                Ok::<_, Failure>(json!({
-                    "client_id": client_id,
-                    "client_secret": client_secret,
-                    "client_metadata_url": client_metadata_url,
-                    "scopes": scopes,
-                    "client_credentials": client_credentials,
-                    "client_key": client_key_file
-                        .map(|p| std::path::absolute(&p).map_err(|e| Failure::from(anyhow::Error::from(e))))
-                        .transpose()?,
-                }))
-            })
-            .transpose()?;
-            let url_only = !headers.is_empty()
-                || caller_header.is_some()
-                || no_caller_assertion
-                || oauth
-                || oauth_client.is_some();
-            if url.is_none() && url_only {
-                return Err(Failure::new(
-                    codes::USAGE,
-                    "--header, --caller-header, --no-caller-assertion, --oauth and its client flags go with --url",
-                ));
-            }
-            if socket.is_none() && caller_assertion {
-                return Err(Failure::new(
-                    codes::USAGE,
-                    "--caller-assertion goes with --socket (a --url service gets one unless --no-caller-assertion)",
-                ));
-            }
-            let backend = match (socket, url) {
-                (Some(path), _) => Backend::Socket {
-                    path,
-                    caller_assertion,
-                },
-                (None, Some(url)) => Backend::Url {
-                    url,
-                    headers,
-                    caller_header,
-                    no_caller_assertion,
-                    oauth,
-                    oauth_client,
-                },
-                (None, None) => Backend::Run(cmd),
-            };
-            serve(
-                &ctx,
-                Serve {
-                    name,
-                    allow,
-                    max_sessions,
-                    description,
-                    replace,
-                    backend,
-                    env,
-                },
-            )
-        }
+        Command::Serve(flags) => serve(ctx, Serve::from_flags(flags)?),
     }
 }
 
@@ -491,6 +373,16 @@ fn id_jwks(ctx: &Ctx) -> Result<(), Failure> {
         serde_json::to_string_pretty(&jwks).unwrap_or_default()
     });
     Ok(())
+}
+
+/// `mcpmesh peers` and its subverbs.
+fn peers(ctx: &Ctx, action: Option<PeersAction>) -> Result<(), Failure> {
+    match action {
+        None => peers_list(ctx),
+        Some(PeersAction::Add { name, id, addrs }) => peers_add(ctx, &name, &id, &addrs),
+        Some(PeersAction::Rename { old, new }) => peers_rename(ctx, &old, &new),
+        Some(PeersAction::Remove { name }) => peers_remove(ctx, &name),
+    }
 }
 
 fn peers_list(ctx: &Ctx) -> Result<(), Failure> {
@@ -776,6 +668,84 @@ struct Serve {
     env: Vec<String>,
 }
 
+impl Serve {
+    /// What `serve`'s flags ask for, refusing flags given without the backend they go with.
+    fn from_flags(flags: ServeArgs) -> Result<Self, Failure> {
+        let oauth_client = oauth_client(&flags)?;
+        let url_only = !flags.headers.is_empty()
+            || flags.caller_header.is_some()
+            || flags.no_caller_assertion
+            || flags.oauth
+            || oauth_client.is_some();
+        if flags.url.is_none() && url_only {
+            return Err(Failure::new(
+                codes::USAGE,
+                "--header, --caller-header, --no-caller-assertion, --oauth and its client flags go with --url",
+            ));
+        }
+        if flags.socket.is_none() && flags.caller_assertion {
+            return Err(Failure::new(
+                codes::USAGE,
+                "--caller-assertion goes with --socket (a --url service gets one unless --no-caller-assertion)",
+            ));
+        }
+        let backend = match (flags.socket, flags.url) {
+            (Some(path), _) => Backend::Socket {
+                path,
+                caller_assertion: flags.caller_assertion,
+            },
+            (None, Some(url)) => Backend::Url {
+                url,
+                headers: flags.headers,
+                caller_header: flags.caller_header,
+                no_caller_assertion: flags.no_caller_assertion,
+                oauth: flags.oauth,
+                oauth_client,
+            },
+            (None, None) => Backend::Run(flags.cmd),
+        };
+        Ok(Serve {
+            name: flags.name,
+            allow: flags.allow,
+            max_sessions: flags.max_sessions,
+            description: flags.description,
+            replace: flags.replace,
+            backend,
+            env: flags.env,
+        })
+    }
+}
+
+/// How the node registers as the OAuth client of a `--url` service, when a flag said: the
+/// secret read from its file now, the key file by its absolute path (it is read at each
+/// token request).
+fn oauth_client(flags: &ServeArgs) -> Result<Option<Value>, Failure> {
+    let given = flags.client_id.is_some()
+        || flags.client_metadata_url.is_some()
+        || !flags.scopes.is_empty();
+    if !given {
+        return Ok(None);
+    }
+    let client_secret = flags
+        .client_secret_file
+        .as_deref()
+        .map(read_secret_file)
+        .transpose()?;
+    let client_key = flags
+        .client_key_file
+        .as_deref()
+        .map(|p| std::path::absolute(p).map_err(|e| Failure::from(anyhow::Error::from(e))))
+        .transpose()?;
+    Ok(Some(json!({
+        "client_id": flags.client_id,
+        "client_secret": client_secret,
+        "client_metadata_url": flags.client_metadata_url,
+        "scopes": flags.scopes,
+        "client_credentials": flags.client_credentials,
+        "client_key": client_key,
+    })))
+}
+
 /// The secret in `path` (one line; surrounding whitespace dropped).
 fn read_secret_file(path: &std::path::Path) -> Result<String, Failure> {
     let text = std::fs::read_to_string(path)
@@ -809,62 +779,77 @@ fn pairs(flag: &str, given: &[String]) -> Result<Value, Failure> {
 }
 
 fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
-    let Serve {
-        name,
-        allow,
-        max_sessions,
-        description,
-        replace,
-        backend,
-        env,
-    } = serve;
-    let mut params = json!({
-        "name": name, "allow": allow, "max_sessions": max_sessions, "replace": replace,
-        "description": description,
-    });
-    if !env.is_empty() {
-        params["env"] = pairs("--env", &env)?;
-    }
-    match backend {
-        Backend::Socket {
-            path,
-            caller_assertion,
-        } => {
-            let path = std::path::absolute(&path)
-                .with_context(|| format!("socket path {}", path.display()))?;
-            params["socket"] = json!(path);
-            if caller_assertion {
-                params["caller_assertion"] = json!(true);
-            }
-        }
-        Backend::Url {
-            url,
-            headers,
-            caller_header,
-            no_caller_assertion,
-            oauth,
-            oauth_client,
-        } => {
-            if oauth || oauth_client.is_some() {
-                params["oauth"] = json!(true);
-            }
-            if let Some(client) = oauth_client {
-                params["oauth_client"] = client;
-            }
-            params["url"] = json!(url);
-            params["headers"] = pairs("--header", &headers)?;
-            if no_caller_assertion {
-                params["caller_assertion"] = json!(false);
-            }
-            if let Some(name) = caller_header {
-                params["caller_header"] = json!(name);
-            }
-        }
-        Backend::Run(cmd) => params["run"] = json!(cmd),
-    }
+    let name = serve.name.clone();
+    let params = serve.params()?;
     let mut client = ControlClient::connect_or_start(ctx.profile, ctx.exe)?;
     let v = client.call(methods::SERVICES_SERVE, params)?;
-    let node = client.node_id().to_owned();
+    print_served(ctx.out, &name, client.node_id(), &v);
+    Ok(())
+}
+
+impl Serve {
+    /// The `services/serve` request; `NAME=VALUE` flags are checked here, before any node is
+    /// asked.
+    fn params(self) -> Result<Value, Failure> {
+        let mut params = json!({
+            "name": self.name, "allow": self.allow, "max_sessions": self.max_sessions,
+            "replace": self.replace, "description": self.description,
+        });
+        if !self.env.is_empty() {
+            params["env"] = pairs("--env", &self.env)?;
+        }
+        self.backend.add_params(&mut params)?;
+        Ok(params)
+    }
+}
+
+impl Backend {
+    /// Adds what the node needs to know of this backend to a `services/serve` request.
+    fn add_params(self, params: &mut Value) -> Result<(), Failure> {
+        match self {
+            Backend::Socket {
+                path,
+                caller_assertion,
+            } => {
+                let path = std::path::absolute(&path)
+                    .with_context(|| format!("socket path {}", path.display()))?;
+                params["socket"] = json!(path);
+                if caller_assertion {
+                    params["caller_assertion"] = json!(true);
+                }
+            }
+            Backend::Url {
+                url,
+                headers,
+                caller_header,
+                no_caller_assertion,
+                oauth,
+                oauth_client,
+            } => {
+                if oauth || oauth_client.is_some() {
+                    params["oauth"] = json!(true);
+                }
+                if let Some(client) = oauth_client {
+                    params["oauth_client"] = client;
+                }
+                params["url"] = json!(url);
+                params["headers"] = pairs("--header", &headers)?;
+                if no_caller_assertion {
+                    params["caller_assertion"] = json!(false);
+                }
+                if let Some(name) = caller_header {
+                    params["caller_header"] = json!(name);
+                }
+            }
+            Backend::Run(cmd) => params["run"] = json!(cmd),
+        }
+        Ok(())
+    }
+}
+
+/// The node's answer to `serve`: who may use the service now, what it replaced, and the next
+/// step. `node` is this node's id.
+fn print_served(out: &Output, name: &str, node: &str, v: &Value) {
     let peers: Vec<&str> = v["allowed_peers"]
         .as_array()
         .into_iter()
@@ -876,7 +861,7 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         answer["replaced"] = v["replaced"].clone();
         answer["allowed_peers"] = v["allowed_peers"].clone();
     }
-    ctx.out.print(answer, || {
+    out.print(answer, || {
         let mut s = String::new();
         if let Some((key, old)) = v["replaced"].as_object().and_then(|o| o.iter().next()) {
             let keep = if peers.is_empty() {
@@ -897,7 +882,6 @@ fn serve(ctx: &Ctx, serve: Serve) -> Result<(), Failure> {
         }
         s
     });
-    Ok(())
 }
 
 /// The audit chain checked against the high-water mark in the node's store: by the running
@@ -919,56 +903,10 @@ fn verify_audit(profile: &Profile) -> Result<mcpmesh::audit::VerifyReport, Failu
 }
 
 fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Failure> {
-    use mcpmesh::audit;
     let dir = profile.audit_dir();
     match action {
-        AuditAction::Verify => {
-            let report = verify_audit(profile)?;
-            let value = serde_json::to_value(&report).context("rendering")?;
-            out.print(value, || match &report.first_bad {
-                None if report.repairs.is_empty() => {
-                    format!("audit log intact: {} records", report.records)
-                }
-                None => format!(
-                    "audit log intact: {} records; repairs the node made after a crash:\n  {}",
-                    report.records,
-                    report.repairs.join("\n  ")
-                ),
-                Some(bad) => format!(
-                    "audit log damaged at {} line {}{}: {}",
-                    bad.file,
-                    bad.line,
-                    bad.seq
-                        .map(|s| format!(" (record {s})"))
-                        .unwrap_or_default(),
-                    bad.reason
-                ),
-            });
-            match &report.first_bad {
-                None => Ok(()),
-                // The report is the answer (on stdout); the failure says it is a bad one.
-                Some(bad) => Err(Failure::new(
-                    codes::CHECK_FAILED,
-                    format!(
-                        "the audit log is damaged at {} line {}: {}",
-                        bad.file, bad.line, bad.reason
-                    ),
-                )),
-            }
-        }
-        AuditAction::Summary { since } => {
-            let since_ms = match since {
-                None => 0,
-                Some(text) => {
-                    let d = parse_duration(&text)?;
-                    mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
-                }
-            };
-            let summary = audit::summarize(&dir, since_ms).context("reading the audit log")?;
-            let value = serde_json::to_value(&summary).context("rendering")?;
-            out.print(value, || render_summary(&summary));
-            Ok(())
-        }
+        AuditAction::Verify => audit_verify(profile, out),
+        AuditAction::Summary { since } => audit_summary(&dir, since.as_deref(), out),
         AuditAction::Tail {
             lines,
             follow,
@@ -979,32 +917,95 @@ fn audit(profile: &Profile, action: AuditAction, out: &Output) -> Result<(), Fai
                 peer.as_deref().is_none_or(|p| v["peer"] == p)
                     && service.as_deref().is_none_or(|s| v["service"] == s)
             };
-            let (last, mut cursor) =
-                audit::tail(&dir, lines, wanted).context("reading the audit log")?;
-            if !follow {
-                // One JSON value when the answer is complete; JSON Lines only when streaming.
-                out.print(json!({ "records": last }), || {
-                    last.iter()
-                        .map(render_record)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                });
-                return Ok(());
-            }
-            for v in &last {
-                print_record(v, out.json);
-            }
-            // Only what was added since is read, from where the last read ended.
-            loop {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-                audit::follow(&dir, &mut cursor, |v| {
-                    if wanted(&v) {
-                        print_record(&v, out.json);
-                    }
-                })
-                .context("reading the audit log")?;
-            }
+            audit_tail(&dir, lines, follow, wanted, out)
         }
+    }
+}
+
+/// `audit verify`: the report, and a failure when the chain is damaged.
+fn audit_verify(profile: &Profile, out: &Output) -> Result<(), Failure> {
+    let report = verify_audit(profile)?;
+    let value = serde_json::to_value(&report).context("rendering")?;
+    out.print(value, || match &report.first_bad {
+        None if report.repairs.is_empty() => {
+            format!("audit log intact: {} records", report.records)
+        }
+        None => format!(
+            "audit log intact: {} records; repairs the node made after a crash:\n  {}",
+            report.records,
+            report.repairs.join("\n  ")
+        ),
+        Some(bad) => format!(
+            "audit log damaged at {} line {}{}: {}",
+            bad.file,
+            bad.line,
+            bad.seq
+                .map(|s| format!(" (record {s})"))
+                .unwrap_or_default(),
+            bad.reason
+        ),
+    });
+    match &report.first_bad {
+        None => Ok(()),
+        // The report is the answer (on stdout); the failure says it is a bad one.
+        Some(bad) => Err(Failure::new(
+            codes::CHECK_FAILED,
+            format!(
+                "the audit log is damaged at {} line {}: {}",
+                bad.file, bad.line, bad.reason
+            ),
+        )),
+    }
+}
+
+/// `audit summary`: the totals of the records `since` ago (all of them without it).
+fn audit_summary(dir: &Path, since: Option<&str>, out: &Output) -> Result<(), Failure> {
+    let since_ms = match since {
+        None => 0,
+        Some(text) => {
+            let d = parse_duration(text)?;
+            mcpmesh::time::unix_ms().saturating_sub(d.as_millis() as u64)
+        }
+    };
+    let summary = mcpmesh::audit::summarize(dir, since_ms).context("reading the audit log")?;
+    let value = serde_json::to_value(&summary).context("rendering")?;
+    out.print(value, || render_summary(&summary));
+    Ok(())
+}
+
+/// `audit tail`: the last `lines` records that are `wanted`; with `follow`, every one written
+/// after them too, until interrupted.
+fn audit_tail(
+    dir: &Path,
+    lines: usize,
+    follow: bool,
+    wanted: impl Fn(&Value) -> bool,
+    out: &Output,
+) -> Result<(), Failure> {
+    use mcpmesh::audit;
+    let (last, mut cursor) = audit::tail(dir, lines, &wanted).context("reading the audit log")?;
+    if !follow {
+        // One JSON value when the answer is complete; JSON Lines only when streaming.
+        out.print(json!({ "records": last }), || {
+            last.iter()
+                .map(render_record)
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        return Ok(());
+    }
+    for v in &last {
+        print_record(v, out.json);
+    }
+    // Only what was added since is read, from where the last read ended.
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        audit::follow(dir, &mut cursor, |v| {
+            if wanted(&v) {
+                print_record(&v, out.json);
+            }
+        })
+        .context("reading the audit log")?;
     }
 }
 
@@ -1083,7 +1084,34 @@ fn hub(
     Ok(())
 }
 
-fn gateway(
+/// `mcpmesh gateway`: its flags as the gateway's configuration, then the gateway itself until
+/// Ctrl-C.
+fn gateway(ctx: &Ctx, flags: GatewayArgs) -> Result<(), Failure> {
+    use mcpmesh::gateway::{GatewayConfig, TlsFiles, TokenChoice};
+    let token = match (flags.token, flags.no_token) {
+        (_, true) => TokenChoice::Waived,
+        (Some(t), false) => TokenChoice::Given(t),
+        (None, false) => TokenChoice::Profile,
+    };
+    let config = GatewayConfig {
+        listen: flags.listen,
+        token: None,
+        allowed_origins: flags.allowed_origins,
+        allowed_hosts: flags.allowed_hosts,
+        profile: ctx.profile.clone(),
+        exe: ctx.exe.to_owned(),
+        idle: std::time::Duration::from_secs(flags.idle),
+        tls: None,
+    };
+    let tls = flags
+        .tls_cert
+        .zip(flags.tls_key)
+        .map(|(cert, key)| TlsFiles { cert, key });
+    serve_gateway(config, flags.allow_remote, token, tls, ctx.out)
+}
+
+/// The gateway on `config.listen`, once the bind, the token and the TLS files check out.
+fn serve_gateway(
     mut config: mcpmesh::gateway::GatewayConfig,
     allow_remote: bool,
     token: mcpmesh::gateway::TokenChoice,

@@ -9,8 +9,6 @@ use serde_json::json;
 
 use crate::output::{Failure, Output};
 
-/// `mcpmesh doctor`: checks that need no running node, and a few that do; unless `offline`,
-/// asks the configured relays and discovery servers whether they answer. Exit 1 on errors.
 /// Where the node's log is, how large, and how it is bounded.
 fn log_message(profile: &Profile) -> String {
     use mcpmesh::logfile::{KEEP, max_bytes_from_env};
@@ -58,26 +56,89 @@ fn grant_check(
     }
 }
 
+/// One thing `doctor` looked at: its name, `ok`, `warn` or `error`, and what it found.
+struct Check {
+    name: String,
+    status: &'static str,
+    message: String,
+}
+
+/// What `doctor` found, in the order it looked.
+#[derive(Default)]
+struct Checks(Vec<Check>);
+
+impl Checks {
+    fn add(&mut self, name: &str, status: &'static str, message: String) {
+        self.0.push(Check {
+            name: name.to_owned(),
+            status,
+            message,
+        });
+    }
+}
+
+/// `mcpmesh doctor`: checks that need no running node, and a few that do; unless `offline`,
+/// asks the configured relays and discovery servers whether they answer. Exit 1 on errors.
 pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Failure> {
+    let mut checks = Checks::default();
+    let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
+    let settings = check_files(profile, &config_file, &mut checks);
+    let mut node = check_node(profile, &mut checks);
+    checks.add("log", "ok", log_message(profile));
+    let status = node
+        .as_mut()
+        .and_then(|client| client.call(methods::STATUS, json!({})).ok());
+    if let Some(status) = &status {
+        check_telemetry(status, &mut checks);
+        if let Some(message) = unloaded_config(&config_file, status) {
+            checks.add("config loaded", "warn", message);
+        }
+    }
+    // Which org this node is in, if any: only a running node knows.
+    let org = status
+        .map(|status| status["org"].clone())
+        .filter(|org| org.is_object());
+    if let Some((status, message)) = org.as_ref().and_then(org_check) {
+        checks.add("org", status, message);
+    }
+    if let Some(s) = &settings {
+        for svc in &s.services {
+            check_service(profile, svc, &mut checks);
+        }
+        let peers = check_peers(profile, s, node.as_mut(), &mut checks);
+        if let Some(node) = node.as_mut()
+            && let Ok(catalog) = node.call(methods::SERVICES_LIST, json!({}))
+        {
+            let (status, message) = catalog_check(&catalog);
+            checks.add("catalog", status, message);
+        }
+        let in_org = org.as_ref().is_some_and(|o| o.get("removed").is_none());
+        check_allow_entries(s, peers.as_deref(), in_org, &mut checks);
+        check_network(s, offline, &mut checks);
+    }
+    report(profile, &checks, out)
+}
+
+/// The profile's own files: who owns the profile, whether the config loads and is private,
+/// and the keys. The settings, when the config loads.
+fn check_files(
+    profile: &Profile,
+    config_file: &mcpmesh::config::ConfigFile,
+    checks: &mut Checks,
+) -> Option<mcpmesh::config::Settings> {
     use mcpmesh::files::{Rule, open_checked, shared};
     use std::os::unix::fs::MetadataExt;
-    let mut checks: Vec<(String, &str, String)> = Vec::new();
-    let mut check = |name: &str, status: &'static str, message: String| {
-        checks.push((name.to_owned(), status, message))
-    };
-
     match profile.check_trusted() {
-        Ok(()) => check(
+        Ok(()) => checks.add(
             "profile ownership",
             "ok",
             "yours, and nobody else may write it".into(),
         ),
-        Err(e) => check("profile ownership", "error", e.to_string()),
+        Err(e) => checks.add("profile ownership", "error", e.to_string()),
     }
-    let config_file = mcpmesh::config::ConfigFile::new(profile.config_file());
     let settings = match config_file.load() {
         Ok(s) => {
-            check(
+            checks.add(
                 "config",
                 "ok",
                 format!("{} is valid", profile.config_file().display()),
@@ -85,12 +146,12 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             Some(s)
         }
         Err(e) => {
-            check("config", "error", e.to_string());
+            checks.add("config", "error", e.to_string());
             None
         }
     };
     if let Some(meta) = std::fs::metadata(profile.config_file()).ok().filter(shared) {
-        check(
+        checks.add(
             "config permissions",
             "warn",
             format!(
@@ -102,26 +163,32 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
     }
     // The keys are checked as the node opens them: the same rule, from the same place.
     match open_checked(&profile.key_file(), Rule::Secret) {
-        Ok(None) => check(
+        Ok(None) => checks.add(
             "device key",
             "ok",
             "no key yet; one is minted on first start".into(),
         ),
-        Ok(Some(_)) => check("device key", "ok", "private (0600)".into()),
-        Err(e) => check("device key", "error", e.to_string()),
+        Ok(Some(_)) => checks.add("device key", "ok", "private (0600)".into()),
+        Err(e) => checks.add("device key", "error", e.to_string()),
     }
     // The org root key, on the admin's node only: unless private, the node ignores it.
     if let Err(e) = open_checked(&profile.org_root_file(), Rule::Secret) {
-        check(
+        checks.add(
             "org root key",
             "error",
             format!("{e}; until then the node will not sign rosters with it"),
         );
     }
-    let mut node = None;
+    settings
+}
+
+/// Whether a node runs behind a private control socket; a client of it when one answers.
+fn check_node(profile: &Profile, checks: &mut Checks) -> Option<ControlClient> {
+    use mcpmesh::files::shared;
+    use std::os::unix::fs::MetadataExt;
     match std::fs::symlink_metadata(profile.socket_path()) {
-        Err(_) => check("node", "ok", "not running (any verb starts it)".into()),
-        Ok(meta) if shared(&meta) => check(
+        Err(_) => checks.add("node", "ok", "not running (any verb starts it)".into()),
+        Ok(meta) if shared(&meta) => checks.add(
             "control socket",
             "error",
             format!(
@@ -132,26 +199,27 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
         ),
         Ok(_) => match ControlClient::connect(profile) {
             Ok(Some(client)) => {
-                node = Some(client);
-                check(
+                checks.add(
                     "node",
                     "ok",
                     "running; control socket private (0600)".into(),
-                )
+                );
+                return Some(client);
             }
-            _ => check(
+            _ => checks.add(
                 "node",
                 "warn",
                 "a control socket exists but no node answers; `mcpmesh up` replaces it".into(),
             ),
         },
     }
-    check("log", "ok", log_message(profile));
-    let status = node
-        .as_mut()
-        .and_then(|client| client.call(methods::STATUS, json!({})).ok());
-    if let Some(error) = status.as_ref().and_then(|s| s["metrics"]["error"].as_str()) {
-        check(
+    None
+}
+
+/// What the running node (its `status`) says of its metrics endpoint and trace export.
+fn check_telemetry(status: &serde_json::Value, checks: &mut Checks) {
+    if let Some(error) = status["metrics"]["error"].as_str() {
+        checks.add(
             "metrics",
             "warn",
             format!(
@@ -159,198 +227,206 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
             ),
         );
     }
-    if let Some(traces) = status
-        .as_ref()
-        .map(|s| &s["traces"])
-        .filter(|t| t.is_object())
-    {
-        let url = traces["url"].as_str().unwrap_or_default();
-        let sent = traces["sent"].as_u64().unwrap_or(0);
-        match (
-            traces["failed"].as_u64().unwrap_or(0),
-            traces["last_error"].as_str(),
-        ) {
-            (failed, Some(error)) if failed > 0 => check(
-                "traces",
+    let traces = &status["traces"];
+    if !traces.is_object() {
+        return;
+    }
+    let url = traces["url"].as_str().unwrap_or_default();
+    let sent = traces["sent"].as_u64().unwrap_or(0);
+    match (
+        traces["failed"].as_u64().unwrap_or(0),
+        traces["last_error"].as_str(),
+    ) {
+        (failed, Some(error)) if failed > 0 => checks.add(
+            "traces",
+            "warn",
+            format!(
+                "{failed} spans could not be sent to {url} ({sent} were): {error}; check that the collector runs and telemetry.otlp names it"
+            ),
+        ),
+        _ => checks.add("traces", "ok", format!("{sent} spans sent to {url}")),
+    }
+}
+
+/// One configured service: whether what it is attached to is there, and whether anyone may
+/// use it.
+fn check_service(profile: &Profile, svc: &mcpmesh::config::ServiceSpec, checks: &mut Checks) {
+    let what = format!("service {}", svc.name);
+    match &svc.backend {
+        BackendSpec::Run(cmd) => match resolve_command(&cmd[0], svc.cwd.as_deref()) {
+            Some(path) => checks.add(&what, "ok", format!("runs {}", path.display())),
+            None => checks.add(
+                &what,
+                "error",
+                format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
+            ),
+        },
+        BackendSpec::Url {
+            url,
+            headers,
+            caller_header,
+            oauth,
+        } => {
+            if let Some((status, message)) = grant_check(profile, svc, url, oauth.is_some()) {
+                checks.add(&format!("service {} oauth", svc.name), status, message);
+            }
+            let caller = match caller_header {
+                Some(name) => format!("; the caller is asserted in {name}"),
+                None => "; no caller assertion".to_owned(),
+            };
+            match mcpmesh::backends::url::expand_headers(headers) {
+                Ok(_) => checks.add(
+                    &what,
+                    "ok",
+                    format!("a Streamable HTTP server at {url}{caller}"),
+                ),
+                Err(e) => checks.add(
+                    &what,
+                    "error",
+                    format!("services.{}.headers: {e}", svc.name),
+                ),
+            }
+        }
+        BackendSpec::Socket { path, .. } => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => checks.add(
+                &what,
+                "ok",
+                format!("a server listens on {}", path.display()),
+            ),
+            Err(e) => checks.add(
+                &what,
+                "error",
+                format!(
+                    "services.{}.socket: nothing accepts connections on {}: {e}",
+                    svc.name,
+                    path.display()
+                ),
+            ),
+        },
+    }
+    if svc.allow.is_empty() {
+        checks.add(
+            &what,
+            "warn",
+            format!(
+                "nobody may use {} yet: mcpmesh grant PEER {}, or mcpmesh invite {}",
+                svc.name, svc.name, svc.name
+            ),
+        );
+    }
+}
+
+/// The trusted peers as (name, key), or a warning that the `allow` entries naming peers go
+/// unchecked because they could not be listed.
+fn check_peers(
+    profile: &Profile,
+    settings: &mcpmesh::config::Settings,
+    node: Option<&mut ControlClient>,
+    checks: &mut Checks,
+) -> Option<Vec<(String, [u8; 32])>> {
+    match known_peers(profile, settings, node) {
+        Ok(peers) => Some(peers),
+        Err(e) => {
+            checks.add(
+                "peers",
                 "warn",
                 format!(
-                    "{failed} spans could not be sent to {url} ({sent} were): {error}; check that the collector runs and telemetry.otlp names it"
+                    "cannot list the paired peers ({e}); allow entries naming peers were not checked"
                 ),
-            ),
-            _ => check("traces", "ok", format!("{sent} spans sent to {url}")),
+            );
+            None
         }
     }
-    if let Some(status) = &status
-        && let Some(message) = unloaded_config(&config_file, status)
-    {
-        check("config loaded", "warn", message);
-    }
-    // Which org this node is in, if any: only a running node knows.
-    let org = status
-        .map(|status| status["org"].clone())
-        .filter(|org| org.is_object());
-    if let Some((status, message)) = org.as_ref().and_then(org_check) {
-        check("org", status, message);
-    }
-    if let Some(s) = &settings {
-        for svc in &s.services {
-            let what = format!("service {}", svc.name);
-            match &svc.backend {
-                BackendSpec::Run(cmd) => match resolve_command(&cmd[0], svc.cwd.as_deref()) {
-                    Some(path) => check(&what, "ok", format!("runs {}", path.display())),
-                    None => check(
-                        &what,
-                        "error",
-                        format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
-                    ),
-                },
-                BackendSpec::Url {
-                    url,
-                    headers,
-                    caller_header,
-                    oauth,
-                } => {
-                    if let Some((status, message)) = grant_check(profile, svc, url, oauth.is_some())
-                    {
-                        check(&format!("service {} oauth", svc.name), status, message);
-                    }
-                    let caller = match caller_header {
-                        Some(name) => format!("; the caller is asserted in {name}"),
-                        None => "; no caller assertion".to_owned(),
-                    };
-                    match mcpmesh::backends::url::expand_headers(headers) {
-                        Ok(_) => check(
-                            &what,
-                            "ok",
-                            format!("a Streamable HTTP server at {url}{caller}"),
-                        ),
-                        Err(e) => check(
-                            &what,
-                            "error",
-                            format!("services.{}.headers: {e}", svc.name),
-                        ),
-                    }
-                }
-                BackendSpec::Socket { path, .. } => {
-                    match std::os::unix::net::UnixStream::connect(path) {
-                        Ok(_) => check(
-                            &what,
-                            "ok",
-                            format!("a server listens on {}", path.display()),
-                        ),
-                        Err(e) => check(
-                            &what,
-                            "error",
-                            format!(
-                                "services.{}.socket: nothing accepts connections on {}: {e}",
-                                svc.name,
-                                path.display()
-                            ),
-                        ),
-                    }
-                }
-            }
-            if svc.allow.is_empty() {
-                check(
+}
+
+/// Every service's `allow` entries that admit nobody.
+fn check_allow_entries(
+    settings: &mcpmesh::config::Settings,
+    peers: Option<&[(String, [u8; 32])]>,
+    in_org: bool,
+    checks: &mut Checks,
+) {
+    for svc in &settings.services {
+        for entry in &svc.allow {
+            if let Some(why) = matches_nobody(entry, peers, in_org) {
+                checks.add(
                     &format!("service {}", svc.name),
                     "warn",
-                    format!(
-                        "nobody may use {} yet: mcpmesh grant PEER {}, or mcpmesh invite {}",
-                        svc.name, svc.name, svc.name
-                    ),
+                    format!("services.{}.allow: {entry} {why}", svc.name),
                 );
-            }
-        }
-        let peers = match known_peers(profile, s, node.as_mut()) {
-            Ok(peers) => Some(peers),
-            Err(e) => {
-                check(
-                    "peers",
-                    "warn",
-                    format!(
-                        "cannot list the paired peers ({e}); allow entries naming peers were not checked"
-                    ),
-                );
-                None
-            }
-        };
-        if let Some(node) = node.as_mut()
-            && let Ok(catalog) = node.call(methods::SERVICES_LIST, json!({}))
-        {
-            let (status, message) = catalog_check(&catalog);
-            check("catalog", status, message);
-        }
-        for svc in &s.services {
-            for entry in &svc.allow {
-                let in_org = org.as_ref().is_some_and(|o| o.get("removed").is_none());
-                if let Some(why) = matches_nobody(entry, peers.as_deref(), in_org) {
-                    check(
-                        &format!("service {}", svc.name),
-                        "warn",
-                        format!("services.{}.allow: {entry} {why}", svc.name),
-                    );
-                }
-            }
-        }
-        match &s.network.relay {
-            mcpmesh_net::endpoint::RelayPolicy::Disabled => {
-                check(
-                    "network",
-                    "ok",
-                    "hermetic: no relays, no discovery (peers need direct addresses)".into(),
-                );
-                for p in s.peers.iter().filter(|p| p.addrs.is_empty()) {
-                    check(
-                        &format!("peer {}", p.name),
-                        "warn",
-                        format!(
-                            "no address for {} and relays are disabled: it can only be reached if it dials first",
-                            p.name
-                        ),
-                    );
-                }
-            }
-            mcpmesh_net::endpoint::RelayPolicy::Default => {
-                check("network", "ok", "iroh's public relays and discovery".into())
-            }
-            mcpmesh_net::endpoint::RelayPolicy::Custom(urls) => check(
-                "network",
-                "ok",
-                format!("self-hosted relays: {}", urls.len()),
-            ),
-        }
-        let reached = match offline {
-            true => Vec::new(),
-            false => reachability(&s.network),
-        };
-        for r in reached {
-            match r.outcome {
-                Ok(what) => check("reachable", "ok", format!("{}: {what}", r.server)),
-                Err(why) => check(
-                    "reachable",
-                    "warn",
-                    format!("{}: not reachable: {why}", r.server),
-                ),
             }
         }
     }
-    let ok = !checks.iter().any(|(_, status, _)| *status == "error");
+}
+
+/// How the node reaches the network; unless `offline`, whether its relays and discovery
+/// servers answer.
+fn check_network(settings: &mcpmesh::config::Settings, offline: bool, checks: &mut Checks) {
+    match &settings.network.relay {
+        mcpmesh_net::endpoint::RelayPolicy::Disabled => {
+            checks.add(
+                "network",
+                "ok",
+                "hermetic: no relays, no discovery (peers need direct addresses)".into(),
+            );
+            for p in settings.peers.iter().filter(|p| p.addrs.is_empty()) {
+                checks.add(
+                    &format!("peer {}", p.name),
+                    "warn",
+                    format!(
+                        "no address for {} and relays are disabled: it can only be reached if it dials first",
+                        p.name
+                    ),
+                );
+            }
+        }
+        mcpmesh_net::endpoint::RelayPolicy::Default => {
+            checks.add("network", "ok", "iroh's public relays and discovery".into())
+        }
+        mcpmesh_net::endpoint::RelayPolicy::Custom(urls) => checks.add(
+            "network",
+            "ok",
+            format!("self-hosted relays: {}", urls.len()),
+        ),
+    }
+    let reached = match offline {
+        true => Vec::new(),
+        false => reachability(&settings.network),
+    };
+    for r in reached {
+        match r.outcome {
+            Ok(what) => checks.add("reachable", "ok", format!("{}: {what}", r.server)),
+            Err(why) => checks.add(
+                "reachable",
+                "warn",
+                format!("{}: not reachable: {why}", r.server),
+            ),
+        }
+    }
+}
+
+/// The checks as the answer; a failure naming the ones in error, if any.
+fn report(profile: &Profile, checks: &Checks, out: &Output) -> Result<(), Failure> {
+    let checks = &checks.0;
+    let ok = !checks.iter().any(|c| c.status == "error");
     let value = json!({
         "ok": ok,
         "log": profile.log_file().display().to_string(),
-        "checks": checks.iter().map(|(n, st, m)| json!({ "check": n, "status": st, "message": m })).collect::<Vec<_>>(),
+        "checks": checks.iter().map(|c| json!({ "check": c.name, "status": c.status, "message": c.message })).collect::<Vec<_>>(),
     });
     out.print(value, || {
         checks
             .iter()
-            .map(|(n, st, m)| {
+            .map(|c| {
                 format!(
-                    "{:<6} {n}: {m}",
-                    match *st {
+                    "{:<6} {}: {}",
+                    match c.status {
                         "ok" => "ok",
                         "warn" => "warn",
                         _ => "ERROR",
-                    }
+                    },
+                    c.name,
+                    c.message
                 )
             })
             .collect::<Vec<_>>()
@@ -362,8 +438,8 @@ pub fn doctor(profile: &Profile, offline: bool, out: &Output) -> Result<(), Fail
     // The report is the answer (on stdout); the failure names what failed.
     let failed: Vec<&str> = checks
         .iter()
-        .filter(|(_, status, _)| *status == "error")
-        .map(|(name, _, _)| name.as_str())
+        .filter(|c| c.status == "error")
+        .map(|c| c.name.as_str())
         .collect();
     Err(Failure::new(
         codes::CHECK_FAILED,

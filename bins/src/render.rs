@@ -247,7 +247,44 @@ fn restricted_tools(peers: &[Value], service: Option<&str>) -> String {
 }
 
 pub fn render_status(v: &Value) -> String {
-    let mut s = format!(
+    let mut s = node_lines(v);
+    s.push_str(&served_services(v));
+    s.push_str(&telemetry_lines(v));
+    if let Some(line) = org_line(&v["org"]) {
+        s.push_str(&format!("{line}\n\n"));
+    }
+    s.push('\n');
+    s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
+    s.push_str(&listed("live sessions", &v["sessions"], |x| {
+        format!(
+            "  {} → {} since {}\n",
+            x["peer"].as_str().unwrap_or_default(),
+            x["service"].as_str().unwrap_or_default(),
+            mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+        )
+    }));
+    s.push_str(&listed("your sessions to peers", &v["outgoing"], |x| {
+        format!(
+            "  {}/{} since {}\n",
+            x["peer"].as_str().unwrap_or_default(),
+            x["service"].as_str().unwrap_or_default(),
+            mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
+        )
+    }));
+    s.push_str(&listed("recent pairings", &v["pairings"], |p| {
+        format!(
+            "  {:<16} code {:<24} {}\n",
+            p["peer"].as_str().unwrap_or_default(),
+            p["code"].as_str().unwrap_or_default(),
+            mcpmesh::time::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
+        )
+    }));
+    s.trim_end().to_owned()
+}
+
+/// The status page's head: the node's id, nickname and addresses.
+fn node_lines(v: &Value) -> String {
+    format!(
         "node {}{}\naddresses: {}\n\n",
         v["id"].as_str().unwrap_or_default(),
         v["nickname"]
@@ -261,46 +298,60 @@ pub fn render_status(v: &Value) -> String {
             .filter_map(Value::as_str)
             .collect::<Vec<_>>()
             .join(" ")
-    );
+    )
+}
+
+/// What the node serves, one block per service; a next step when it serves nothing.
+fn served_services(v: &Value) -> String {
     let services = v["services"].as_array().cloned().unwrap_or_default();
     if services.is_empty() {
-        s.push_str("serving nothing. Next: mcpmesh serve NAME -- COMMAND…\n");
+        return "serving nothing. Next: mcpmesh serve NAME -- COMMAND…\n".to_owned();
     }
-    for svc in &services {
-        let peers: Vec<&str> = svc["peers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+    services.iter().map(|svc| served_service(v, svc)).collect()
+}
+
+/// One served service: to whom, its live sessions, the peers held to some of its tools, and
+/// what went wrong with it lately.
+fn served_service(v: &Value, svc: &Value) -> String {
+    let peers: Vec<&str> = svc["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut s = format!(
+        "serving {:<14} to {:<30} {} live session(s)\n",
+        svc["name"].as_str().unwrap_or_default(),
+        if peers.is_empty() {
+            "no peer yet".to_owned()
+        } else {
+            peers.join(", ")
+        },
+        svc["sessions"]
+    );
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    s.push_str(&restricted_tools(&peers, svc["name"].as_str()));
+    if let Some(problem) = svc["oauth"]["problem"].as_str() {
+        s.push_str(&format!("  ! {problem}\n"));
+    }
+    if let Some(reason) = svc["last_failure"]["reason"].as_str() {
         s.push_str(&format!(
-            "serving {:<14} to {:<30} {} live session(s)\n",
-            svc["name"].as_str().unwrap_or_default(),
-            if peers.is_empty() {
-                "no peer yet".to_owned()
-            } else {
-                peers.join(", ")
-            },
-            svc["sessions"]
+            "  ! could not serve {} at {}: {reason}\n",
+            svc["last_failure"]["peer"].as_str().unwrap_or_default(),
+            mcpmesh::time::format_time(svc["last_failure"]["at_ms"].as_u64().unwrap_or(0))
         ));
-        let peers = v["peers"].as_array().cloned().unwrap_or_default();
-        s.push_str(&restricted_tools(&peers, svc["name"].as_str()));
-        if let Some(problem) = svc["oauth"]["problem"].as_str() {
-            s.push_str(&format!("  ! {problem}\n"));
-        }
-        if let Some(reason) = svc["last_failure"]["reason"].as_str() {
+        if let Some(log) = v["log"].as_str() {
             s.push_str(&format!(
-                "  ! could not serve {} at {}: {reason}\n",
-                svc["last_failure"]["peer"].as_str().unwrap_or_default(),
-                mcpmesh::time::format_time(svc["last_failure"]["at_ms"].as_u64().unwrap_or(0))
+                "    (the server's stderr is in the node log: {log})\n"
             ));
-            if let Some(log) = v["log"].as_str() {
-                s.push_str(&format!(
-                    "    (the server's stderr is in the node log: {log})\n"
-                ));
-            }
         }
     }
+    s
+}
+
+/// Where the node's metrics and traces go, and whether that works.
+fn telemetry_lines(v: &Value) -> String {
+    let mut s = String::new();
     if let Some(url) = v["metrics"]["url"].as_str() {
         s.push_str(&format!("metrics at {url}\n"));
     } else if let Some(error) = v["metrics"]["error"].as_str() {
@@ -319,48 +370,18 @@ pub fn render_status(v: &Value) -> String {
             }
         }
     }
-    if let Some(line) = org_line(&v["org"]) {
-        s.push_str(&format!("{line}\n\n"));
+    s
+}
+
+/// A titled list of `items`, one `row` each, after a blank line; nothing when there are none.
+fn listed(title: &str, items: &Value, row: impl Fn(&Value) -> String) -> String {
+    let items = items.as_array().map(Vec::as_slice).unwrap_or_default();
+    if items.is_empty() {
+        return String::new();
     }
-    s.push('\n');
-    s.push_str(&render_peers(&json!({ "peers": v["peers"] })));
-    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
-    if !sessions.is_empty() {
-        s.push_str("\n\nlive sessions:\n");
-        for x in sessions {
-            s.push_str(&format!(
-                "  {} → {} since {}\n",
-                x["peer"].as_str().unwrap_or_default(),
-                x["service"].as_str().unwrap_or_default(),
-                mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
-            ));
-        }
-    }
-    let outgoing = v["outgoing"].as_array().cloned().unwrap_or_default();
-    if !outgoing.is_empty() {
-        s.push_str("\n\nyour sessions to peers:\n");
-        for x in outgoing {
-            s.push_str(&format!(
-                "  {}/{} since {}\n",
-                x["peer"].as_str().unwrap_or_default(),
-                x["service"].as_str().unwrap_or_default(),
-                mcpmesh::time::format_time(x["since"].as_u64().unwrap_or(0) * 1000)
-            ));
-        }
-    }
-    let pairings = v["pairings"].as_array().cloned().unwrap_or_default();
-    if !pairings.is_empty() {
-        s.push_str("\n\nrecent pairings:\n");
-        for p in pairings {
-            s.push_str(&format!(
-                "  {:<16} code {:<24} {}\n",
-                p["peer"].as_str().unwrap_or_default(),
-                p["code"].as_str().unwrap_or_default(),
-                mcpmesh::time::format_time(p["at"].as_u64().unwrap_or(0) * 1000)
-            ));
-        }
-    }
-    s.trim_end().to_owned()
+    let mut s = format!("\n\n{title}:\n");
+    s.extend(items.iter().map(row));
+    s
 }
 
 /// A roster member's `user (groups)`, after a space; nothing for other peers.
