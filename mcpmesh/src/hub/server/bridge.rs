@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use super::Hub;
-use super::routing::Call;
+use super::call::{Ask, Call};
 use super::wire::{lock, rpc_error};
 use crate::hub::{Target, era};
 
@@ -36,14 +36,6 @@ const MAX_STATE: usize = 64 * 1024;
 const MAX_RESPONSES: usize = 4 * 1024 * 1024;
 /// What a state of this hub starts with.
 const STATE_PREFIX: &str = "mcpmesh-hub1.";
-
-/// A server's request to the client, during a call.
-#[derive(Debug)]
-pub(super) struct Ask {
-    pub their_id: Value,
-    pub method: String,
-    pub params: Value,
-}
 
 /// A call held for its client's retry.
 pub(super) struct Parked {

@@ -14,11 +14,13 @@
 //! - `wire`: lines to the client and the hub's own answers.
 
 mod bridge;
+mod call;
 mod listen;
 mod listing;
 mod routing;
 mod skills;
 mod tasks;
+mod uris;
 mod view;
 mod wire;
 

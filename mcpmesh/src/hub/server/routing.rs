@@ -12,14 +12,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Hub;
 use super::bridge;
+use super::call::{Ask, Call};
 use super::skills;
 use super::tasks;
-use super::view::{present_uri, present_uris};
+use super::uris::{present_uri, present_uris};
 use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
 use crate::hub::era::{self, Era};
 use crate::hub::names::{self, Origin, Routes};
-use crate::hub::pool::Lease;
 use crate::hub::upstream::{Inbound, Upstream, UpstreamError};
 
 /// Server requests to the client awaiting the client's answer, at most.
@@ -31,40 +31,21 @@ pub(super) struct Forwarded {
     upstream_id: u64,
     cancelled: bool,
     /// Where the server's requests to a stateless client go during this call (bridged).
-    asks: Option<mpsc::Sender<bridge::Ask>>,
+    asks: Option<mpsc::Sender<Ask>>,
     /// What the call's client declared it can do (bridged): what the server may ask of it.
     declared: Value,
 }
 
 /// Where a bridged call takes its server's requests, and what its client declared.
-type Asker = (mpsc::Sender<bridge::Ask>, Value);
-
-/// A call in flight upstream: its session held, its answer to come, and (bridged) the
-/// server's requests to the client during it.
-pub(super) struct Call {
-    pub(super) lease: Lease,
-    pub(super) rx: oneshot::Receiver<Value>,
-    pub(super) asked: Option<mpsc::Receiver<bridge::Ask>>,
-    pub(super) upstream_id: u64,
-    pub(super) target: Target,
-    pub(super) method: String,
-    /// What a retry must be to resume it (method and name).
-    pub(super) bound: String,
-    pub(super) token_key: Option<(Target, String)>,
-    /// For a handshake-era client over a stateless server: the params to retry with once the
-    /// client answered what an `input_required` result asks.
-    pub(super) retry: Option<Value>,
-    /// Bridged: the capabilities the call's client declared in its envelope.
-    pub(super) declared: Value,
-}
+type Asker = (mpsc::Sender<Ask>, Value);
 
 /// What a bridged call (a stateless client's call to a handshake-era server) keeps: what its
 /// retry must match, where the server's requests to the client during it go, and what its
 /// client declared it can do. Nothing for any other call.
 struct Bridging {
     bound: String,
-    asks: Option<mpsc::Sender<bridge::Ask>>,
-    asked: Option<mpsc::Receiver<bridge::Ask>>,
+    asks: Option<mpsc::Sender<Ask>>,
+    asked: Option<mpsc::Receiver<Ask>>,
     declared: Value,
 }
 
@@ -333,7 +314,7 @@ impl Hub {
         &self,
         id: &Value,
         mut call: Call,
-        asks: Option<mpsc::Sender<bridge::Ask>>,
+        asks: Option<mpsc::Sender<Ask>>,
     ) -> Vec<u8> {
         // A bridged call is there already (noted before it went, perhaps cancelled since).
         lock(&self.forwarded)
@@ -525,7 +506,7 @@ impl Hub {
                 return;
             }
             Ok(Some((asks, _))) => {
-                let ask = bridge::Ask {
+                let ask = Ask {
                     their_id: theirs.clone(),
                     method: method.to_owned(),
                     params: frame.get("params").cloned().unwrap_or(Value::Null),

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::view::present_uri;
+use super::uris::present_uri;
 use crate::hub::Target;
 
 /// The extension's name in `capabilities.extensions`.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::Hub;
-use super::view::present_uris;
+use super::uris::present_uris;
 use super::wire::lock;
 use crate::hub::Target;
 use crate::hub::pool::Lease;
