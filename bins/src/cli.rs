@@ -13,6 +13,7 @@ use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
 use crate::args::{AuditAction, Cli, Command, GatewayArgs, PeersAction, ServeArgs, wants_json};
+use crate::ctx::{Ctx, parse_duration};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
@@ -224,20 +225,6 @@ fn run_verb(ctx: &Ctx, command: Command) -> Result<(), Failure> {
             },
         ),
         Command::Serve(flags) => serve(ctx, Serve::from_flags(flags)?),
-    }
-}
-
-/// What every verb that talks to the node needs.
-pub(crate) struct Ctx<'a> {
-    pub profile: &'a Profile,
-    pub exe: &'a Path,
-    pub out: &'a Output,
-}
-
-impl Ctx<'_> {
-    /// One request to the node (started if needed).
-    pub fn call(&self, method: &str, params: Value) -> Result<Value, Failure> {
-        call(self.profile, self.exe, method, params)
     }
 }
 
@@ -511,16 +498,6 @@ fn revoke(ctx: &Ctx, peer: &str, service: &str, tools: Option<Vec<String>>) -> R
         }
     });
     Ok(())
-}
-
-/// A duration as people write it (`--ttl`, `--since`): 30m, 24h, 7d.
-pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, Failure> {
-    mcpmesh::time::parse_duration(text).ok_or_else(|| {
-        Failure::new(
-            codes::INVALID_PARAMS,
-            format!("{text:?} is not a duration like 30m, 24h or 7d"),
-        )
-    })
 }
 
 fn invite(ctx: &Ctx, services: &[String], uses: u32, ttl: &str) -> Result<(), Failure> {
@@ -1007,17 +984,6 @@ fn audit_tail(
         })
         .context("reading the audit log")?;
     }
-}
-
-/// One request to the node (started if needed).
-pub(crate) fn call(
-    profile: &Profile,
-    exe: &std::path::Path,
-    method: &str,
-    params: Value,
-) -> Result<Value, Failure> {
-    let mut client = ControlClient::connect_or_start(profile, exe)?;
-    Ok(client.call(method, params)?)
 }
 
 /// `mcpmesh hub`: the hub on this process's stdio until the client's input ends.

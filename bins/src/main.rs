@@ -6,6 +6,7 @@
 mod args;
 mod auth;
 mod cli;
+mod ctx;
 mod demo_server;
 mod doctor;
 mod exec_shim;

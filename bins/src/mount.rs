@@ -7,7 +7,7 @@ use mcpmesh::control::{codes, methods};
 use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
-use crate::cli::call;
+use crate::ctx::call;
 use crate::output::{Failure, Output};
 
 /// Where the gateway listens unless told otherwise.
@@ -92,7 +92,7 @@ pub fn use_lines(profile: &Profile, exe: &Path, target: &str, out: &Output) -> R
 }
 
 /// `mcpmesh use` with no argument: what can be mounted, and how.
-pub fn mountable(ctx: &crate::cli::Ctx) -> Result<(), Failure> {
+pub fn mountable(ctx: &crate::ctx::Ctx) -> Result<(), Failure> {
     let v = ctx.call(methods::SERVICES_LIST, json!({}))?;
     ctx.out
         .print(v.clone(), || crate::render::services(&v["services"]));

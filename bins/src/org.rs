@@ -8,7 +8,7 @@ use mcpmesh::control::{codes, methods};
 use serde_json::{Value, json};
 
 use crate::args::OrgAction;
-use crate::cli::{Ctx, parse_duration};
+use crate::ctx::{Ctx, parse_duration};
 use crate::output::Failure;
 use crate::render::{joined, utc};
 
