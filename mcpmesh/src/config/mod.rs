@@ -240,6 +240,26 @@ pub struct ServiceConfig {
     pub tools: Vec<ToolRuleConfig>,
 }
 
+/// How a service's node registers as a client, from `[services.NAME.oauth]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// A client registered beforehand with the authorization server.
+    pub client_id: Option<String>,
+    pub client_secret: Option<String>,
+    /// A Client ID Metadata Document the user serves over HTTPS: its URL is the client id,
+    /// where the authorization server supports that.
+    pub client_metadata_url: Option<String>,
+    /// The scopes to ask for; otherwise the server's challenge or metadata decides.
+    pub scopes: Vec<String>,
+    /// The node acts for itself, not for a user: tokens come from the client-credentials
+    /// grant (with `client_id` and `client_secret`), no browser, and are asked for again
+    /// when they lapse.
+    pub client_credentials: bool,
+    /// A PKCS#8 PEM private key (P-256 or Ed25519, a `0600` file) the client authenticates
+    /// with instead of a secret (`private_key_jwt`, RFC 7523); client credentials only.
+    pub client_key: Option<std::path::PathBuf>,
+}
+
 /// `[services.NAME.oauth]` as written: every key optional (an empty table says the service
 /// requires a grant, with the client registered dynamically).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -320,7 +340,7 @@ pub enum BackendSpec {
         /// The header the signed caller assertion goes in; `None`: none is sent.
         caller_header: Option<String>,
         /// The server requires an OAuth grant, and how the node registers as its client.
-        oauth: Option<crate::oauth::flow::ClientSettings>,
+        oauth: Option<ClientSettings>,
     },
 }
 
@@ -1056,7 +1076,7 @@ pub fn set_description(
 }
 
 /// A `[services.NAME.oauth]` table, checked.
-pub fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientSettings, String> {
+pub fn oauth_settings(oauth: &OAuthConfig) -> Result<ClientSettings, String> {
     if let Some(url) = &oauth.client_metadata_url {
         let parsed = reqwest::Url::parse(url)
             .map_err(|e| format!("client_metadata_url: {url:?} is not a URL: {e}"))?;
@@ -1087,7 +1107,7 @@ pub fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientS
     {
         return Err(format!("scopes: {bad:?} is not one scope"));
     }
-    Ok(crate::oauth::flow::ClientSettings {
+    Ok(ClientSettings {
         client_id: oauth.client_id.clone(),
         client_secret: oauth.client_secret.clone(),
         client_metadata_url: oauth.client_metadata_url.clone(),
@@ -1098,7 +1118,7 @@ pub fn oauth_settings(oauth: &OAuthConfig) -> Result<crate::oauth::flow::ClientS
 }
 
 /// `[services.NAME.oauth]` as `set_service` writes it: the keys `settings` gives.
-fn oauth_table(settings: &crate::oauth::flow::ClientSettings) -> toml_edit::Table {
+fn oauth_table(settings: &ClientSettings) -> toml_edit::Table {
     let mut table = toml_edit::Table::new();
     let keys = [
         ("client_id", &settings.client_id),
@@ -1249,7 +1269,7 @@ fn write_url_backend(
     url: &str,
     headers: &BTreeMap<String, String>,
     caller_header: Option<&str>,
-    oauth: Option<&crate::oauth::flow::ClientSettings>,
+    oauth: Option<&ClientSettings>,
 ) {
     entry.remove("run");
     entry.remove("socket");

@@ -15,28 +15,11 @@ use subtle::ConstantTimeEq;
 use super::discovery::{self, Found};
 use super::{Grant, OAuthError, Pending, body_of};
 
+/// How a service's node registers as a client: the `[services.NAME.oauth]` settings.
+pub use crate::config::ClientSettings;
+
 /// How long an authorization begun may be finished.
 pub const PENDING_FOR: Duration = Duration::from_secs(10 * 60);
-
-/// How a service's node registers as a client, from `[services.NAME.oauth]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientSettings {
-    /// A client registered beforehand with the authorization server.
-    pub client_id: Option<String>,
-    pub client_secret: Option<String>,
-    /// A Client ID Metadata Document the user serves over HTTPS: its URL is the client id,
-    /// where the authorization server supports that.
-    pub client_metadata_url: Option<String>,
-    /// The scopes to ask for; otherwise the server's challenge or metadata decides.
-    pub scopes: Vec<String>,
-    /// The node acts for itself, not for a user: tokens come from the client-credentials
-    /// grant (with `client_id` and `client_secret`), no browser, and are asked for again
-    /// when they lapse.
-    pub client_credentials: bool,
-    /// A PKCS#8 PEM private key (P-256 or Ed25519, a `0600` file) the client authenticates
-    /// with instead of a secret (`private_key_jwt`, RFC 7523); client credentials only.
-    pub client_key: Option<std::path::PathBuf>,
-}
 
 /// An authorization begun: the URL to open, and what finishing it needs.
 #[derive(Debug)]
