@@ -419,10 +419,10 @@ pub struct GatewayArgs {
     /// local proxy). Repeatable.
     #[arg(long = "allow-host", value_name = "NAME")]
     pub allowed_hosts: Vec<String>,
-    /// End a session after this many seconds with no request in flight and no open
-    /// stream (clients that go away without DELETE).
-    #[arg(long, value_name = "SECS", default_value_t = mcpmesh::gateway::DEFAULT_IDLE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
-    pub idle: u64,
+    /// End a session after this long with no request in flight and no open stream (clients
+    /// that go away without DELETE): 90s, 5m, 1h (a bare number is seconds).
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub idle: String,
 }
 
 #[derive(Debug, Subcommand)]

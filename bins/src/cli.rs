@@ -13,7 +13,7 @@ use mcpmesh::paths::Profile;
 use serde_json::{Value, json};
 
 use crate::args::{AuditAction, Cli, Command, GatewayArgs, PeersAction, ServeArgs, wants_json};
-use crate::ctx::{Ctx, parse_duration};
+use crate::ctx::{Ctx, parse_duration, positive_duration};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
 use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
@@ -1000,13 +1000,7 @@ fn hub(
         .map(|t| mcpmesh::hub::Target::parse(t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(invalid)?;
-    let idle = parse_duration(idle)?;
-    if idle.is_zero() {
-        return Err(Failure::new(
-            codes::INVALID_PARAMS,
-            "--idle must be more than 0s",
-        ));
-    }
+    let idle = positive_duration("--idle", idle)?;
     let config = mcpmesh::hub::HubConfig {
         profile: profile.clone(),
         exe: exe.to_owned(),
@@ -1066,7 +1060,7 @@ fn gateway(ctx: &Ctx, flags: GatewayArgs) -> Result<(), Failure> {
         allowed_hosts: flags.allowed_hosts,
         profile: ctx.profile.clone(),
         exe: ctx.exe.to_owned(),
-        idle: std::time::Duration::from_secs(flags.idle),
+        idle: positive_duration("--idle", &flags.idle)?,
         tls: None,
     };
     let tls = flags

@@ -45,3 +45,49 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, Failure>
         )
     })
 }
+
+/// A duration `flag` takes that must be more than zero.
+pub(crate) fn positive_duration(flag: &str, text: &str) -> Result<std::time::Duration, Failure> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(Failure::new(
+            codes::INVALID_PARAMS,
+            format!("{flag} must be more than 0s"),
+        ));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_every_flag_reads_them_and_zero_is_refused_where_it_must() {
+        let secs = |t: &str| parse_duration(t).map(|d| d.as_secs()).ok();
+        assert_eq!(secs("90"), Some(90), "a bare number is seconds");
+        assert_eq!(secs("90s"), Some(90));
+        assert_eq!(secs("5m"), Some(300));
+        assert_eq!(secs("2h"), Some(7200));
+        assert_eq!(secs("five"), None);
+        assert!(positive_duration("--idle", "0s").is_err());
+        assert!(positive_duration("--idle", "0").is_err());
+        assert_eq!(
+            positive_duration("--idle", "1").ok(),
+            Some(std::time::Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn the_gateways_default_idle_is_the_librarys() {
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from(["mcpmesh", "gateway"]).unwrap();
+        let crate::args::Command::Gateway(flags) = cli.command else {
+            panic!("not the gateway verb");
+        };
+        assert_eq!(
+            positive_duration("--idle", &flags.idle).ok(),
+            Some(mcpmesh::gateway::DEFAULT_IDLE)
+        );
+    }
+}
