@@ -1393,3 +1393,40 @@ fn grant_takes_any_principal_says_when_it_matches_nobody_and_refuses_an_unknown_
     assert_eq!(revoked["granted"], false, "{revoked}");
     assert_eq!(revoked["principal"], "org:acme", "{revoked}");
 }
+
+#[test]
+fn doctor_finds_a_command_where_the_node_runs_it_on_the_services_own_path() {
+    let alice = TestNode::start("alice");
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("my-mcp-server");
+    std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Found on the service's own PATH only, as the node runs it: serve takes it...
+    let path = format!("PATH={}", dir.path().display());
+    let args = [
+        "serve",
+        "tool",
+        "--allow",
+        "bob",
+        "--env",
+        &path,
+        "--",
+        "my-mcp-server",
+    ];
+    assert_eq!(alice.json(&args)["serving"], true);
+    // ...and doctor says where it runs, rather than "command not found".
+    let report: Value = serde_json::from_slice(&alice.cli(&["--json", "doctor"]).stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "service tool")
+        .cloned()
+        .unwrap_or_else(|| panic!("no check of the service: {report}"));
+    assert_eq!(check["status"], "ok", "{check}");
+    assert_eq!(
+        check["message"],
+        format!("runs {}", program.display()),
+        "{check}"
+    );
+}

@@ -267,7 +267,7 @@ fn doctor_flags_a_missing_command_and_a_loose_key() {
     assert!(
         errors
             .iter()
-            .any(|c| c["message"].as_str().unwrap().contains("command not found")),
+            .any(|c| c["message"].as_str().unwrap().contains("does not exist")),
         "{report}"
     );
     assert!(

@@ -253,14 +253,22 @@ fn check_telemetry(status: &serde_json::Value, checks: &mut Checks) {
 fn check_service(profile: &Profile, svc: &mcpmesh::config::ServiceSpec, checks: &mut Checks) {
     let what = format!("service {}", svc.name);
     match &svc.backend {
-        BackendSpec::Run(cmd) => match resolve_command(&cmd[0], svc.cwd.as_deref()) {
-            Some(path) => checks.add(&what, "ok", format!("runs {}", path.display())),
-            None => checks.add(
-                &what,
-                "error",
-                format!("services.{}.run: command not found: {}", svc.name, cmd[0]),
-            ),
-        },
+        BackendSpec::Run(cmd) => {
+            let found = cmd.first().map(|program| {
+                mcpmesh::backends::preflight::resolve_program(program, &svc.env, svc.cwd.as_deref())
+            });
+            match found {
+                Some(Ok(path)) => checks.add(&what, "ok", format!("runs {}", path.display())),
+                Some(Err(why)) => {
+                    checks.add(&what, "error", format!("services.{}.run: {why}", svc.name))
+                }
+                None => checks.add(
+                    &what,
+                    "error",
+                    format!("services.{}.run is empty", svc.name),
+                ),
+            }
+        }
         BackendSpec::Url {
             url,
             headers,
@@ -632,26 +640,6 @@ fn matches_nobody(
         }
         _ => None,
     }
-}
-
-/// Where `program` would be found: as a path (relative to `cwd`), or on PATH.
-fn resolve_command(program: &str, cwd: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let path = match cwd {
-            Some(dir) if !program.starts_with('/') => dir.join(program),
-            _ => std::path::PathBuf::from(program),
-        };
-        return executable(&path).then_some(path);
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(program))
-            .find(|p| executable(p))
-    })
 }
 
 #[cfg(test)]

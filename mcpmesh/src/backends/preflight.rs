@@ -43,23 +43,7 @@ pub fn check(
     match backend {
         BackendSpec::Run(cmd) => {
             let program = cmd.first().ok_or(PreflightError::NoCommand)?;
-            if program.contains('/') {
-                let path = match cwd {
-                    Some(dir) => dir.join(program),
-                    None => PathBuf::from(program),
-                };
-                return executable(&path);
-            }
-            let path = env
-                .get("PATH")
-                .map(std::ffi::OsString::from)
-                .or_else(|| std::env::var_os("PATH"))
-                .unwrap_or_default();
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(program))
-                .find(|candidate| executable(candidate).is_ok())
-                .map(|_| ())
-                .ok_or_else(|| PreflightError::NotOnPath(program.clone()))
+            resolve_program(program, env, cwd).map(drop)
         }
         BackendSpec::Socket { path, .. } => match std::fs::metadata(path) {
             Err(_) => Err(PreflightError::SocketMissing(path.clone())),
@@ -70,6 +54,32 @@ pub fn check(
         },
         BackendSpec::Url { .. } => Ok(()),
     }
+}
+
+/// Where the node finds `program` when it runs it: the path it names (relative to `cwd`) when
+/// it names a directory, else the first executable of that name on `PATH` — the service's own
+/// `env` PATH if it sets one, as the child is started with it, else the node's.
+pub fn resolve_program(
+    program: &str,
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<PathBuf, PreflightError> {
+    if program.contains('/') {
+        let path = match cwd {
+            Some(dir) => dir.join(program),
+            None => PathBuf::from(program),
+        };
+        return executable(&path).map(|()| path);
+    }
+    let path = env
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| executable(candidate).is_ok())
+        .ok_or_else(|| PreflightError::NotOnPath(program.to_owned()))
 }
 
 fn executable(path: &Path) -> Result<(), PreflightError> {
