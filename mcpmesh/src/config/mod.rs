@@ -928,12 +928,8 @@ fn validate_peer(name: &str, peer: &PeerConfig) -> Result<PeerSpec, String> {
     })
 }
 
-/// Parses an endpoint id given as hex, `eid:<hex>` (or iroh's base32).
-pub fn parse_endpoint_id(text: &str) -> Option<EndpointId> {
-    let text = text.trim();
-    // `eid:<hex>` is how the tool itself prints a key.
-    text.strip_prefix("eid:").unwrap_or(text).parse().ok()
-}
+/// An endpoint id as `[peers]` and the CLI take it: [`crate::endpoint_id::parse`].
+pub use crate::endpoint_id::parse as parse_endpoint_id;
 
 /// The config file of a profile: read, and edited in place.
 #[derive(Debug, Clone)]

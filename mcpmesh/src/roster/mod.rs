@@ -362,15 +362,8 @@ fn check_removals(r: &Roster) -> Result<(), RosterError> {
     Ok(())
 }
 
-/// An endpoint id from 64 hex characters (either case).
-pub fn parse_eid(hex: &str) -> Option<EndpointId> {
-    let bytes: [u8; 32] = data_encoding::HEXLOWER_PERMISSIVE
-        .decode(hex.as_bytes())
-        .ok()?
-        .try_into()
-        .ok()?;
-    EndpointId::from_bytes(&bytes).ok()
-}
+/// An endpoint id as the roster writes it: [`crate::endpoint_id::parse`].
+pub use crate::endpoint_id::parse as parse_eid;
 
 /// One device of the roster, as a node looks it up.
 #[derive(Debug, Clone, PartialEq, Eq)]
