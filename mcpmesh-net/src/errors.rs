@@ -6,8 +6,8 @@
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-/// The codes of the band (DESIGN §4), plus the JSON-RPC parse error used where the mesh has
-/// to parse input and cannot.
+/// The codes of the mesh's own error band (from -32051, the README's "What happens on the
+/// wire"), plus the JSON-RPC parse error used where the mesh has to parse input and cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     /// A line longer than the frame cap.

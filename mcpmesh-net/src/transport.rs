@@ -13,7 +13,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The frame cap of DESIGN §4.
+/// The largest line a peer may send (16 MiB): one past it is answered `-32051` and dropped.
 pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 
 /// How much one read may take from the source (never more than the cap either, so within one

@@ -496,7 +496,7 @@ impl Session {
     }
 
     /// Registers the stream that answers request `id` (and carries its progress).
-    fn expect(
+    fn route_answer(
         &self,
         id: &RawValue,
         token: Option<&RawValue>,
@@ -771,7 +771,7 @@ async fn post(
     match (posted.kind, id) {
         (Kind::Request, Some(id)) => {
             let sent = posted.sent(id, &headers);
-            sent.over(&session, gateway.bounds.max_pending).await
+            sent.send_into(&session, gateway.bounds.max_pending).await
         }
         _ => match session.send(&posted.line).await {
             Ok(()) => StatusCode::ACCEPTED.into_response(),
@@ -891,8 +891,8 @@ struct Sent<'a> {
 impl Sent<'_> {
     /// Sends the request into an HTTP session and answers with the stream that will carry
     /// its answer; if the mesh session is gone, 404 with `-32055`.
-    async fn over(self, session: &Session, cap: usize) -> Response {
-        let rx = match session.expect(self.id, self.token, cap) {
+    async fn send_into(self, session: &Session, cap: usize) -> Response {
+        let rx = match session.route_answer(self.id, self.token, cap) {
             Ok(rx) => rx,
             Err(refused) => return self.refused(refused),
         };
@@ -975,7 +975,7 @@ impl Sent<'_> {
             };
             // A client that goes away before the answer takes the mesh session with it.
             let armed = session.closed.clone().drop_guard();
-            let Ok(mut rx) = session.expect(self.id, self.token, 1) else {
+            let Ok(mut rx) = session.route_answer(self.id, self.token, 1) else {
                 // A fresh session waits for nothing else.
                 session.close().await;
                 return open_failed(ErrorCode::Unreachable.code(), Some(self.id), "no room");

@@ -1,5 +1,6 @@
 //! Writing the caller's identity into a request's `params._meta["mcpmesh/peer"]`: the one
-//! change the node makes to a frame (DESIGN §5, `socket` and `url` backends).
+//! change the node makes to a frame, for the `socket` and `url` backends (a `run` child learns
+//! the caller from its environment instead).
 //!
 //! `mcpmesh/*` members of `_meta` are the node's alone, so every one the caller wrote is cut
 //! out, whatever the frame: from `params._meta` of requests, notifications and method-less

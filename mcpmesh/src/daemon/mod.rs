@@ -237,17 +237,17 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
         catalogs: catalog::Catalogs::load(&profile.state_dir),
         gossip: gossip::OrgGossip::new(endpoint),
         reach: Default::default(),
-        held: Default::default(),
+        roster_held: Default::default(),
         roster_damage: Default::default(),
         roster_refusals: RosterRefusals::new(audit),
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
         log_file: profile.log_file(),
         status_page: status::StatusPageSlot::new(profile.status_token_file(), profile.audit_dir()),
-        this: Default::default(),
+        weak_self: Default::default(),
         metrics_at: Default::default(),
     });
-    let _ = node.this.set(Arc::downgrade(&node));
+    let _ = node.weak_self.set(Arc::downgrade(&node));
     node.load_roster();
     node.apply(settings);
     // Before any peer can call: grants a pairing committed just before a crash.

@@ -62,7 +62,7 @@ pub(super) struct Node {
     /// What the node last found of each peer's reachability.
     pub(super) reach: Reachability,
     /// The org roster this node holds, if it is in an org.
-    pub(super) held: RwLock<Option<Arc<RosterView>>>,
+    pub(super) roster_held: RwLock<Option<Arc<RosterView>>>,
     /// Why the roster in the store could not be loaded, until a good one is installed.
     pub(super) roster_damage: RwLock<Option<String>>,
     /// Rosters refused from peers, recorded without letting a peer flood the audit log.
@@ -76,7 +76,7 @@ pub(super) struct Node {
     /// The status page, opened at start or on the first `status.web`.
     pub(super) status_page: super::status::StatusPageSlot,
     /// The node itself, for work it hands to tasks of its own.
-    pub(super) this: std::sync::OnceLock<std::sync::Weak<Node>>,
+    pub(super) weak_self: std::sync::OnceLock<std::sync::Weak<Node>>,
     /// Where the metrics endpoint listens, or why it could not (set once, at start).
     pub(super) metrics_at: std::sync::OnceLock<Result<SocketAddr, String>>,
 }
@@ -196,7 +196,7 @@ impl Node {
 
     /// The node as a shared handle (`None` only while it is being torn down).
     pub(super) fn arc(&self) -> Option<Arc<Node>> {
-        self.this.get()?.upgrade()
+        self.weak_self.get()?.upgrade()
     }
 
     /// Re-applies the current settings (after the store changed).

@@ -311,7 +311,9 @@ impl Node {
                     slot.token_file.display()
                 )));
             }
-            let source = Arc::new(NodeStatus(self.this.get().cloned().unwrap_or_default()));
+            let source = Arc::new(NodeStatus(
+                self.weak_self.get().cloned().unwrap_or_default(),
+            ));
             let opened = StatusPage::start(
                 listen,
                 token,

@@ -140,7 +140,7 @@ impl Node {
             sources: Vec::new(),
             removed: Some(removed),
         })?;
-        *self.held.write().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.roster_held.write().unwrap_or_else(|p| p.into_inner()) = None;
         *self
             .roster_damage
             .write()

@@ -46,7 +46,10 @@ pub(in crate::daemon) enum Installed {
 impl Node {
     /// The roster this node holds.
     pub(in crate::daemon) fn roster(&self) -> Option<Arc<RosterView>> {
-        self.held.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.roster_held
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The roster this node holds, or why it holds none.
@@ -109,12 +112,12 @@ impl Node {
             .expires_at
             .saturating_add(roster::CLOCK_SKEW_SECS + 1)
             .saturating_mul(1000);
-        *self.held.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
+        *self.roster_held.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
         *self
             .roster_damage
             .write()
             .unwrap_or_else(|p| p.into_inner()) = None;
-        let Some(node) = self.this.get().cloned() else {
+        let Some(node) = self.weak_self.get().cloned() else {
             return;
         };
         let stop = self.shutdown.clone();
@@ -327,7 +330,7 @@ impl Node {
     /// own) and tells the org of roster `serial`: at once when this node made or imported it,
     /// else as one of the few members that re-announce it.
     pub(super) fn spread_roster(&self, serial: u64, from: Option<EndpointId>) {
-        let Some(weak) = self.this.get().cloned() else {
+        let Some(weak) = self.weak_self.get().cloned() else {
             return;
         };
         tokio::spawn(async move {

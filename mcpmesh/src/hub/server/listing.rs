@@ -65,7 +65,7 @@ impl Hub {
     /// time per service however often it says so (a change during a fetch means one more).
     pub(super) fn changed_upstream(self: Arc<Self>, target: Target, method: String) {
         if !lock(&self.refreshing).insert(target.clone()) {
-            lock(&self.again).insert(target);
+            lock(&self.changed_while_listing).insert(target);
             return;
         }
         tokio::spawn(async move {
@@ -73,7 +73,7 @@ impl Hub {
                 if self.fetch(&target).await && self.listed.load(Ordering::SeqCst) {
                     self.list_changed(&method).await;
                 }
-                if !lock(&self.again).remove(&target) {
+                if !lock(&self.changed_while_listing).remove(&target) {
                     break;
                 }
             }

@@ -112,7 +112,7 @@ pub(super) struct Hub {
     /// Services whose listing is being fetched now.
     refreshing: StdMutex<HashSet<Target>>,
     /// Services that said their lists changed while being fetched.
-    again: StdMutex<HashSet<Target>>,
+    changed_while_listing: StdMutex<HashSet<Target>>,
     /// First listings still being fetched.
     first_fetches: watch::Sender<usize>,
     /// Whether the client was given a list yet (until then, a new listing is not news).
@@ -253,7 +253,7 @@ impl Hub {
             task_leases: Arc::new(StdMutex::new(HashMap::new())),
             reach: StdMutex::new(reachability(peers)),
             refreshing: StdMutex::new(HashSet::new()),
-            again: StdMutex::new(HashSet::new()),
+            changed_while_listing: StdMutex::new(HashSet::new()),
             first_fetches: watch::channel(0).0,
             listed: AtomicBool::new(false),
             early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
