@@ -13,6 +13,17 @@ use tokio::io::AsyncWriteExt;
 
 use crate::control::{ControlError, codes};
 
+/// Addresses a peer offers of itself in a conversation (pairing, joining) worth keeping: the
+/// ones that read as socket addresses, at most 16.
+pub(super) fn offered_addrs(addrs: &[String]) -> Vec<String> {
+    addrs
+        .iter()
+        .filter(|a| a.parse::<std::net::SocketAddr>().is_ok())
+        .take(16)
+        .cloned()
+        .collect()
+}
+
 /// A conversation's stream, one JSON value per line.
 pub(super) type Wire = NdjsonTransport<RecvStream, SendStream>;
 

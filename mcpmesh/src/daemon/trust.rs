@@ -23,7 +23,7 @@ use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use crate::time::unix_ms;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
-use super::exchange::{Exchange, Wire, next_message, send_message};
+use super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
 use super::node::{Node, params_of};
 
 fn bad(message: impl Into<String>) -> ControlError {
@@ -794,13 +794,7 @@ impl Node {
         services: Vec<String>,
     ) -> Result<Redeemed<StoredPeer>, crate::store::StoreError> {
         let me = self.endpoint.id();
-        let addrs: Vec<String> = hello
-            .addrs
-            .iter()
-            .filter(|a| a.parse::<SocketAddr>().is_ok())
-            .take(16)
-            .cloned()
-            .collect();
+        let addrs = offered_addrs(&hello.addrs);
         let now = unix_ms();
         self.store
             .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {

@@ -26,7 +26,7 @@ use crate::roster::{
 use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin, StoredJoinInvite};
 use crate::time::unix_ms;
 
-use super::super::exchange::{Exchange, Wire, next_message, send_message};
+use super::super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
 use super::super::node::{Node, params_of};
 use super::{bad, check_device, device_name, free_device_name, now_secs, store_err};
 
@@ -410,13 +410,7 @@ fn admitting(
     invite: &StoredJoinInvite,
     hello: &JoinHello,
 ) -> Result<Roster, String> {
-    let addrs: Vec<String> = hello
-        .addrs
-        .iter()
-        .filter(|a| a.parse::<SocketAddr>().is_ok())
-        .take(16)
-        .cloned()
-        .collect();
+    let addrs = offered_addrs(&hello.addrs);
     let mut next = roster::successor(current, now, DEFAULT_VALIDITY_SECS);
     next.revoked
         .retain(|r| roster::parse_eid(r) != Some(joiner));
