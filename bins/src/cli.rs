@@ -16,7 +16,9 @@ use crate::args::{AuditAction, Cli, Command, GatewayArgs, PeersAction, ServeArgs
 use crate::ctx::{Ctx, parse_duration, positive_duration};
 use crate::doctor::doctor;
 use crate::output::{Failure, Output};
-use crate::render::{print_record, render_peers, render_record, render_status, render_summary};
+use crate::render::{
+    print_record, render_peers, render_record, render_status, render_summary, strings,
+};
 
 pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -335,12 +337,7 @@ fn id(ctx: &Ctx) -> Result<(), Failure> {
         v["id"].as_str().unwrap_or_default().to_owned()
     });
     ctx.out.note(|| {
-        let addrs: Vec<&str> = v["addrs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let addrs = strings(&v["addrs"]);
         format!("addresses: {}", addrs.join(" "))
     });
     Ok(())
@@ -530,12 +527,7 @@ fn pair(ctx: &Ctx, invite: &str, name: Option<&str>) -> Result<(), Failure> {
     let took = started.elapsed();
     ctx.out.print(v.clone(), || {
         let peer = v["peer"].as_str().unwrap_or_default();
-        let mounts: Vec<&str> = v["mounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let mounts = strings(&v["mounts"]);
         let mut s = format!(
             "paired with {peer} in {:.0} ms. Check that {peer} sees the same code: {}\n",
             took.as_secs_f64() * 1e3,
@@ -827,12 +819,7 @@ impl Backend {
 /// The node's answer to `serve`: who may use the service now, what it replaced, and the next
 /// step. `node` is this node's id.
 fn print_served(out: &Output, name: &str, node: &str, v: &Value) {
-    let peers: Vec<&str> = v["allowed_peers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let peers = strings(&v["allowed_peers"]);
     let mut answer = json!({ "service": v["service"], "serving": true });
     if !v["replaced"].is_null() {
         answer["replaced"] = v["replaced"].clone();

@@ -202,14 +202,7 @@ pub fn services(services: &Value) -> String {
 
 /// Which tools a `{"allow", "deny"}` summary lets a peer use, in words.
 pub fn tool_access(access: &Value) -> String {
-    let list = |k: &str| -> Vec<&str> {
-        access[k]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect()
-    };
+    let list = |k: &str| -> Vec<&str> { strings(&access[k]) };
     let (allow, deny) = (list("allow"), list("deny"));
     let allowed = match &allow[..] {
         [] => return "no tool".to_owned(),
@@ -291,13 +284,7 @@ fn node_lines(v: &Value) -> String {
             .as_str()
             .map(|n| format!(" ({n})"))
             .unwrap_or_default(),
-        v["addrs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect::<Vec<_>>()
-            .join(" ")
+        strings(&v["addrs"]).join(" ")
     )
 }
 
@@ -313,12 +300,7 @@ fn served_services(v: &Value) -> String {
 /// One served service: to whom, its live sessions, the peers held to some of its tools, and
 /// what went wrong with it lately.
 fn served_service(v: &Value, svc: &Value) -> String {
-    let peers: Vec<&str> = svc["peers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let peers = strings(&svc["peers"]);
     let mut s = format!(
         "serving {:<14} to {:<30} {} live session(s)\n",
         svc["name"].as_str().unwrap_or_default(),
@@ -394,12 +376,7 @@ fn user_cell(p: &Value) -> String {
 
 /// The strings of a JSON list joined with `sep`, or `empty` when there are none.
 pub fn joined(v: &Value, sep: &str, empty: &str) -> String {
-    let items: Vec<&str> = v
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+    let items = strings(v);
     if items.is_empty() {
         empty.to_owned()
     } else {
@@ -443,6 +420,15 @@ pub(crate) fn utc(unix_secs: &Value) -> String {
         "{} UTC",
         mcpmesh::time::format_time(unix_secs.as_u64().unwrap_or(0).saturating_mul(1000))
     )
+}
+
+/// The strings of a JSON array (none when it is not one); other items are skipped.
+pub(crate) fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
 }
 
 #[cfg(test)]
