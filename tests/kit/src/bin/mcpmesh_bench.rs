@@ -614,13 +614,13 @@ fn measure(
     let (mut cpu, mut cpu_x16) = (None, None);
     let cpu_since = |before: Option<u64>| {
         watch.zip(before).map(|(m, before)| {
-            let ticks = m.cpu_ticks().saturating_sub(before) as f64;
-            ticks / bench::clock_ticks_per_sec() * 1e6 / calls as f64
+            let ns = m.cpu_ns().saturating_sub(before) as f64;
+            ns / 1e3 / calls as f64
         })
     };
     if runs("calls") {
         let mut rtts = Vec::with_capacity(calls);
-        let cpu_before = watch.map(Mesh::cpu_ticks);
+        let cpu_before = watch.map(Mesh::cpu_ns);
         for _ in 0..calls {
             let t = Instant::now();
             c.call_echo(&text)?;
@@ -633,7 +633,7 @@ fn measure(
         }
     }
     if runs("pipelined") {
-        let cpu_before = watch.map(Mesh::cpu_ticks);
+        let cpu_before = watch.map(Mesh::cpu_ns);
         figures[4] = c.pipelined(&text, calls)?;
         cpu_x16 = cpu_since(cpu_before);
     }
@@ -1003,12 +1003,12 @@ impl Mesh {
         Ok((sent, failed))
     }
 
-    /// CPU ticks both daemons have used so far.
-    fn cpu_ticks(&self) -> u64 {
+    /// Both daemons' CPU time, in nanoseconds.
+    fn cpu_ns(&self) -> u64 {
         [&self.alice, &self.bob]
             .iter()
             .filter_map(|h| bench::daemon_pid(h))
-            .map(bench::cpu_ticks_of)
+            .map(bench::cpu_ns_of)
             .sum()
     }
 
@@ -1155,7 +1155,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
     let mut cpu_before = 0;
     for i in 0..calls + 200 {
         if i == 200 {
-            cpu_before = bench::cpu_ticks_of(std::process::id());
+            cpu_before = bench::cpu_ns_of(std::process::id());
         }
         let t = Instant::now();
         send.write_all(&line).await?;
@@ -1164,7 +1164,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
             rtts.push(t.elapsed());
         }
     }
-    let ticks = bench::cpu_ticks_of(std::process::id()).saturating_sub(cpu_before) as f64;
+    let cpu_ns = bench::cpu_ns_of(std::process::id()).saturating_sub(cpu_before) as f64;
     // Then PIPELINE lines kept in flight: a new one goes out as each echo comes back.
     let t = Instant::now();
     for _ in 0..PIPELINE {
@@ -1181,7 +1181,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
     rtts.sort();
     Ok(Floor {
         p50: percentile(&rtts, 0.5),
-        cpu: ticks / bench::clock_ticks_per_sec() * 1e6 / calls as f64,
+        cpu: cpu_ns / 1e3 / calls as f64,
         pipelined: rate,
     })
 }
