@@ -1202,22 +1202,30 @@ pub fn set_service(
     Ok(())
 }
 
+/// Every key a backend writes in its service's table.
+const BACKEND_KEYS: [&str; 7] = [
+    "run",
+    "socket",
+    "url",
+    "headers",
+    "caller_assertion",
+    "caller_header",
+    "oauth",
+];
+
+/// Drops every backend key but `kept` (which the backend then writes in its place).
+fn drop_backend_keys(entry: &mut dyn toml_edit::TableLike, kept: &str) {
+    for key in BACKEND_KEYS.iter().filter(|key| **key != kept) {
+        entry.remove(key);
+    }
+}
+
 /// Writes `backend`'s keys into a service's entry and removes those of the other kinds, so
 /// the entry names one backend.
 fn write_backend(entry: &mut dyn toml_edit::TableLike, backend: &BackendSpec) {
     match backend {
         BackendSpec::Run(cmd) => {
-            let others = [
-                "socket",
-                "url",
-                "headers",
-                "caller_assertion",
-                "caller_header",
-                "oauth",
-            ];
-            for key in others {
-                entry.remove(key);
-            }
+            drop_backend_keys(entry, "run");
             entry.insert(
                 "run",
                 toml_edit::value(cmd.iter().collect::<toml_edit::Array>()),
@@ -1227,17 +1235,7 @@ fn write_backend(entry: &mut dyn toml_edit::TableLike, backend: &BackendSpec) {
             path,
             caller_assertion,
         } => {
-            let others = [
-                "run",
-                "url",
-                "headers",
-                "caller_assertion",
-                "caller_header",
-                "oauth",
-            ];
-            for key in others {
-                entry.remove(key);
-            }
+            drop_backend_keys(entry, "socket");
             entry.insert("socket", toml_edit::value(path.to_string_lossy().as_ref()));
             if *caller_assertion {
                 entry.insert("caller_assertion", toml_edit::value(true));
