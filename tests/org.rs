@@ -1190,7 +1190,7 @@ async fn an_admin_that_committed_a_join_completes_it_for_the_pending_joiner_when
     alice.json(&["down"]);
     bob.json(&["down"]);
     let store_file = mcpmesh::paths::Profile::at(bob.home()).store_file();
-    {
+    common::offline(|| {
         let store = mcpmesh::store::Store::open(&store_file).unwrap();
         let record = store.org().unwrap().unwrap();
         store
@@ -1206,7 +1206,7 @@ async fn an_admin_that_committed_a_join_completes_it_for_the_pending_joiner_when
                 ..record
             })
             .unwrap();
-    }
+    });
     // bob comes back while the admin is away: it cannot ask, so the join stays pending.
     bob.json(&["up"]);
     let asked = eventually(Duration::from_secs(20), || {
@@ -1330,7 +1330,7 @@ async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&format!("\n[peers.\"bob.laptop\"]\nid = \"{in_config}\"\n"));
     std::fs::write(&config, text).unwrap();
-    {
+    common::offline(|| {
         let store = mcpmesh::store::Store::open(&alice.home().join("state/mcpmesh.redb")).unwrap();
         let peer = mcpmesh::store::StoredPeer {
             id: paired.clone(),
@@ -1342,7 +1342,7 @@ async fn a_members_user_dot_device_name_wins_over_a_peer_an_older_version_stored
             grants_owed: vec![],
         };
         store.put_peer(&peer, None).unwrap();
-    }
+    });
     alice.json(&["up"]);
 
     assert_eq!(peer_name(&alice, &laptop.id), "bob.laptop");
@@ -1377,12 +1377,12 @@ async fn a_member_whose_stored_roster_is_damaged_says_so_and_fetches_it_again_fr
     // cannot mend it before it is seen.
     assert_eq!(bob.json(&["down"])["stopped"], true);
     assert_eq!(alice.json(&["down"])["stopped"], true);
-    {
+    common::offline(|| {
         let store = mcpmesh::store::Store::open(&bob.home().join("state/mcpmesh.redb")).unwrap();
         let mut record = store.org().unwrap().expect("bob's org record");
         record.roster = Some("{\"roster\": garbage".into());
         store.put_org(&record).unwrap();
-    }
+    });
     bob.json(&["up"]);
     let summary = org_summary(&bob);
     assert_eq!(

@@ -21,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod demo;
+pub mod disk;
 pub mod endpoint_id;
 pub mod files;
 pub mod gateway;

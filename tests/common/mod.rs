@@ -218,9 +218,33 @@ impl TestNode {
     }
 }
 
+/// Runs `f` as a tool beside a stopped node does: on a thread with no async runtime, where
+/// the store and config may be written directly (see `mcpmesh::disk`).
+pub fn offline<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| match scope.spawn(f).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
 impl Drop for TestNode {
+    /// Stops the node, and fails the test when the node panicked anywhere while it ran (its
+    /// stderr is its log): a panic in a background task ends only that task, which a test of
+    /// something else would not notice. Debug builds check there that no store or config
+    /// write runs on the node's runtime thread.
     fn drop(&mut self) {
         let _ = self.cli(&["down"]);
+        let log = self.log();
+        if let Some(at) = log.find("panicked at")
+            && !std::thread::panicking()
+        {
+            let end = log[at..].find("\n\n").map_or(log.len(), |n| at + n);
+            panic!(
+                "the node {} panicked:\n{}",
+                self.name,
+                &log[at..end.min(at + 2000)]
+            );
+        }
     }
 }
 

@@ -994,11 +994,16 @@ impl ConfigFile {
     }
 
     /// Applies `change` to the document, validates the result and replaces the file
-    /// atomically. Nothing is written when the result would be invalid.
+    /// atomically. Nothing is written when the result would be invalid. A running node edits
+    /// on its writer thread ([`crate::disk`]).
     pub fn edit(
         &self,
         change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
     ) -> Result<Settings, ConfigError> {
+        debug_assert!(
+            crate::disk::may_write_here(),
+            "config.toml is edited on an async runtime's thread: run the edit on the node's Disk"
+        );
         let text = self.read_text()?;
         let mut doc: toml_edit::DocumentMut =
             text.parse()

@@ -368,11 +368,12 @@ impl Node {
         let Ok(bytes) = serde_json::to_vec(&self.catalogs.snapshot()) else {
             return;
         };
-        let written = tokio::task::spawn_blocking(move || {
-            crate::files::write_atomically_unsynced(&file, &bytes)
-        })
-        .await;
-        if let Ok(Err(e)) = written {
+        // On the writer, in order: a later snapshot is never overwritten by an earlier one.
+        let written = self
+            .disk
+            .run(move || crate::files::write_atomically_unsynced(&file, &bytes))
+            .await;
+        if let Some(Err(e)) = written {
             tracing::warn!("cannot write {}: {e}", self.catalogs.file.display());
         }
     }

@@ -33,6 +33,7 @@ use crate::backends::spawn::Launcher;
 use crate::config::{ConfigError, ConfigFile, Settings};
 use crate::control::codes;
 use crate::control::server;
+use crate::disk::Disk;
 use crate::keys;
 use crate::pairing::ALPN_PAIR;
 use crate::paths::Profile;
@@ -127,6 +128,8 @@ pub async fn run(
     } = build_node(&profile, launcher).await?;
     let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
     let router = serve_mesh(&node, refusals.clone());
+    // Pairing and joining are answered only while an invite of theirs is live.
+    node.on_disk(|node| node.update_alpns()).await;
     let tasks = Tasks::start(&node, &refusals);
     open_local_endpoints(&node, observers.metrics.take()).await;
 
@@ -198,20 +201,31 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
     let book = MemoryLookup::new();
     let endpoint = bind_endpoint(profile, secret, &settings.network, book.clone()).await?;
 
-    let store = Arc::new(Store::open(&profile.store_file())?);
+    let disk = Disk::start(tokio::runtime::Handle::current()).map_err(DaemonError::Files)?;
+    let store_file = profile.store_file();
+    let store = disk
+        .run(move || Store::open(&store_file))
+        .await
+        .ok_or_else(|| DaemonError::Files(std::io::Error::other("the store's writer failed")))??;
+    let store = Arc::new(store);
 
     let shutdown = CancellationToken::new();
     let registry = Arc::new(ConnectionRegistry::new());
     let gate = Arc::new(PeerGate::default());
     let services = Arc::new(RwLock::new(ServiceTable::default()));
-    let (observers, audit) = Observers::start(profile, &settings, &store, endpoint.id())?;
+    let mark = Arc::new(crate::store::HighWaterOnDisk::new(
+        store.clone(),
+        disk.clone(),
+    ));
+    let (observers, audit) = Observers::start(profile, &settings, mark, endpoint.id())?;
     let mut host = ServiceHost::new(services.clone(), audit.clone(), shutdown.clone())
         .with_launcher(launcher)
         .with_principals(gate.clone());
     if let Some(issuer) = issuer {
         host = host.with_issuer(issuer);
     }
-    let grants = crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(profile));
+    let grants = crate::oauth::GrantBook::new(crate::oauth::GrantFiles::new(profile))
+        .with_disk(disk.clone());
     let host = Arc::new(host.with_grants(Arc::new(grants)));
     let dialer = Arc::new(Dialer::new(
         endpoint.clone(),
@@ -222,6 +236,7 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
     ));
     let node = Arc::new(Node {
         config_file,
+        disk,
         settings: RwLock::new(settings.clone()),
         store,
         endpoint: endpoint.clone(),
@@ -251,7 +266,7 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
     node.load_roster();
     node.apply(settings);
     // Before any peer can call: grants a pairing committed just before a crash.
-    node.settle_owed_grants();
+    node.on_disk(|node| node.settle_owed_grants()).await;
     Ok(Built { node, observers })
 }
 
@@ -282,13 +297,13 @@ impl Observers {
     fn start(
         profile: &Profile,
         settings: &Settings,
-        store: &Arc<Store>,
+        mark: Arc<dyn crate::audit::HighWater>,
         id: EndpointId,
     ) -> Result<(Self, AuditSink), DaemonError> {
         let (audit_log, audit) = AuditLog::start(
             profile.audit_dir(),
             settings.audit_retain_months,
-            Some(store.clone()),
+            Some(mark),
         )
         .map_err(DaemonError::Files)?;
         let metrics = settings
@@ -337,7 +352,7 @@ fn serve_mesh(node: &Arc<Node>, refusals: Arc<RefusalTally>) -> Router {
         refusals,
         node: Arc::downgrade(node),
     });
-    let router = Router::builder(node.endpoint.clone())
+    Router::builder(node.endpoint.clone())
         .accept(
             ALPN_MCP,
             MeshProtocol::new(audited.clone(), node.host.clone(), node.registry.clone()),
@@ -354,10 +369,7 @@ fn serve_mesh(node: &Arc<Node>, refusals: Arc<RefusalTally>) -> Router {
         .accept(ALPN_ROSTER, RosterProtocol::new(node.clone(), audited))
         .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
         .accept(ALPN_JOIN, JoinProtocol::new(node.clone()))
-        .spawn();
-    // Pairing is answered only while an invite is live.
-    node.update_alpns();
-    router
+        .spawn()
 }
 
 /// The node's periodic work, each a task of its own until shutdown.
@@ -408,8 +420,11 @@ async fn keep_house(node: Arc<Node>, refusals: Arc<RefusalTally>) {
             _ = every.tick() => {
                 refusals.flush();
                 node.roster_refusals.flush();
-                node.housekeeping();
-                node.roster_upkeep();
+                node.on_disk(|node| {
+                    node.housekeeping();
+                    node.roster_upkeep();
+                })
+                .await;
                 node.confirm_pending().await;
                 node.confirm_pending_join().await;
             }

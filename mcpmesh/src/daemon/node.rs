@@ -41,6 +41,8 @@ const HOME_RELAY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 #[derive(Debug)]
 pub(super) struct Node {
     pub(super) config_file: ConfigFile,
+    /// The one writer of the store and config file; no write happens on the runtime thread.
+    pub(super) disk: crate::disk::Disk,
     pub(super) settings: RwLock<Settings>,
     pub(super) store: Arc<Store>,
     pub(super) endpoint: Endpoint,
@@ -210,7 +212,7 @@ impl Node {
     }
 
     /// Edits config.toml (validated, atomic) and applies the result; returns how many live
-    /// sessions the change severed.
+    /// sessions the change severed. Runs on the node's writer, like every write.
     pub(super) fn edit(
         &self,
         change: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<(), String>,
@@ -679,42 +681,95 @@ pub(super) fn params_of<T: serde::de::DeserializeOwned>(params: Value) -> Result
     serde_json::from_value(params).map_err(|e| ControlError::invalid_params(e.to_string()))
 }
 
+/// The verbs that change the store, config.toml or the org's files: each runs whole on the
+/// node's writer ([`crate::disk`]).
+const WRITING_VERBS: [&str; 14] = [
+    methods::PEERS_ADD,
+    methods::PEERS_RENAME,
+    methods::PEERS_REMOVE,
+    methods::GRANT,
+    methods::REVOKE,
+    methods::INVITE,
+    methods::SERVICES_SERVE,
+    methods::SERVICES_UNSERVE,
+    methods::ORG_CREATE,
+    methods::ORG_INVITE,
+    methods::ORG_REMOVE,
+    methods::ORG_GROUPS,
+    methods::ORG_EXPORT_ROOT,
+    methods::ORG_IMPORT_ROOT,
+];
+
+impl Node {
+    /// Runs `job` on the node's writer, where every store and config write is made.
+    pub(super) async fn on_disk<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Node) -> T + Send + 'static,
+    ) -> Option<T> {
+        let node = self.arc()?;
+        self.disk.run(move || job(&node)).await
+    }
+
+    /// A writing verb, run on the writer (after the relay wait of the verbs that hand out
+    /// this node's address).
+    async fn call_writing(&self, method: &str, params: Value) -> Result<Value, ControlError> {
+        if [methods::INVITE, methods::ORG_CREATE, methods::ORG_INVITE].contains(&method) {
+            self.home_relay_settled().await;
+        }
+        let method = method.to_owned();
+        self.on_disk(move |node| node.writing_verb(&method, params))
+            .await
+            .unwrap_or_else(|| Err(stopping()))
+    }
+
+    fn writing_verb(&self, method: &str, params: Value) -> Result<Value, ControlError> {
+        match method {
+            methods::PEERS_ADD => self.peers_add(params),
+            methods::PEERS_RENAME => self.peers_rename(params),
+            methods::PEERS_REMOVE => self.peers_remove(params),
+            methods::GRANT => self.grant(params),
+            methods::REVOKE => self.revoke(params),
+            methods::INVITE => self.invite(params),
+            methods::SERVICES_SERVE => self.serve(params),
+            methods::SERVICES_UNSERVE => self.unserve(params),
+            methods::ORG_CREATE => self.org_create(params),
+            methods::ORG_INVITE => self.org_invite(params),
+            methods::ORG_REMOVE => self.org_remove(params),
+            methods::ORG_GROUPS => self.org_groups(params),
+            methods::ORG_EXPORT_ROOT => self.org_export_root(params),
+            methods::ORG_IMPORT_ROOT => self.org_import_root(params),
+            other => Err(ControlError::new(
+                codes::UNKNOWN_METHOD,
+                format!("unknown method {other:?}"),
+            )),
+        }
+    }
+}
+
+/// The answer to a verb whose write the node's writer could not take: it is stopping.
+pub(super) fn stopping() -> ControlError {
+    ControlError::new(
+        codes::NODE_UNAVAILABLE,
+        "the node is stopping; nothing was changed",
+    )
+}
+
 impl ControlHandler for Node {
     async fn call(&self, method: &str, params: Value) -> Result<Reply, ControlError> {
+        if WRITING_VERBS.contains(&method) {
+            return self.call_writing(method, params).await.map(Reply::Value);
+        }
         let value = match method {
             methods::NODE_ID => self.node_id_result(),
-            methods::PEERS_ADD => self.peers_add(params)?,
             methods::PEERS_LIST => self.peers_list().await,
             methods::SERVICES_LIST => self.services_list(params_of(params)?).await,
-            methods::PEERS_RENAME => self.peers_rename(params)?,
-            methods::PEERS_REMOVE => self.peers_remove(params)?,
-            methods::GRANT => self.grant(params)?,
-            methods::REVOKE => self.revoke(params)?,
-            methods::INVITE => {
-                self.home_relay_settled().await;
-                self.invite(params)?
-            }
             methods::PAIR => self.pair(params).await?,
-            methods::SERVICES_SERVE => self.serve(params)?,
-            methods::SERVICES_UNSERVE => self.unserve(params)?,
             methods::STATUS => self.status().await,
             methods::STATUS_WEB => self.status_web().await?,
             methods::AUDIT_VERIFY => self.audit_verify().await?,
-            methods::ORG_CREATE => {
-                self.home_relay_settled().await;
-                self.org_create(params)?
-            }
-            methods::ORG_INVITE => {
-                self.home_relay_settled().await;
-                self.org_invite(params)?
-            }
             methods::ORG_JOIN => self.org_join(params).await?,
             methods::ORG_MEMBERS => self.org_members()?,
-            methods::ORG_REMOVE => self.org_remove(params)?,
-            methods::ORG_GROUPS => self.org_groups(params)?,
             methods::ORG_STATUS => self.org_status().await?,
-            methods::ORG_EXPORT_ROOT => self.org_export_root(params)?,
-            methods::ORG_IMPORT_ROOT => self.org_import_root(params)?,
             methods::SESSION_OPEN => {
                 let open: SessionOpen = params_of(params)?;
                 let session = self.open_session(&open).await?;

@@ -24,7 +24,7 @@ use crate::time::unix_ms;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
 use super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
-use super::node::{Node, params_of};
+use super::node::{Node, params_of, stopping};
 
 fn bad(message: impl Into<String>) -> ControlError {
     ControlError::invalid_params(message)
@@ -516,7 +516,9 @@ impl Node {
         let (pending, services) = self
             .pair_through_inviter(inviter, &invite, &hello, wanted)
             .await?;
-        self.confirm_paired(inviter, &secret, pending, &services)
+        self.on_disk(move |node| node.confirm_paired(inviter, &secret, pending, &services))
+            .await
+            .unwrap_or_else(|| Err(stopping()))
     }
 
     /// The pairing's exchange with the inviter: the hello, then, once the inviter is stored
@@ -559,8 +561,14 @@ impl Node {
         match done {
             Ok(Ok(done)) if done.ok => {}
             Ok(Ok(refused)) => {
-                self.store.remove_peer(&pending.id).map_err(store_err)?;
-                self.refresh();
+                let id = pending.id.clone();
+                self.on_disk(move |node| {
+                    node.store.remove_peer(&id).map_err(store_err)?;
+                    node.refresh();
+                    Ok(())
+                })
+                .await
+                .unwrap_or_else(|| Err(stopping()))?;
                 return Err(refusal(refused));
             }
             _ => {
@@ -605,8 +613,14 @@ impl Node {
             pending: true,
             grants_owed: Vec::new(),
         };
-        self.store.put_peer(&peer, None).map_err(store_err)?;
-        self.refresh();
+        let stored = peer.clone();
+        self.on_disk(move |node| {
+            node.store.put_peer(&stored, None).map_err(store_err)?;
+            node.refresh();
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|| Err(stopping()))?;
         drop(naming);
         Ok(peer)
     }
@@ -678,27 +692,31 @@ impl Node {
             let Some(id) = parse_endpoint_id(&peer.id) else {
                 continue;
             };
-            match ping_outcome(&self.endpoint, id, pairing::EXCHANGE_TIMEOUT).await {
+            let outcome = ping_outcome(&self.endpoint, id, pairing::EXCHANGE_TIMEOUT).await;
+            if matches!(outcome, PingOutcome::Unreachable) {
+                continue;
+            }
+            self.on_disk(move |node| match outcome {
                 PingOutcome::Reachable { .. } => {
                     peer.pending = false;
-                    if self.store.put_peer(&peer, None).is_ok() {
+                    if node.store.put_peer(&peer, None).is_ok() {
                         tracing::info!(peer = %peer.name, "pairing confirmed");
-                        self.trust_event("pair", Some(&peer.name), None);
+                        node.trust_event("pair", Some(&peer.name), None);
                     }
                 }
-                PingOutcome::Refused => {
-                    if self.store.remove_peer(&peer.id).is_ok() {
+                _ => {
+                    if node.store.remove_peer(&peer.id).is_ok() {
                         tracing::info!(peer = %peer.name, "pairing undone: the inviter never stored it");
-                        self.refresh();
+                        node.refresh();
                     }
                 }
-                PingOutcome::Unreachable => {}
-            }
+            })
+            .await;
         }
     }
 
     /// The inviter, on the hello: the proof must hold for a live invite. Nothing is stored
-    /// but a failed attempt. Blocking (store transactions): run it off the runtime.
+    /// but a failed attempt. Blocking (store transactions): run it on the node's writer.
     fn check_redemption(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
         let me = self.endpoint.id();
         let checked = self.store.verify(
@@ -750,17 +768,22 @@ impl Node {
         // get two names.
         let _naming = self.naming.lock().await;
         let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
-        let node = self.clone();
         let (peer_name, owed) = (name.clone(), services.clone());
-        let outcome = off_runtime(move || {
-            let outcome = node.redeem(redeemer, &hello, peer_name, owed);
-            node.update_alpns();
-            outcome
-        })
-        .await;
+        let outcome = self
+            .on_disk(move |node| {
+                let outcome = node.redeem(redeemer, &hello, peer_name, owed);
+                node.update_alpns();
+                match outcome {
+                    Ok(Redeemed::Accepted(peer)) => {
+                        Ok(Redeemed::Accepted(node.settle_grants(&peer)))
+                    }
+                    Ok(Redeemed::Refused(reason)) => Ok(Redeemed::Refused(reason)),
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
         match outcome {
-            Some(Ok(Redeemed::Accepted(peer))) => {
-                let granted = self.settle_grants(&peer);
+            Some(Ok(Redeemed::Accepted(granted))) => {
                 self.trust_event("pair", Some(&name), None);
                 for s in &granted {
                     self.trust_event("grant", Some(&name), Some(s));
@@ -880,12 +903,6 @@ impl Node {
     }
 }
 
-/// Runs blocking work (store transactions, which sync the disk) on the blocking pool, so the
-/// node's one runtime thread keeps serving; `None` if it panicked.
-async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(work).await.ok()
-}
-
 fn refusal(reply: PairReply) -> ControlError {
     ControlError::new(
         codes::REFUSED,
@@ -975,12 +992,11 @@ impl ProtocolHandler for PairProtocol {
             .await
             .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
         let reply = match hello.clone() {
-            Some(hello) if hello.pair == 1 => {
-                let node = self.node.clone();
-                off_runtime(move || node.check_redemption(redeemer, &hello))
-                    .await
-                    .unwrap_or_else(|| PairReply::refused("the inviter's store failed"))
-            }
+            Some(hello) if hello.pair == 1 => self
+                .node
+                .on_disk(move |node| node.check_redemption(redeemer, &hello))
+                .await
+                .unwrap_or_else(|| PairReply::refused("the inviter's store failed")),
             _ => PairReply::refused("malformed pairing request"),
         };
         if send_message(&mut wire, &reply).await && reply.ok {

@@ -328,6 +328,9 @@ impl NeedsGrant {
 #[derive(Debug)]
 pub struct GrantBook {
     files: GrantFiles,
+    /// The node's writer, which every grant written goes through (without one, the blocking
+    /// pool).
+    disk: Option<crate::disk::Disk>,
     /// Made on the first refresh: a node that never refreshes a grant never loads TLS roots.
     http: std::sync::OnceLock<reqwest::Client>,
     slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Grant>>>>>,
@@ -337,14 +340,34 @@ impl GrantBook {
     pub fn new(files: GrantFiles) -> Self {
         GrantBook {
             files,
+            disk: None,
             http: std::sync::OnceLock::new(),
             slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Writes the grants on `disk`, a running node's writer.
+    pub fn with_disk(self, disk: crate::disk::Disk) -> Self {
+        GrantBook {
+            disk: Some(disk),
+            ..self
         }
     }
 
     /// Where the book reads its grants.
     pub fn files(&self) -> &GrantFiles {
         &self.files
+    }
+
+    /// Runs a write of grant files off the runtime; `None` if it panicked.
+    async fn write<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        match &self.disk {
+            Some(disk) => disk.run(job).await,
+            None => tokio::task::spawn_blocking(job).await.ok(),
+        }
     }
 
     fn http(&self) -> Result<&reqwest::Client, OAuthError> {
@@ -410,8 +433,7 @@ impl GrantBook {
         match refreshed {
             Ok(fresh) => {
                 let (files, name, kept) = (self.files.clone(), service.to_owned(), fresh.clone());
-                let saved = tokio::task::spawn_blocking(move || files.save(&name, &kept)).await;
-                if let Ok(Err(e)) | Err(e) = saved.map_err(|e| OAuthError::Http(e.to_string())) {
+                if let Some(Err(e)) = self.write(move || files.save(&name, &kept)).await {
                     tracing::warn!(%service, "{e}");
                 }
                 tracing::info!(%service, "refreshed the service's OAuth access token");
@@ -433,20 +455,21 @@ impl GrantBook {
         let slot = self.slot(service);
         let _held = slot.lock().await;
         let (files, name) = (self.files.clone(), service.to_owned());
-        let saved = tokio::task::spawn_blocking(move || {
-            let Some(grant) = files.load(&name)? else {
-                return Ok(());
-            };
-            files.save(
-                &name,
-                &Grant {
-                    wanted: Some(wanted),
-                    ..grant
-                },
-            )
-        })
-        .await;
-        if let Ok(Err(e)) | Err(e) = saved.map_err(|e| OAuthError::Http(e.to_string())) {
+        let saved = self
+            .write(move || {
+                let Some(grant) = files.load(&name)? else {
+                    return Ok(());
+                };
+                files.save(
+                    &name,
+                    &Grant {
+                        wanted: Some(wanted),
+                        ..grant
+                    },
+                )
+            })
+            .await;
+        if let Some(Err(e)) = saved {
             tracing::warn!(%service, "{e}");
         }
     }

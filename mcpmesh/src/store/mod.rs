@@ -109,7 +109,7 @@ impl Store {
         let db = redb::Builder::new()
             .create_with_backend(backend)
             .map_err(err)?;
-        let txn = db.begin_write().map_err(err)?;
+        let txn = begin_write(&db)?;
         {
             txn.open_table(PEERS).map_err(err)?;
             txn.open_table(INVITES).map_err(err)?;
@@ -185,6 +185,7 @@ impl Store {
 
     /// Removes invites that expired or ran out of uses; returns how many live ones remain.
     pub fn prune_invites(&self, now: u64) -> Result<usize, StoreError> {
+        check_writer();
         let live = self.invites()?;
         let dead: Vec<&String> = live
             .iter()
@@ -213,6 +214,7 @@ impl Store {
         max_failures: u32,
         check: impl Fn(&StoredInvite) -> Result<T, String>,
     ) -> Result<Redeemed<T>, StoreError> {
+        check_writer();
         self.redeem_inner(id, now, max_failures, |i| check(i).map(|v| (None, v)))
     }
 
@@ -227,6 +229,7 @@ impl Store {
         max_failures: u32,
         check: impl Fn(&StoredInvite) -> Result<(StoredPeer, Pairing, T), String>,
     ) -> Result<Redeemed<T>, StoreError> {
+        check_writer();
         self.redeem_inner(id, now, max_failures, |i| {
             check(i).map(|(p, r, v)| (Some((p, r)), v))
         })
@@ -253,7 +256,7 @@ impl Store {
             Step::Unchanged(outcome) => return Ok(outcome),
             Step::Change(..) => {}
         }
-        let txn = self.db.begin_write().map_err(err)?;
+        let txn = begin_write(&self.db)?;
         let outcome = {
             let mut invites = txn.open_table(INVITES).map_err(err)?;
             // Decided again on what the write sees: another attempt may have come between.
@@ -334,7 +337,7 @@ impl Store {
         &self,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(err)?;
+        let txn = begin_write(&self.db)?;
         f(&txn)?;
         txn.commit().map_err(err)
     }
@@ -420,6 +423,49 @@ impl crate::audit::HighWater for Store {
     }
 }
 
+/// A running node's store as the audit log's high-water mark: read where it is asked,
+/// written on the node's writer like every other write.
+#[derive(Debug)]
+pub struct HighWaterOnDisk {
+    store: std::sync::Arc<Store>,
+    disk: crate::disk::Disk,
+}
+
+impl HighWaterOnDisk {
+    pub fn new(store: std::sync::Arc<Store>, disk: crate::disk::Disk) -> Self {
+        HighWaterOnDisk { store, disk }
+    }
+}
+
+impl crate::audit::HighWater for HighWaterOnDisk {
+    fn load(&self) -> Result<Option<crate::audit::Head>, String> {
+        self.store.load()
+    }
+
+    fn save(&self, mark: &crate::audit::Head) -> Result<(), String> {
+        let (store, mark) = (self.store.clone(), mark.clone());
+        self.disk
+            .run_blocking(move || crate::audit::HighWater::save(store.as_ref(), &mark))
+            .unwrap_or_else(|| Err("the node's writer is gone".to_owned()))
+    }
+}
+
+/// Every write transaction starts here, where the one-writer rule is checked (see
+/// [`crate::disk`]).
+fn begin_write(db: &Database) -> Result<redb::WriteTransaction, StoreError> {
+    check_writer();
+    db.begin_write().map_err(err)
+}
+
+/// The one-writer rule, checked in debug builds by every method that may write, whether or
+/// not this call does: a write that happens only now and then is caught the first time.
+fn check_writer() {
+    debug_assert!(
+        crate::disk::may_write_here(),
+        "the store is written on an async runtime's thread: run the write on the node's Disk"
+    );
+}
+
 fn all_in<K: redb::Key + 'static, T: DeserializeOwned>(
     db: &impl ReadableDatabase,
     def: TableDefinition<K, &'static [u8]>,
@@ -476,6 +522,26 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
         let e = Store::open(&path).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
+    }
+
+    #[cfg(debug_assertions)]
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_on_a_runtime_thread_fails_in_debug_builds_and_one_on_the_writer_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mcpmesh.redb");
+        let disk = crate::disk::Disk::start(tokio::runtime::Handle::current()).unwrap();
+        let store =
+            std::sync::Arc::new(disk.run(move || Store::open(&path)).await.unwrap().unwrap());
+        let on_writer = store.clone();
+        let written = disk
+            .run(move || on_writer.put_invite("i1", &invite(1)))
+            .await;
+        assert!(matches!(written, Some(Ok(()))));
+        let here = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.put_invite("i2", &invite(1))
+        }));
+        assert!(here.is_err(), "a write on the runtime thread must not pass");
+        assert_eq!(store.invites().unwrap().len(), 1);
     }
 
     fn invite(uses: u32) -> StoredInvite {

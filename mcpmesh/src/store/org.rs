@@ -163,6 +163,7 @@ impl Store {
 
     /// Drops expired join invites; returns how many are live.
     pub fn prune_join_invites(&self, now: u64) -> Result<usize, StoreError> {
+        super::check_writer();
         let (live, dead): (Vec<_>, Vec<_>) = {
             let txn = self.db.begin_read().map_err(err)?;
             let table = txn.open_table(JOIN_INVITES).map_err(err)?;
@@ -200,6 +201,7 @@ impl Store {
         max_failures: u32,
         check: impl Fn(&StoredJoinInvite) -> Result<(Option<(OrgRecord, Pairing)>, T), String>,
     ) -> Result<JoinStep<T>, StoreError> {
+        super::check_writer();
         let decide = |invite: Option<StoredJoinInvite>| match invite {
             None => Err(JoinStep::Refused(
                 "unknown invite (it may have been used or withdrawn)".to_owned(),
@@ -228,7 +230,7 @@ impl Store {
         if let Err(outcome) = decide(seen) {
             return Ok(outcome);
         }
-        let txn = self.db.begin_write().map_err(err)?;
+        let txn = super::begin_write(&self.db)?;
         let outcome = {
             let mut invites = txn.open_table(JOIN_INVITES).map_err(err)?;
             match decide(join_invite_in(&invites, id)?) {

@@ -27,7 +27,7 @@ use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin, StoredJoinInvite};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
-use super::super::node::{Node, params_of};
+use super::super::node::{Node, params_of, stopping};
 use super::{bad, check_device, device_name, free_device_name, now_secs, store_err};
 
 /// Failed join attempts after which a join invite is void.
@@ -56,23 +56,8 @@ impl Node {
                 self.sync_with(admin).await;
             }
             PingOutcome::Refused => {
-                let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-                if let Ok(Some(now)) = self.store.org()
-                    && now.pending.is_some()
-                {
-                    // A node that held a roster before keeps it; a fresh joiner leaves the org.
-                    let outcome = if now.roster.is_some() {
-                        self.store.put_org(&OrgRecord {
-                            pending: None,
-                            ..now
-                        })
-                    } else {
-                        self.store.remove_org()
-                    };
-                    if outcome.is_ok() {
-                        tracing::info!(org = %record.org, "join undone: the admin never completed it");
-                    }
-                }
+                self.on_disk(move |node| node.undo_pending_join(&record.org))
+                    .await;
             }
             PingOutcome::Unreachable => {
                 tracing::info!(org = %record.org, "join still pending: the admin's node is unreachable");
@@ -124,8 +109,13 @@ impl Node {
         };
         let roster_text = self.join_through_admin(admin, &invite, &hello).await?;
         let admin_name = format!("eid:{}", admin.fmt_short());
-        self.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
-            .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
+        self.on_disk(move |node| {
+            node.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
+                .map(drop)
+        })
+        .await
+        .ok_or_else(stopping)?
+        .map_err(|e| ControlError::new(codes::REFUSED, format!("the admin's roster: {e}")))?;
         let view = self.held_roster()?;
         let seat = view.seat(&me).ok_or_else(|| {
             ControlError::new(
@@ -216,7 +206,10 @@ impl Node {
         }
         // Pinned and pending before the admin commits: whatever crashes next, recovery can
         // tell from the admin's node whether the join happened (see `confirm_pending_join`).
-        self.pin_pending_join(invite)?;
+        let pinned = invite.clone();
+        self.on_disk(move |node| node.pin_pending_join(&pinned))
+            .await
+            .unwrap_or_else(|| Err(stopping()))?;
         let done = tokio::time::timeout(
             limit,
             exchange.ask::<JoinReply>(&JoinCommit { commit: true }),
@@ -230,13 +223,34 @@ impl Node {
                 ..
             })) => Ok(text),
             Ok(Ok(refused)) => {
-                self.drop_pending_join();
+                self.on_disk(|node| node.drop_pending_join()).await;
                 Err(join_refusal(refused))
             }
             Err(_) | Ok(Err(_)) => Err(ControlError::new(
                 codes::UNREACHABLE,
                 "the admin's node did not confirm the join; it will be confirmed or undone when it can be reached",
             )),
+        }
+    }
+
+    /// The admin's node refused this device's pending join: a node that held a roster before
+    /// keeps it; a fresh joiner leaves the org.
+    fn undo_pending_join(&self, org: &str) {
+        let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Some(now)) = self.store.org()
+            && now.pending.is_some()
+        {
+            let outcome = if now.roster.is_some() {
+                self.store.put_org(&OrgRecord {
+                    pending: None,
+                    ..now
+                })
+            } else {
+                self.store.remove_org()
+            };
+            if outcome.is_ok() {
+                tracing::info!(org = %org, "join undone: the admin never completed it");
+            }
         }
     }
 
@@ -511,12 +525,11 @@ impl ProtocolHandler for JoinProtocol {
             .await
             .and_then(|v| serde_json::from_value::<JoinHello>(v).ok());
         let reply = match hello.clone() {
-            Some(hello) if hello.join == 1 => {
-                let node = self.node.clone();
-                tokio::task::spawn_blocking(move || node.check_join(joiner, &hello))
-                    .await
-                    .unwrap_or_else(|_| JoinReply::refused("the admin's store failed"))
-            }
+            Some(hello) if hello.join == 1 => self
+                .node
+                .on_disk(move |node| node.check_join(joiner, &hello))
+                .await
+                .unwrap_or_else(|| JoinReply::refused("the admin's store failed")),
             _ => JoinReply::refused("malformed join request"),
         };
         if send_message(&mut wire, &reply).await && reply.ok {
@@ -524,10 +537,11 @@ impl ProtocolHandler for JoinProtocol {
                 .await
                 .and_then(|v| serde_json::from_value::<JoinCommit>(v).ok());
             if let (Some(hello), Some(JoinCommit { commit: true })) = (hello, commit) {
-                let node = self.node.clone();
-                let done = tokio::task::spawn_blocking(move || node.complete_join(joiner, &hello))
+                let done = self
+                    .node
+                    .on_disk(move |node| node.complete_join(joiner, &hello))
                     .await
-                    .unwrap_or_else(|_| JoinReply::refused("the admin's store failed"));
+                    .unwrap_or_else(|| JoinReply::refused("the admin's store failed"));
                 send_message(&mut wire, &done).await;
             }
         }

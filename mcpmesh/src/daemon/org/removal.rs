@@ -166,12 +166,9 @@ impl Node {
 
     /// Checks a removal notice `peer` handed over and, when it verifies, leaves the org. A
     /// bad notice is refused and recorded like a bad roster.
-    pub(super) async fn take_notice_off_runtime(&self, notice: RemovalNotice, peer: EndpointId) {
-        let Some(node) = self.arc() else {
-            return;
-        };
+    pub(super) async fn take_notice_on_disk(&self, notice: RemovalNotice, peer: EndpointId) {
         let from = self.name_of(&peer);
-        let _ = tokio::task::spawn_blocking(move || {
+        self.on_disk(move |node| {
             let taken = {
                 let _one_at_a_time = node.org_lock.lock().unwrap_or_else(|p| p.into_inner());
                 node.notice_locked(&notice, &from)

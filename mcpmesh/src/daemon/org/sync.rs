@@ -285,17 +285,11 @@ impl Node {
         Ok(Installed::Held(view))
     }
 
-    /// [`Node::install_roster`] on the blocking pool: it syncs the store to disk, and the
-    /// node's one runtime thread keeps serving meanwhile.
-    async fn install_off_runtime(&self, text: String, peer: EndpointId) {
-        let Some(node) = self.arc() else {
-            return;
-        };
+    /// [`Node::install_roster`] of a roster `peer` sent, on the node's writer.
+    async fn install_on_disk(&self, text: String, peer: EndpointId) {
         let from = self.name_of(&peer);
-        let _ = tokio::task::spawn_blocking(move || {
-            node.install_roster_by(text.as_bytes(), &from, Some(peer))
-        })
-        .await;
+        self.on_disk(move |node| node.install_roster_by(text.as_bytes(), &from, Some(peer)))
+            .await;
     }
 
     /// `peer` offered the roster of another org (a root other than the one pinned here): it
@@ -469,9 +463,9 @@ impl Node {
             }
             if same_org {
                 if let Some(notice) = theirs.removed.clone() {
-                    self.take_notice_off_runtime(notice, peer).await;
+                    self.take_notice_on_disk(notice, peer).await;
                 } else if let Some(text) = &theirs.roster {
-                    self.install_off_runtime(text.clone(), peer).await;
+                    self.install_on_disk(text.clone(), peer).await;
                 } else if let Some(view) = mine.as_ref().filter(|v| {
                     v.roster().serial > theirs.serial
                         && v.seat(&peer).is_some_and(|_| !v.is_revoked(&peer))
@@ -513,7 +507,7 @@ impl Node {
             return;
         };
         if let Some(notice) = theirs.removed {
-            self.take_notice_off_runtime(notice, peer).await;
+            self.take_notice_on_disk(notice, peer).await;
             return;
         }
         let record = self.store.org().ok().flatten();
@@ -551,7 +545,7 @@ impl Node {
             && let Some(pushed) = next_offer(wire).await
             && let Some(text) = pushed.roster
         {
-            self.install_off_runtime(text, peer).await;
+            self.install_on_disk(text, peer).await;
         }
     }
 
