@@ -126,8 +126,7 @@ fn check_files(
     config_file: &mcpmesh::config::ConfigFile,
     checks: &mut Checks,
 ) -> Option<mcpmesh::config::Settings> {
-    use mcpmesh::files::{Rule, open_checked, shared};
-    use std::os::unix::fs::MetadataExt;
+    use mcpmesh::files::{Rule, exposure, open_checked};
     match profile.check_trusted() {
         Ok(()) => checks.add(
             "profile ownership",
@@ -150,14 +149,14 @@ fn check_files(
             None
         }
     };
-    if let Some(meta) = std::fs::metadata(profile.config_file()).ok().filter(shared) {
+    let config_meta = std::fs::metadata(profile.config_file()).ok();
+    if let Some(exposed) = config_meta.as_ref().and_then(exposure) {
         checks.add(
             "config permissions",
             "warn",
             format!(
-                "{} is readable by others (mode {:o}); service env may hold tokens: chmod 600 it",
+                "{} is {exposed}; service env may hold tokens: chmod 600 it",
                 profile.config_file().display(),
-                meta.mode() & 0o777
             ),
         );
     }
@@ -184,17 +183,16 @@ fn check_files(
 
 /// Whether a node runs behind a private control socket; a client of it when one answers.
 fn check_node(profile: &Profile, checks: &mut Checks) -> Option<ControlClient> {
-    use mcpmesh::files::shared;
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::symlink_metadata(profile.socket_path()) {
+    let socket = std::fs::symlink_metadata(profile.socket_path());
+    match socket.as_ref().map(mcpmesh::files::exposure) {
         Err(_) => checks.add("node", "ok", "not running (any verb starts it)".into()),
-        Ok(meta) if shared(&meta) => checks.add(
+        Ok(Some(exposed)) => checks.add(
             "control socket",
             "error",
             format!(
                 "{} has mode {:o}; expected 0600",
                 profile.socket_path().display(),
-                meta.mode() & 0o777
+                exposed.mode
             ),
         ),
         Ok(_) => match ControlClient::connect(profile) {

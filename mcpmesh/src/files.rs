@@ -50,14 +50,9 @@ pub enum Untrusted {
     )]
     NotYours { path: String, owner: u32 },
     #[error(
-        "{path} holds a secret but is {how} by {who} (mode {mode:o}), so mcpmesh will not use it. Run: chmod 600 {path}"
+        "{path} holds a secret but is {exposure}, so mcpmesh will not use it. Run: chmod 600 {path}"
     )]
-    Exposed {
-        path: String,
-        mode: u32,
-        how: &'static str,
-        who: &'static str,
-    },
+    Exposed { path: String, exposure: Exposure },
     #[error(
         "{path} is a symbolic link, so mcpmesh will not use it: its keys, tokens, store and log are files of their own. Remove the link (rm {path}), or put the file itself there"
     )]
@@ -88,12 +83,38 @@ fn check_secret(path: &Path, meta: &Metadata) -> Result<(), Untrusted> {
             owner: meta.uid(),
         });
     }
-    if !shared(meta) {
-        return Ok(());
+    match exposure(meta) {
+        None => Ok(()),
+        Some(exposure) => Err(Untrusted::Exposed {
+            path: shown(),
+            exposure,
+        }),
     }
+}
+
+/// How a file is open to others than its owner, said as "readable by others (mode 644)".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exposure {
+    /// The permission bits (`0o777`).
+    pub mode: u32,
+    how: &'static str,
+    who: &'static str,
+}
+
+impl std::fmt::Display for Exposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} by {} (mode {:o})", self.how, self.who, self.mode)
+    }
+}
+
+/// How anyone but its owner may read or write what `meta` describes; `None` when nobody may:
+/// what a secret (and the control socket) must be.
+pub fn exposure(meta: &Metadata) -> Option<Exposure> {
     let mode = meta.mode() & 0o777;
-    Err(Untrusted::Exposed {
-        path: shown(),
+    if mode & 0o077 == 0 {
+        return None;
+    }
+    Some(Exposure {
         mode,
         how: if mode & 0o044 != 0 {
             "readable"
@@ -106,12 +127,6 @@ fn check_secret(path: &Path, meta: &Metadata) -> Result<(), Untrusted> {
             "its group"
         },
     })
-}
-
-/// Whether anyone but its owner may read or write what `meta` describes: what a secret (and
-/// the control socket) must not be.
-pub fn shared(meta: &Metadata) -> bool {
-    meta.mode() & 0o077 != 0
 }
 
 /// `O_NOFOLLOW`: the open fails (`ELOOP`) when the last component is a link.
@@ -447,6 +462,33 @@ mod tests {
             );
         }
         assert_eq!(read_secret(&dir.path().join("none"), 64).unwrap(), None);
+    }
+
+    #[test]
+    fn a_file_open_to_others_says_who_may_do_what() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let said = |mode| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            exposure(&std::fs::metadata(&path).unwrap()).map(|e| e.to_string())
+        };
+        assert_eq!(said(0o600), None);
+        assert_eq!(said(0o700), None);
+        assert_eq!(
+            said(0o644).as_deref(),
+            Some("readable by others (mode 644)")
+        );
+        assert_eq!(
+            said(0o640).as_deref(),
+            Some("readable by its group (mode 640)")
+        );
+        assert_eq!(
+            said(0o620).as_deref(),
+            Some("writable by its group (mode 620)")
+        );
+        let e = read_secret(&path, 64).unwrap_err().to_string();
+        assert!(e.contains("is writable by its group (mode 620), so"), "{e}");
     }
 
     #[test]

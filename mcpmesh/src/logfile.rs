@@ -3,6 +3,9 @@
 //! dropped) and a new file is started. The process's stderr follows the current file, so what
 //! is written there without going through the log (a panic's message) lands beside the log
 //! lines and is rotated with them.
+//!
+//! Ours, not tracing-appender's: that rotates on a schedule, not by size, and neither opens the
+//! file private and never through a link ([`crate::files::open_append`]) nor moves stderr along.
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -8,6 +8,10 @@
 //! node, and the systemd unit in `deploy/`; a node started by hand (`mcpmesh daemon`) without it
 //! replaces itself once with it ([`restart_tuned`]). Spawned MCP servers get the environment the
 //! node itself was given.
+//!
+//! An environment variable and a re-exec, not `mallopt` at start (a C call, and the crates
+//! forbid `unsafe`) nor another allocator (jemalloc, mimalloc: a C library built into the
+//! binary to change one setting).
 
 /// The setting, in glibc's tunables syntax.
 pub const TUNABLES: &str = "glibc.malloc.mmap_threshold=1048576";

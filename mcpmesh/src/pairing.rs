@@ -196,30 +196,32 @@ pub fn new_invite_id() -> std::io::Result<String> {
     Ok(data_encoding::HEXLOWER.encode(&id))
 }
 
-/// Proof of the secret, bound to both keys: useless with any other pair of nodes.
+/// Proof of the secret, bound to both keys: useless with any other pair of nodes. The
+/// redeemer (or joiner) sends it; the inviter (or admin) checks it with [`check_proof`].
 pub fn proof(secret: &[u8; 32], inviter: &EndpointId, redeemer: &EndpointId) -> String {
-    let mut h = blake3::Hasher::new_keyed(secret);
-    h.update(b"mcpmesh/pair/1 proof");
-    h.update(inviter.as_bytes());
-    h.update(redeemer.as_bytes());
-    h.finalize().to_hex().to_string()
+    proof_hash(secret, inviter, redeemer).to_hex().to_string()
 }
 
-/// Whether `claimed` is the right proof, compared in constant time.
-pub fn proof_matches(
+/// Whether `claimed` is the right [`proof`] (compared in constant time); when not, the reason
+/// the refusal gives.
+pub fn check_proof(
     secret: &[u8; 32],
     inviter: &EndpointId,
     redeemer: &EndpointId,
     claimed: &str,
-) -> bool {
-    let Ok(claimed) = blake3::Hash::from_hex(claimed) else {
-        return false;
-    };
+) -> Result<(), String> {
+    match blake3::Hash::from_hex(claimed) {
+        Ok(claimed) if proof_hash(secret, inviter, redeemer) == claimed => Ok(()),
+        _ => Err("the invite's secret does not match".to_owned()),
+    }
+}
+
+fn proof_hash(secret: &[u8; 32], inviter: &EndpointId, redeemer: &EndpointId) -> blake3::Hash {
     let mut h = blake3::Hasher::new_keyed(secret);
     h.update(b"mcpmesh/pair/1 proof");
     h.update(inviter.as_bytes());
     h.update(redeemer.as_bytes());
-    h.finalize() == claimed
+    h.finalize()
 }
 
 /// The three-word code both sides show: the same for both, whoever invited whom.
@@ -399,10 +401,11 @@ mod tests {
             iroh::SecretKey::generate().public(),
         );
         let p = proof(&[3; 32], &a, &b);
-        assert!(proof_matches(&[3; 32], &a, &b, &p));
-        assert!(!proof_matches(&[3; 32], &a, &c, &p));
-        assert!(!proof_matches(&[4; 32], &a, &b, &p));
-        assert!(!proof_matches(&[3; 32], &a, &b, "zz"));
+        assert_eq!(check_proof(&[3; 32], &a, &b, &p), Ok(()));
+        assert!(check_proof(&[3; 32], &a, &c, &p).is_err());
+        assert!(check_proof(&[4; 32], &a, &b, &p).is_err());
+        assert!(check_proof(&[3; 32], &b, &a, &p).is_err());
+        assert!(check_proof(&[3; 32], &a, &b, "zz").is_err());
     }
 
     #[test]

@@ -107,25 +107,44 @@ pub fn listed_tool_names(line: &[u8]) -> Option<Vec<String>> {
     )
 }
 
+/// The patterns that decide for one caller, borrowed from its rules: the one place the
+/// rules' precedence is read, for [`may_use`] and [`access`] alike.
+struct Deciding<'r> {
+    /// `None`: every tool.
+    allow: Option<&'r [String]>,
+    /// Every applying rule's, in order, possibly repeated.
+    deny: Vec<&'r String>,
+}
+
+impl Deciding<'_> {
+    fn of<'r>(rules: &'r [ToolRule], held: &[Principal]) -> Deciding<'r> {
+        if rules.is_empty() {
+            return Deciding {
+                allow: None,
+                deny: Vec::new(),
+            };
+        }
+        let applying: Vec<&ToolRule> = rules.iter().filter(|r| r.applies_to(held)).collect();
+        let allow = match applying.iter().find(|r| !r.allow.is_empty()) {
+            Some(rule) => Some(&rule.allow[..]),
+            // Named by no rule: no tool.
+            None if applying.is_empty() => Some(&[][..]),
+            None => None,
+        };
+        let deny = applying.iter().flat_map(|r| &r.deny).collect();
+        Deciding { allow, deny }
+    }
+
+    fn permits(&self, tool: &str) -> bool {
+        self.allow
+            .is_none_or(|allow| allow.iter().any(|p| matches(p, tool)))
+            && !self.deny.iter().any(|p| matches(p, tool))
+    }
+}
+
 /// Whether a caller holding `held` may use `tool` under `rules`.
 pub fn may_use(rules: &[ToolRule], held: &[Principal], tool: &str) -> bool {
-    if rules.is_empty() {
-        return true;
-    }
-    let applying: Vec<&ToolRule> = rules.iter().filter(|r| r.applies_to(held)).collect();
-    if applying.is_empty() {
-        return false;
-    }
-    if applying
-        .iter()
-        .any(|r| r.deny.iter().any(|p| matches(p, tool)))
-    {
-        return false;
-    }
-    match applying.iter().find(|r| !r.allow.is_empty()) {
-        Some(rule) => rule.allow.iter().any(|p| matches(p, tool)),
-        None => true,
-    }
+    Deciding::of(rules, held).permits(tool)
 }
 
 /// What [`may_use`] decides for one caller, as patterns: a tool is usable when it matches
@@ -146,24 +165,16 @@ impl ToolAccess {
 
 /// The patterns that decide which tools a caller holding `held` may use under `rules`.
 pub fn access(rules: &[ToolRule], held: &[Principal]) -> ToolAccess {
-    let every = || vec!["*".to_owned()];
-    if rules.is_empty() {
-        return ToolAccess {
-            allow: every(),
-            deny: Vec::new(),
-        };
-    }
-    let applying: Vec<&ToolRule> = rules.iter().filter(|r| r.applies_to(held)).collect();
+    let deciding = Deciding::of(rules, held);
     let mut deny: Vec<String> = Vec::new();
-    for pattern in applying.iter().flat_map(|r| &r.deny) {
+    for pattern in deciding.deny {
         if !deny.contains(pattern) {
             deny.push(pattern.clone());
         }
     }
-    let allow = match applying.iter().find(|r| !r.allow.is_empty()) {
-        Some(rule) => rule.allow.clone(),
-        None if applying.is_empty() => Vec::new(),
-        None => every(),
+    let allow = match deciding.allow {
+        Some(allow) => allow.to_vec(),
+        None => vec!["*".to_owned()],
     };
     ToolAccess { allow, deny }
 }
@@ -465,30 +476,65 @@ mod tests {
 
     #[test]
     fn the_access_summary_decides_as_may_use_does() {
-        let rules = [
-            rule(&["group:ops"], &[], &["drop_*"]),
-            rule(&["group:eng"], &["read_*", "drop_x"], &[]),
-            rule(&["peer:dave"], &[], &["*"]),
+        let policies = [
+            vec![],
+            vec![
+                rule(&["group:ops"], &[], &["drop_*"]),
+                rule(&["group:eng"], &["read_*", "drop_x"], &[]),
+                rule(&["peer:dave"], &[], &["*"]),
+            ],
+            vec![rule(&["peer:bob"], &[], &["delete_*", "write_?"])],
+            vec![
+                rule(&["group:eng"], &["read_*"], &["read_secret"]),
+                rule(&["user:bob"], &["*"], &["drop_*"]),
+                rule(&["group:ops"], &["write", "drop_y"], &[]),
+            ],
         ];
-        for who in [
+        let callers = [
             held(&["peer:bob", "group:eng", "group:ops"]),
             held(&["peer:bob", "group:ops"]),
+            held(&["peer:bob", "user:bob"]),
             held(&["peer:dave", "group:eng"]),
             held(&["peer:carol"]),
-        ] {
-            let summary = access(&rules, &who);
-            for tool in ["read_a", "drop_x", "write", "drop_y"] {
-                let by_summary = summary.allow.iter().any(|p| matches(p, tool))
-                    && !summary.deny.iter().any(|p| matches(p, tool));
-                assert_eq!(by_summary, may_use(&rules, &who, tool), "{who:?} {tool}");
+            held(&[]),
+        ];
+        let tools = [
+            "read_a",
+            "read_secret",
+            "drop_x",
+            "drop_y",
+            "write",
+            "write_a",
+            "delete_all",
+            "",
+        ];
+        for rules in &policies {
+            for who in &callers {
+                let summary = access(rules, who);
+                for tool in tools {
+                    let by_summary = summary.allow.iter().any(|p| matches(p, tool))
+                        && !summary.deny.iter().any(|p| matches(p, tool));
+                    assert_eq!(
+                        by_summary,
+                        may_use(rules, who, tool),
+                        "{rules:?} {who:?} {tool}"
+                    );
+                }
             }
         }
         assert!(access(&[], &held(&["peer:x"])).is_all());
         assert_eq!(
-            access(&rules, &held(&["peer:carol"])),
+            access(&policies[1], &held(&["peer:carol"])),
             ToolAccess {
                 allow: vec![],
                 deny: vec![]
+            }
+        );
+        assert_eq!(
+            access(&policies[1], &held(&["peer:bob", "group:ops", "group:eng"])),
+            ToolAccess {
+                allow: vec!["read_*".into(), "drop_x".into()],
+                deny: vec!["drop_*".into()]
             }
         );
     }

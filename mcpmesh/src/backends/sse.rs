@@ -5,6 +5,9 @@
 //! updates the reconnection delay; `event` names and comments are skipped. No line and no
 //! event's data may exceed the cap given at construction: past it the parser reports
 //! [`SseError::TooLarge`] instead of growing.
+//!
+//! Ours, not a crate's: nothing in the dependency tree reads SSE (axum only writes it), and the
+//! cap must hold while an event is still arriving, not once it is whole.
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -724,11 +724,8 @@ impl Node {
             unix_ms() / 1000,
             pairing::MAX_FAILURES,
             |invite| {
-                if pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
-                    Ok(invite.services.clone())
-                } else {
-                    Err("the invite's secret does not match".to_owned())
-                }
+                pairing::check_proof(&invite.secret, &me, &redeemer, &hello.proof)
+                    .map(|()| invite.services.clone())
             },
         );
         let reply = match checked {
@@ -821,9 +818,7 @@ impl Node {
         let now = unix_ms();
         self.store
             .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
-                if !pairing::proof_matches(&invite.secret, &me, &redeemer, &hello.proof) {
-                    return Err("the invite's secret does not match".to_owned());
-                }
+                pairing::check_proof(&invite.secret, &me, &redeemer, &hello.proof)?;
                 let peer = StoredPeer {
                     id: redeemer.to_string(),
                     name: name.clone(),

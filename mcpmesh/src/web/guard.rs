@@ -2,6 +2,7 @@
 //! the gateway checks them, then the token, from the cookie the page set, or `?token=` (traded
 //! for that cookie), or an `Authorization: Bearer` header (for scripts).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -42,7 +43,7 @@ pub(super) async fn guard(
         return refused;
     }
     if let Some(given) = query_token(request.uri().query()) {
-        if !keys.matches(given) || request.method() != Method::GET {
+        if !keys.matches(&given) || request.method() != Method::GET {
             return unauthorized();
         }
         return into_cookie(&keys, request.uri().path());
@@ -86,12 +87,16 @@ fn unauthorized() -> Response {
         .into_response()
 }
 
-fn query_token(query: Option<&str>) -> Option<&str> {
-    query?
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("token="))
+/// The first non-empty `token` of a query string, percent-decoded by `url`'s form_urlencoded,
+/// as the OAuth redirect's query is read.
+fn query_token(query: Option<&str>) -> Option<Cow<'_, str>> {
+    url::form_urlencoded::parse(query?.as_bytes())
+        .find(|(key, value)| key == "token" && !value.is_empty())
+        .map(|(_, value)| value)
 }
 
+// Ours, not the `cookie` crate's (not in the tree): finding one cookie by name in a `Cookie`
+// header is a split on `;` and `=`, and the page's own cookie value is never quoted.
 fn cookie_token<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
@@ -110,9 +115,16 @@ mod tests {
 
     #[test]
     fn the_token_is_found_in_the_query_or_in_this_pages_cookie_only() {
-        assert_eq!(query_token(Some("a=1&token=xyz")), Some("xyz"));
-        assert_eq!(query_token(Some("tokens=xyz")), None);
-        assert_eq!(query_token(None), None);
+        let token = |query| query_token(query).map(Cow::into_owned);
+        assert_eq!(token(Some("a=1&token=xyz")).as_deref(), Some("xyz"));
+        assert_eq!(
+            token(Some("token=x-y_z&token=other")).as_deref(),
+            Some("x-y_z")
+        );
+        assert_eq!(token(Some("token=x%2Dy")).as_deref(), Some("x-y"));
+        assert_eq!(token(Some("tokens=xyz")), None);
+        assert_eq!(token(Some("token")), None);
+        assert_eq!(token(None), None);
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,

@@ -302,11 +302,8 @@ impl Node {
         let checked =
             self.store
                 .attempt_join(&hello.invite, now_secs(), MAX_JOIN_FAILURES, |invite| {
-                    if pairing::proof_matches(&invite.secret, &me, &joiner, &hello.proof) {
-                        Ok((None, ()))
-                    } else {
-                        Err("the invite's secret does not match".to_owned())
-                    }
+                    pairing::check_proof(&invite.secret, &me, &joiner, &hello.proof)
+                        .map(|()| (None, ()))
                 });
         let reply = match checked {
             Ok(JoinStep::Accepted(())) => JoinReply {
@@ -361,9 +358,7 @@ impl Node {
             let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.store
                 .attempt_join(&hello.invite, now, MAX_JOIN_FAILURES, |invite| {
-                    if !pairing::proof_matches(&invite.secret, &me, &joiner, &hello.proof) {
-                        return Err("the invite's secret does not match".to_owned());
-                    }
+                    pairing::check_proof(&invite.secret, &me, &joiner, &hello.proof)?;
                     let next = admitting(view.roster(), now, joiner, invite, hello)?;
                     let signed = SignedRoster::sign(next, &key).map_err(|e| e.to_string())?;
                     let code = pairing::code(&me, &joiner, &invite.secret);

@@ -35,16 +35,31 @@ const IDLE_OPEN: usize = 8;
 const IDLE_BEFORE_OPEN: std::time::Duration = std::time::Duration::from_millis(500);
 const PHASES: [&str; 5] = ["open", "calls", "pipelined", "results", "requests"];
 
+/// The same stdio MCP server, measured directly, through two nodes and through `mcpmesh hub`.
+#[derive(clap::Parser)]
+#[command(name = "mcpmesh-bench", args_override_self = true)]
 struct Args {
+    /// Interleaved rounds; each figure is the median over them (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = at_least(1))]
     rounds: usize,
+    /// Calls per pass (at least 100).
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = at_least(100))]
     calls: usize,
     /// Run only this phase.
+    #[arg(long, value_name = "PHASE", value_parser = PHASES)]
     only: Option<String>,
     /// Also measure a mesh whose nodes keep metrics and send traces.
+    #[arg(long)]
     telemetry: bool,
     /// Also write the headline figures there as one JSON object (what `scripts/bench-check`
     /// reads).
+    #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+}
+
+/// A count, raised to `min` when given below it.
+fn at_least(min: usize) -> impl Fn(&str) -> Result<usize, std::num::ParseIntError> + Clone {
+    move |text| text.parse::<usize>().map(|n| n.max(min))
 }
 
 impl Args {
@@ -58,56 +73,8 @@ impl Args {
     }
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut rest: Vec<String> = std::env::args().skip(1).collect();
-    let only = match rest.iter().position(|a| a == "--only") {
-        Some(i) if i + 1 < rest.len() => {
-            let phase = rest.remove(i + 1);
-            rest.remove(i);
-            if !PHASES.contains(&phase.as_str()) {
-                bail!("--only takes one of {}", PHASES.join(", "));
-            }
-            Some(phase)
-        }
-        Some(_) => bail!("--only takes one of {}", PHASES.join(", ")),
-        None => None,
-    };
-    let json = match rest.iter().position(|a| a == "--json") {
-        Some(i) if i + 1 < rest.len() => {
-            let path = rest.remove(i + 1);
-            rest.remove(i);
-            Some(PathBuf::from(path))
-        }
-        Some(_) => bail!("--json takes the path of the file to write"),
-        None => None,
-    };
-    let telemetry = match rest.iter().position(|a| a == "--telemetry") {
-        Some(i) => {
-            rest.remove(i);
-            true
-        }
-        None => false,
-    };
-    let mut args = Args {
-        rounds: 3,
-        calls: 2000,
-        only,
-        telemetry,
-        json,
-    };
-    bench::numeric_flags(
-        rest,
-        &mut [
-            ("rounds", &mut args.rounds, 1),
-            ("calls", &mut args.calls, 100),
-        ],
-        &format!("[--only {}] [--telemetry] [--json FILE]", PHASES.join("|")),
-    )?;
-    Ok(args)
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
     let mesh = Mesh::start(&mcpmesh, &stub, "")?;
     // The same two nodes again, keeping metrics (each on a port of its own) and sending
@@ -1194,4 +1161,38 @@ struct Floor {
     cpu: f64,
     /// Round trips per second with `PIPELINE` in flight.
     pipelined: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_flags_bench_check_passes_parse_and_counts_are_raised_to_their_floor() {
+        let args = Args::try_parse_from([
+            "bench",
+            "--rounds",
+            "3",
+            "--calls",
+            "2000",
+            "--json",
+            "out.json",
+            "--telemetry",
+        ])
+        .unwrap();
+        assert_eq!((args.rounds, args.calls), (3, 2000));
+        assert_eq!(args.json.as_deref(), Some(Path::new("out.json")));
+        assert!(args.telemetry && args.only.is_none());
+        let args = Args::try_parse_from([
+            "bench", "--rounds", "0", "--calls", "5", "--only", "results",
+        ])
+        .unwrap();
+        assert_eq!((args.rounds, args.calls), (1, 100));
+        assert_eq!(args.phases(&PHASES), ["results"]);
+        let args = Args::try_parse_from(["bench"]).unwrap();
+        assert_eq!((args.rounds, args.calls, args.telemetry), (3, 2000, false));
+        assert!(Args::try_parse_from(["bench", "--only", "nope"]).is_err());
+        assert!(Args::try_parse_from(["bench", "--calls", "x"]).is_err());
+    }
 }
