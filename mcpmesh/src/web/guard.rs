@@ -13,16 +13,16 @@ use crate::http_checks::{bearer_token, constant_time_eq, foreign_host_or_origin}
 
 /// The token and the name of the cookie that carries it.
 #[derive(Debug)]
-pub(super) struct Keys {
+pub(super) struct PageToken {
     token: String,
     /// Cookies are kept per host, not per port: two nodes' pages on one machine each need a
     /// name of their own.
     cookie: String,
 }
 
-impl Keys {
+impl PageToken {
     pub(super) fn new(token: String, port: u16) -> Self {
-        Keys {
+        PageToken {
             token,
             cookie: format!("mcpmesh_status_{port}"),
         }
@@ -34,7 +34,7 @@ impl Keys {
 }
 
 pub(super) async fn guard(
-    State(keys): State<Arc<Keys>>,
+    State(token): State<Arc<PageToken>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -43,29 +43,29 @@ pub(super) async fn guard(
         return refused;
     }
     if let Some(given) = query_token(request.uri().query()) {
-        if !keys.matches(&given) || request.method() != Method::GET {
+        if !token.matches(&given) || request.method() != Method::GET {
             return unauthorized();
         }
-        return into_cookie(&keys, request.uri().path());
+        return into_cookie(&token, request.uri().path());
     }
-    let carried = cookie_token(headers, &keys.cookie).or_else(|| {
+    let carried = cookie_token(headers, &token.cookie).or_else(|| {
         headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token)
     });
     match carried {
-        Some(given) if keys.matches(given) => next.run(request).await,
+        Some(given) if token.matches(given) => next.run(request).await,
         _ => unauthorized(),
     }
 }
 
 /// The answer to a right `?token=`: the cookie, and the same page without the token in its
 /// URL (so it stays out of the address bar and of what is bookmarked).
-fn into_cookie(keys: &Keys, path: &str) -> Response {
+fn into_cookie(token: &PageToken, path: &str) -> Response {
     let cookie = format!(
         "{}={}; HttpOnly; SameSite=Strict; Path=/",
-        keys.cookie, keys.token
+        token.cookie, token.token
     );
     let mut r = StatusCode::SEE_OTHER.into_response();
     // Neither is ever invalid: the token is URL-safe base64 and the path came in a URI.

@@ -96,7 +96,7 @@ impl StatusPage {
             viewers: Arc::new(Semaphore::new(MAX_VIEWERS)),
             stop: stop.clone(),
         });
-        let keys = Arc::new(guard::Keys::new(token.clone(), addr.port()));
+        let checked = Arc::new(guard::PageToken::new(token.clone(), addr.port()));
         let app = Router::new()
             .route("/", get(index))
             .route("/app.js", get(script))
@@ -105,7 +105,7 @@ impl StatusPage {
             .route("/api/status", get(snapshot))
             .route("/api/events", get(events))
             .with_state(page)
-            .layer(axum::middleware::from_fn_with_state(keys, guard::guard))
+            .layer(axum::middleware::from_fn_with_state(checked, guard::guard))
             .layer(axum::middleware::map_response(harden));
         tokio::spawn(crate::http_listener::serve(
             listener,
