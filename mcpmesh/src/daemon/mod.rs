@@ -2,6 +2,7 @@
 //! handle, serves the mesh ALPN and the control socket, and applies config changes live.
 
 mod catalog;
+mod catalogs;
 mod exchange;
 mod gossip;
 mod node;
@@ -9,6 +10,8 @@ mod org;
 mod policy;
 mod reach;
 mod status;
+mod status_page;
+mod swarm;
 mod trust;
 
 use std::io::Write;
@@ -249,8 +252,8 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
         audit: audit.clone(),
         naming: Default::default(),
         outgoing: Default::default(),
-        catalogs: catalog::Catalogs::load(&profile.state_dir),
-        gossip: gossip::OrgGossip::new(endpoint),
+        catalogs: catalogs::Catalogs::load(&profile.state_dir),
+        gossip: swarm::OrgGossip::new(endpoint),
         reach: Default::default(),
         roster_held: Default::default(),
         roster_damage: Default::default(),
@@ -258,7 +261,10 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
         org_lock: Default::default(),
         root_file: profile.org_root_file(),
         log_file: profile.log_file(),
-        status_page: status::StatusPageSlot::new(profile.status_token_file(), profile.audit_dir()),
+        status_page: status_page::StatusPageSlot::new(
+            profile.status_token_file(),
+            profile.audit_dir(),
+        ),
         weak_self: Default::default(),
         metrics_at: Default::default(),
     });
@@ -363,7 +369,7 @@ fn serve_mesh(node: &Arc<Node>, refusals: Arc<RefusalTally>) -> Router {
             catalog::CatalogProtocol::new(node.clone(), audited.clone()),
         )
         .accept(
-            gossip::ALPN_GOSSIP,
+            swarm::ALPN_GOSSIP,
             gossip::GossipProtocol::new(node.clone()),
         )
         .accept(ALPN_ROSTER, RosterProtocol::new(node.clone(), audited))

@@ -58,9 +58,9 @@ pub(super) struct Node {
     /// Sessions this node's own clients have open to peers.
     pub(super) outgoing: Outgoing,
     /// What this node's peers last answered when asked for their catalog.
-    pub(super) catalogs: super::catalog::Catalogs,
+    pub(super) catalogs: super::catalogs::Catalogs,
     /// The org's gossip (roster serials, catalog changes).
-    pub(super) gossip: super::gossip::OrgGossip,
+    pub(super) gossip: super::swarm::OrgGossip,
     /// What the node last found of each peer's reachability.
     pub(super) reach: Reachability,
     /// The org roster this node holds, if it is in an org.
@@ -76,7 +76,7 @@ pub(super) struct Node {
     /// The node's log, which `status` names when a service failed.
     pub(super) log_file: std::path::PathBuf,
     /// The status page, opened at start or on the first `status.web`.
-    pub(super) status_page: super::status::StatusPageSlot,
+    pub(super) status_page: super::status_page::StatusPageSlot,
     /// The node itself, for work it hands to tasks of its own.
     pub(super) weak_self: std::sync::OnceLock<std::sync::Weak<Node>>,
     /// Where the metrics endpoint listens, or why it could not (set once, at start).
@@ -247,7 +247,7 @@ impl Node {
             ALPN_PING.to_vec(),
             ALPN_ROSTER.to_vec(),
             crate::catalog::ALPN_CATALOG.to_vec(),
-            super::gossip::ALPN_GOSSIP.to_vec(),
+            super::swarm::ALPN_GOSSIP.to_vec(),
         ];
         if live > 0 {
             alpns.push(ALPN_PAIR.to_vec());

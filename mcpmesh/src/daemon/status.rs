@@ -3,7 +3,6 @@
 //! sessions, recent pairings, the org it is in, and whether its audit log is intact.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -19,24 +18,6 @@ use crate::web::{StatusPage, StatusSource};
 
 use super::node::Node;
 use super::reach::Seen;
-
-/// The status page, once it is open, and what opening it takes.
-#[derive(Debug)]
-pub(super) struct StatusPageSlot {
-    token_file: PathBuf,
-    audit_dir: PathBuf,
-    page: tokio::sync::Mutex<Option<StatusPage>>,
-}
-
-impl StatusPageSlot {
-    pub(super) fn new(token_file: PathBuf, audit_dir: PathBuf) -> Self {
-        StatusPageSlot {
-            token_file,
-            audit_dir,
-            page: Default::default(),
-        }
-    }
-}
 
 /// The node as the status page sees it; held weakly, so an open page never keeps a stopped
 /// node's store open.
@@ -82,7 +63,7 @@ impl Node {
             self.reach.refresh();
         }
         // "You may use" is each peer's catalog for this node.
-        self.refresh_catalogs(super::catalog::DEFAULT_MAX_AGE, false)
+        self.refresh_catalogs(super::catalogs::DEFAULT_MAX_AGE, false)
             .await;
         let peers: Vec<Value> = table
             .all()
@@ -300,7 +281,12 @@ impl Node {
                 .status_listen
                 .unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
             let local = |e: String| ControlError::new(codes::LOCAL, e);
-            let token = token::load_or_mint(&slot.token_file).map_err(|e| local(e.to_string()))?;
+            let file = slot.token_file.clone();
+            let token = self
+                .on_disk(move |_| token::load_or_mint(&file))
+                .await
+                .ok_or_else(super::node::stopping)?
+                .map_err(|e| local(e.to_string()))?;
             // It goes in a URL and a cookie as it is.
             if !token
                 .bytes()

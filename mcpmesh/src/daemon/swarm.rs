@@ -22,57 +22,49 @@
 //! minute per delivering member.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::StreamExt;
 use iroh::EndpointId;
-use iroh::endpoint::{Connection, VarInt};
-use iroh::protocol::{AcceptError, ProtocolHandler};
-use iroh_gossip::api::{Event, GossipReceiver, GossipSender};
+use iroh_gossip::api::GossipSender;
 use iroh_gossip::{Gossip, TopicId};
-use mcpmesh_net::gate::CLOSE_UNKNOWN_PEER;
 use serde::{Deserialize, Serialize};
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::audit::AuditEvent;
 use crate::limits::RateLimiter;
-
-use super::node::Node;
 
 /// The ALPN of the org's gossip.
 pub(super) const ALPN_GOSSIP: &[u8] = b"mcpmesh/gossip/1";
 /// Largest notice accepted (they are well under 200 bytes).
-const MAX_NOTICE: usize = 1024;
+pub(super) const MAX_NOTICE: usize = 1024;
 /// Notices one member may deliver a minute (each roster install and catalog change of every
 /// member passes through some neighbor).
-const NOTICES_PER_MIN: u32 = 600;
+pub(super) const NOTICES_PER_MIN: u32 = 600;
 /// How often a refused or throttled run of one member's notices is recorded, at most.
-const RECORD_EVERY_MS: u64 = 60_000;
+pub(super) const RECORD_EVERY_MS: u64 = 60_000;
 /// Members a node joins the topic through at once (the swarm keeps a few neighbors each and
 /// finds the rest).
-const JOIN_THROUGH: usize = 4;
+pub(super) const JOIN_THROUGH: usize = 4;
 /// With fewer neighbors than this, a node joins through more members at its next roster.
-const MIN_NEIGHBORS: usize = 2;
+pub(super) const MIN_NEIGHBORS: usize = 2;
 /// How long after joining the topic a node checks it found a neighbor...
-const FIRST_NEIGHBOR_WAIT: Duration = Duration::from_secs(5);
+pub(super) const FIRST_NEIGHBOR_WAIT: Duration = Duration::from_secs(5);
 /// ...and how long after losing its last one it joins through other members.
-const REJOIN_AFTER: Duration = Duration::from_secs(1);
+pub(super) const REJOIN_AFTER: Duration = Duration::from_secs(1);
 /// A member re-announces a roster it installed after a random delay up to this long...
-const REANNOUNCE_WITHIN_MS: u64 = 300;
+pub(super) const REANNOUNCE_WITHIN_MS: u64 = 300;
 /// ...unless it heard that serial (or a newer one) announced this many times by then.
-const HEARD_ENOUGH: u32 = 2;
+pub(super) const HEARD_ENOUGH: u32 = 2;
 /// Roster fetches one node runs at once on notices: a second starts only when the first has
 /// taken this long (its source may be gone).
-const SLOW_FETCH: Duration = Duration::from_millis(500);
-const MAX_FETCHES: usize = 2;
+pub(super) const SLOW_FETCH: Duration = Duration::from_millis(500);
+pub(super) const MAX_FETCHES: usize = 2;
 /// While none runs, a fetch starts at most this often: notices that come in a burst (an org
 /// forming, one join after another) are gathered and only the newest serial is fetched.
-const FETCH_GAP: Duration = Duration::from_secs(1);
+pub(super) const FETCH_GAP: Duration = Duration::from_secs(1);
 /// Announcers kept as the next sources to fetch from.
-const MAX_SOURCES: usize = 8;
+pub(super) const MAX_SOURCES: usize = 8;
 
 /// One notice, as broadcast.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,17 +92,17 @@ pub(super) fn topic(root: &str) -> TopicId {
 /// never runs one), the topic joined (if in an org), and the bounds on what members deliver.
 #[derive(Debug)]
 pub(super) struct OrgGossip {
-    endpoint: iroh::Endpoint,
-    gossip: std::sync::OnceLock<Gossip>,
-    joined: Mutex<Option<Joined>>,
-    limiter: Arc<RateLimiter>,
+    pub(super) endpoint: iroh::Endpoint,
+    pub(super) gossip: std::sync::OnceLock<Gossip>,
+    pub(super) joined: Mutex<Option<Joined>>,
+    pub(super) limiter: Arc<RateLimiter>,
     /// When a refusal was last recorded, per delivering member.
-    recorded: Mutex<HashMap<EndpointId, u64>>,
+    pub(super) recorded: Mutex<HashMap<EndpointId, u64>>,
     /// This node's own catalog counter.
-    catalog_counter: AtomicU64,
+    pub(super) catalog_counter: AtomicU64,
     /// Roster announcements heard, by serial (the highest few).
-    heard: Mutex<BTreeMap<u64, u32>>,
-    fetches: Mutex<Fetches>,
+    pub(super) heard: Mutex<BTreeMap<u64, u32>>,
+    pub(super) fetches: Mutex<Fetches>,
     /// The direct pushes of the roster, gossip's fallback: one round at a time.
     pub(super) pushes: Pushes,
 }
@@ -123,40 +115,40 @@ pub(super) struct Pushes {
 }
 
 #[derive(Debug)]
-struct Joined {
-    topic: TopicId,
-    sender: GossipSender,
+pub(super) struct Joined {
+    pub(super) topic: TopicId,
+    pub(super) sender: GossipSender,
     /// The swarm neighbors this node has on the topic now.
-    neighbors: Arc<AtomicUsize>,
-    _receiving: AbortOnDropHandle<()>,
+    pub(super) neighbors: Arc<AtomicUsize>,
+    pub(super) _receiving: AbortOnDropHandle<()>,
 }
 
 /// The roster fetches notices started, and the members to fetch from next.
 #[derive(Debug, Default)]
-struct Fetches {
-    running: HashMap<EndpointId, Instant>,
+pub(super) struct Fetches {
+    pub(super) running: HashMap<EndpointId, Instant>,
     /// Oldest first.
-    sources: Vec<Source>,
+    pub(super) sources: Vec<Source>,
     /// When the last fetch started.
-    last: Option<Instant>,
+    pub(super) last: Option<Instant>,
     /// A wake-up is set for the end of the gap.
-    waking: bool,
+    pub(super) waking: bool,
 }
 
 /// A member that may hold a newer roster.
 #[derive(Debug)]
-struct Source {
-    id: EndpointId,
+pub(super) struct Source {
+    pub(super) id: EndpointId,
     /// The newest serial it was heard of with.
-    serial: u64,
+    pub(super) serial: u64,
     /// It announced that serial itself (it installed it), rather than only passing on another
     /// member's notice (it may not have fetched it yet).
-    announced: bool,
+    pub(super) announced: bool,
 }
 
 /// What to do about the sources kept.
 #[derive(Debug, PartialEq, Eq)]
-enum Next {
+pub(super) enum Next {
     /// Fetch from this one now.
     Now(EndpointId),
     /// Look again after this long (the gap since the last fetch is not over).
@@ -168,7 +160,7 @@ enum Next {
 impl Fetches {
     /// Keeps `id` as a source of `serial` (its newest), even while a fetch from it runs: that
     /// fetch may end with an older serial. `announced`: it installed that serial itself.
-    fn offer(&mut self, id: EndpointId, serial: u64, announced: bool) {
+    pub(super) fn offer(&mut self, id: EndpointId, serial: u64, announced: bool) {
         match self.sources.iter_mut().find(|s| s.id == id) {
             Some(known) if serial > known.serial => {
                 known.serial = serial;
@@ -190,7 +182,7 @@ impl Fetches {
 
     /// The fetch from `id` ended. One that brought nothing newer (its source was gone, or did
     /// not hold the roster yet) does not hold the next one back.
-    fn ended(&mut self, id: EndpointId, advanced: bool) {
+    pub(super) fn ended(&mut self, id: EndpointId, advanced: bool) {
         self.running.remove(&id);
         if !advanced && self.running.is_empty() {
             self.last = None;
@@ -203,7 +195,7 @@ impl Fetches {
     /// from one of the members that announced it, picked at random (the members that heard
     /// the same few announcements do not all fetch from the same one at once), else from one
     /// that passed the notice on.
-    fn start(&mut self, held: u64, now: Instant) -> Next {
+    pub(super) fn start(&mut self, held: u64, now: Instant) -> Next {
         self.sources.retain(|s| s.serial > held);
         if self.sources.is_empty() || self.running.len() >= MAX_FETCHES {
             return Next::Nothing;
@@ -261,14 +253,18 @@ pub(super) fn reannounce_delay() -> Duration {
 }
 
 /// A random number, for delays and samples (zero if the system has none to give).
-fn random() -> u64 {
+pub(super) fn random() -> u64 {
     let mut bytes = [0u8; 8];
     let _ = getrandom::fill(&mut bytes);
     u64::from_le_bytes(bytes)
 }
 
 /// Up to `n` of `ids`, `first` (when given and listed) among them, the rest picked at random.
-fn pick(mut ids: Vec<EndpointId>, first: Option<EndpointId>, n: usize) -> Vec<EndpointId> {
+pub(super) fn pick(
+    mut ids: Vec<EndpointId>,
+    first: Option<EndpointId>,
+    n: usize,
+) -> Vec<EndpointId> {
     let mut picked = Vec::with_capacity(n.min(ids.len()));
     if let Some(at) = first.and_then(|f| ids.iter().position(|id| *id == f)) {
         picked.push(ids.swap_remove(at));
@@ -296,7 +292,7 @@ impl OrgGossip {
     }
 
     /// The gossip instance, started on first use (from within the runtime).
-    fn instance(&self) -> &Gossip {
+    pub(super) fn instance(&self) -> &Gossip {
         self.gossip.get_or_init(|| {
             Gossip::builder()
                 .alpn(ALPN_GOSSIP)
@@ -305,12 +301,12 @@ impl OrgGossip {
         })
     }
 
-    fn fetches(&self) -> std::sync::MutexGuard<'_, Fetches> {
+    pub(super) fn fetches(&self) -> std::sync::MutexGuard<'_, Fetches> {
         self.fetches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Counts an announcement of roster `serial`.
-    fn heard(&self, serial: u64) {
+    pub(super) fn heard(&self, serial: u64) {
         let mut heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
         *heard.entry(serial).or_default() += 1;
         while heard.len() > 16 {
@@ -319,17 +315,17 @@ impl OrgGossip {
     }
 
     /// Announcements heard of `serial` or a newer one.
-    fn heard_of(&self, serial: u64) -> u32 {
+    pub(super) fn heard_of(&self, serial: u64) -> u32 {
         let heard = self.heard.lock().unwrap_or_else(|p| p.into_inner());
         heard.range(serial..).map(|(_, n)| n).sum()
     }
 
-    fn joined(&self) -> std::sync::MutexGuard<'_, Option<Joined>> {
+    pub(super) fn joined(&self) -> std::sync::MutexGuard<'_, Option<Joined>> {
         self.joined.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a refusal of what `member` delivered is to be recorded now.
-    fn record_now(&self, member: EndpointId) -> bool {
+    pub(super) fn record_now(&self, member: EndpointId) -> bool {
         let now = crate::time::unix_ms();
         let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
         if recorded.len() > 4096 {
@@ -342,301 +338,6 @@ impl OrgGossip {
                 true
             }
         }
-    }
-}
-
-/// Hands each notice the topic delivers to the node, and counts the node's neighbors on it,
-/// until the topic or the node is gone.
-async fn receive_notices(
-    node: std::sync::Weak<Node>,
-    mut receiver: GossipReceiver,
-    counted: Arc<AtomicUsize>,
-) {
-    while let Some(event) = receiver.next().await {
-        let Some(node) = node.upgrade() else { return };
-        match event {
-            Ok(Event::Received(message)) => {
-                node.heard_notice(message.delivered_from, &message.content);
-            }
-            Ok(Event::NeighborUp(_)) => {
-                counted.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(Event::NeighborDown(_)) => {
-                let was = counted
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-                if was == Ok(1) {
-                    // Alone on the topic: notices would no longer reach it.
-                    node.rejoin_gossip_soon(REJOIN_AFTER);
-                }
-            }
-            Ok(Event::Lagged) => {
-                tracing::debug!("gossip: notices were dropped (lagged)");
-            }
-            Err(e) => {
-                tracing::debug!("gossip: {e}");
-                return;
-            }
-        }
-    }
-}
-
-impl Node {
-    /// Joins the topic of the org held (leaving another one) through a few of its members,
-    /// `via` (a device known to hold the roster) first; joins through a few more when it has
-    /// fewer than [`MIN_NEIGHBORS`]; leaves it when the node holds no roster. Called whenever a
-    /// roster is installed, and at every periodic sync.
-    pub(super) async fn gossip_follow_roster(self: &Arc<Self>, via: Option<EndpointId>) {
-        let Some(view) = self.roster() else {
-            *self.gossip.joined() = None;
-            return;
-        };
-        let Some(root) = self.store.org().ok().flatten().map(|r| r.root) else {
-            return;
-        };
-        let topic = topic(&root);
-        let me = self.endpoint.id();
-        let members: Vec<EndpointId> = view
-            .seats()
-            .iter()
-            .map(|s| s.id)
-            .filter(|id| *id != me && !view.is_revoked(id))
-            .collect();
-        let current = self
-            .gossip
-            .joined()
-            .as_ref()
-            .map(|j| (j.topic, j.sender.clone(), j.neighbors.clone()));
-        match current {
-            Some((t, sender, neighbors)) if t == topic => {
-                if neighbors.load(Ordering::Relaxed) < MIN_NEIGHBORS {
-                    let through = pick(members, via, JOIN_THROUGH);
-                    if let Err(e) = sender.join_peers(through).await {
-                        tracing::debug!("gossip: {e}");
-                    }
-                }
-            }
-            _ => {
-                self.join_gossip(topic, pick(members, via, JOIN_THROUGH))
-                    .await
-            }
-        }
-    }
-
-    /// Subscribes to `topic` through the members `through`, in place of any topic joined
-    /// before, and receives its notices.
-    async fn join_gossip(self: &Arc<Self>, topic: TopicId, through: Vec<EndpointId>) {
-        let subscribed = self.gossip.instance().subscribe(topic, through).await;
-        let (sender, receiver) = match subscribed {
-            Ok(topic) => topic.split(),
-            Err(e) => {
-                tracing::warn!("cannot join the org's gossip: {e}");
-                return;
-            }
-        };
-        let node = Arc::downgrade(self);
-        let neighbors = Arc::new(AtomicUsize::new(0));
-        let receiving = tokio::spawn(receive_notices(node, receiver, neighbors.clone()));
-        *self.gossip.joined() = Some(Joined {
-            topic,
-            sender,
-            neighbors,
-            _receiving: AbortOnDropHandle::new(receiving),
-        });
-        // The members it joined through may all be away: it tries others if so.
-        self.rejoin_gossip_soon(FIRST_NEIGHBOR_WAIT);
-    }
-
-    /// After `wait`, joins the topic through more members if the node has fewer than
-    /// [`MIN_NEIGHBORS`] then.
-    fn rejoin_gossip_soon(self: &Arc<Self>, wait: Duration) {
-        let node = Arc::downgrade(self);
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            if let Some(node) = node.upgrade() {
-                node.gossip_follow_roster(None).await;
-            }
-        });
-    }
-
-    /// Whether the node has a neighbor on the org's topic (its announcements reach the org).
-    pub(super) fn gossip_has_neighbors(&self) -> bool {
-        self.gossip
-            .joined()
-            .as_ref()
-            .is_some_and(|j| j.neighbors.load(Ordering::Relaxed) > 0)
-    }
-
-    /// Tells the org that this node installed roster `serial` (after [`reannounce_delay`]),
-    /// unless it heard it (or a newer one) announced [`HEARD_ENOUGH`] times by then or holds a
-    /// newer one itself.
-    pub(super) async fn reannounce_roster(&self, serial: u64) {
-        let held = self.roster().map_or(0, |v| v.roster().serial);
-        if held > serial || self.gossip.heard_of(serial) >= HEARD_ENOUGH {
-            return;
-        }
-        self.announce_roster(serial).await;
-    }
-
-    /// Tells the org this node installed roster `serial`.
-    pub(super) async fn announce_roster(&self, serial: u64) {
-        self.announce(Notice {
-            from: self.endpoint.id().to_string(),
-            roster: Some(serial),
-            catalog: None,
-        })
-        .await;
-    }
-
-    /// Tells the org this node's catalog changed.
-    pub(super) async fn announce_catalog(&self) {
-        let n = self
-            .gossip
-            .catalog_counter
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.announce(Notice {
-            from: self.endpoint.id().to_string(),
-            roster: None,
-            catalog: Some(n + 1),
-        })
-        .await;
-    }
-
-    async fn announce(&self, notice: Notice) {
-        let sender = self.gossip.joined().as_ref().map(|j| j.sender.clone());
-        let (Some(sender), Ok(bytes)) = (sender, serde_json::to_vec(&notice)) else {
-            return;
-        };
-        if let Err(e) = sender.broadcast(Bytes::from(bytes)).await {
-            tracing::debug!("gossip: cannot broadcast: {e}");
-        }
-    }
-
-    /// One notice `member` delivered: bounded, checked, and at most a fetch.
-    fn heard_notice(self: &Arc<Self>, member: EndpointId, content: &[u8]) {
-        let refuse = |reason: String| {
-            if self.gossip.record_now(member) {
-                self.audit.record(AuditEvent::GossipRefused {
-                    principal: format!("eid:{member}"),
-                    reason,
-                });
-            }
-        };
-        if let Err(wait) = self.gossip.limiter.check("gossip", &member.to_string()) {
-            refuse(format!(
-                "more than {NOTICES_PER_MIN} notices a minute; dropped for {} ms",
-                wait.as_millis()
-            ));
-            return;
-        }
-        let notice = match serde_json::from_slice::<Notice>(content) {
-            Ok(notice) => notice,
-            Err(e) => {
-                refuse(format!("not a notice: {e}"));
-                return;
-            }
-        };
-        let Some(view) = self.roster() else { return };
-        // A device the roster no longer lists (removed while its gossip connection lasts)
-        // is heard no more.
-        if view.seat(&member).is_none() || view.is_revoked(&member) {
-            refuse("the delivering device is not a member".into());
-            return;
-        }
-        let from = match crate::roster::parse_eid(&notice.from) {
-            Some(id) if view.seat(&id).is_some() && !view.is_revoked(&id) => id,
-            _ => {
-                refuse("the notice names a sender that is not a member".into());
-                return;
-            }
-        };
-        if from == self.endpoint.id() {
-            return;
-        }
-        if let Some(serial) = notice.roster {
-            self.gossip.heard(serial);
-            if serial > view.roster().serial {
-                // The member that installed it has it; the one that delivered it may too.
-                let mut fetches = self.gossip.fetches();
-                fetches.offer(from, serial, true);
-                if member != from {
-                    fetches.offer(member, serial, false);
-                }
-                drop(fetches);
-                self.fetch_rosters();
-            }
-        }
-        if notice.catalog.is_some() && self.catalogs.of(&from).is_some() {
-            let node = self.clone();
-            tokio::spawn(async move { node.ask_catalogs(vec![from]).await });
-        }
-    }
-}
-
-impl Node {
-    /// Starts a roster fetch from the best source announced, if one may start now.
-    fn fetch_rosters(self: &Arc<Self>) {
-        let held = self.roster().map_or(0, |v| v.roster().serial);
-        let next = self.gossip.fetches().start(held, Instant::now());
-        match next {
-            Next::Nothing => {}
-            Next::After(wait) => {
-                let node = Arc::downgrade(self);
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    if let Some(node) = node.upgrade() {
-                        node.gossip.fetches().waking = false;
-                        node.fetch_rosters();
-                    }
-                });
-            }
-            Next::Now(source) => {
-                let node = self.clone();
-                tokio::spawn(async move {
-                    let serial = || node.roster().map_or(0, |v| v.roster().serial);
-                    let before = serial();
-                    let exchange = node.sync_with(source);
-                    tokio::pin!(exchange);
-                    let answered = match tokio::time::timeout(SLOW_FETCH, &mut exchange).await {
-                        Ok(answered) => answered,
-                        Err(_) => {
-                            // Slow: another source may be tried beside it.
-                            node.fetch_rosters();
-                            exchange.await
-                        }
-                    };
-                    let advanced = answered.is_some() && serial() > before;
-                    node.gossip.fetches().ended(source, advanced);
-                    node.fetch_rosters();
-                });
-            }
-        }
-    }
-}
-
-/// The gossip ALPN's handler: open to the members of the roster held only.
-#[derive(Debug)]
-pub(super) struct GossipProtocol {
-    node: Arc<Node>,
-}
-
-impl GossipProtocol {
-    pub(super) fn new(node: Arc<Node>) -> Self {
-        GossipProtocol { node }
-    }
-}
-
-impl ProtocolHandler for GossipProtocol {
-    async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
-        let peer = conn.remote_id();
-        let member = self
-            .node
-            .roster()
-            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
-        if !member {
-            conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
-            return Ok(());
-        }
-        self.node.gossip.instance().accept(conn).await
     }
 }
 

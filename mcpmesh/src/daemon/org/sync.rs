@@ -336,7 +336,7 @@ impl Node {
             }
             // The wait holds no reference: a node stopping meanwhile is not kept alive.
             drop(node);
-            tokio::time::sleep(super::super::gossip::reannounce_delay()).await;
+            tokio::time::sleep(super::super::swarm::reannounce_delay()).await;
             if let Some(node) = weak.upgrade() {
                 node.reannounce_roster(serial).await;
             }
