@@ -1,45 +1,13 @@
-//! What the benchmark binaries share: their flags, the binaries they drive, and reading a
+//! What the benchmark binaries share: their count flags, the binaries they drive, and reading a
 //! process's figures from /proc.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-/// Parses `--NAME N` flags from `args` into `slots` (name, value, minimum), leaving defaults
-/// in place. `--help` prints them, followed by `other_flags` (those the caller parses itself).
-pub fn numeric_flags(
-    args: impl IntoIterator<Item = String>,
-    slots: &mut [(&str, &mut usize, usize)],
-    other_flags: &str,
-) -> anyhow::Result<()> {
-    let mut it = args.into_iter();
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            let mut known: Vec<String> =
-                slots.iter().map(|(n, _, _)| format!("[--{n} N]")).collect();
-            known.extend(Some(other_flags.to_owned()).filter(|f| !f.is_empty()));
-            println!(
-                "usage: {} {}",
-                std::env::args().next().unwrap_or_default(),
-                known.join(" ")
-            );
-            std::process::exit(0);
-        }
-        let Some((_, slot, min)) = slots
-            .iter_mut()
-            .find(|(name, _, _)| flag.strip_prefix("--") == Some(*name))
-        else {
-            let known: Vec<String> = slots.iter().map(|(n, _, _)| format!("--{n} N")).collect();
-            bail!("unknown argument {flag:?} (try {})", known.join(", "));
-        };
-        let n: usize = it
-            .next()
-            .context("a number after the flag")?
-            .parse()
-            .context("a number")?;
-        **slot = n.max(*min);
-    }
-    Ok(())
+/// A count flag's parser for clap: the number given, raised to `min` when below it.
+pub fn at_least(min: usize) -> impl Fn(&str) -> Result<usize, std::num::ParseIntError> + Clone {
+    move |text| text.parse::<usize>().map(|n| n.max(min))
 }
 
 /// Which build is measured, for a report's header: optimized or not, and the `mcpmesh` binary

@@ -40,10 +40,10 @@ const PHASES: [&str; 5] = ["open", "calls", "pipelined", "results", "requests"];
 #[command(name = "mcpmesh-bench", args_override_self = true)]
 struct Args {
     /// Interleaved rounds; each figure is the median over them (at least 1).
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = at_least(1))]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = bench::at_least(1))]
     rounds: usize,
     /// Calls per pass (at least 100).
-    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = at_least(100))]
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = bench::at_least(100))]
     calls: usize,
     /// Run only this phase.
     #[arg(long, value_name = "PHASE", value_parser = PHASES)]
@@ -55,11 +55,6 @@ struct Args {
     /// reads).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-}
-
-/// A count, raised to `min` when given below it.
-fn at_least(min: usize) -> impl Fn(&str) -> Result<usize, std::num::ParseIntError> + Clone {
-    move |text| text.parse::<usize>().map(|n| n.max(min))
 }
 
 impl Args {

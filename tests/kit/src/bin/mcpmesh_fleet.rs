@@ -43,40 +43,30 @@ const SPREAD_TIMEOUT: Duration = Duration::from_secs(120);
 const ORG: &str = "fleet";
 const SERVICE: &str = "stub";
 
+/// Many nodes in one org on this machine: how the org forms, spreads its roster and catalog,
+/// carries sessions between every pair, and takes a member's removal.
+#[derive(clap::Parser)]
+#[command(name = "mcpmesh-fleet", args_override_self = true)]
 struct Args {
+    /// Nodes in the org (at least 2).
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = bench::at_least(2))]
     nodes: usize,
+    /// How many of the fleet's steps (starts, joins, sessions) run at once (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = bench::at_least(1))]
     parallel: usize,
+    /// The nodes' `[org] sync_secs` (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 120, value_parser = bench::at_least(1))]
     sync_secs: usize,
     /// 0 skips the sessions of every ordered pair (to look at the org's own figures alone).
+    #[arg(long, value_name = "N", default_value_t = 1)]
     pairs: usize,
     /// 1 keeps the nodes' profiles (logs, audit logs) once they are stopped, and says where.
+    #[arg(long, value_name = "N", default_value_t = 0)]
     keep: usize,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        nodes: 50,
-        parallel: 8,
-        sync_secs: 120,
-        pairs: 1,
-        keep: 0,
-    };
-    bench::numeric_flags(
-        std::env::args().skip(1),
-        &mut [
-            ("nodes", &mut args.nodes, 2),
-            ("parallel", &mut args.parallel, 1),
-            ("sync-secs", &mut args.sync_secs, 1),
-            ("pairs", &mut args.pairs, 0),
-            ("keep", &mut args.keep, 0),
-        ],
-        "",
-    )?;
-    Ok(args)
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

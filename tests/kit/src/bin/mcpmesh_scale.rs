@@ -25,32 +25,23 @@ use serde_json::{Value, json};
 
 use mcpmesh_testkit::bench;
 
+/// Many sessions from many peers on one serving node.
+#[derive(clap::Parser)]
+#[command(name = "mcpmesh-scale", args_override_self = true)]
 struct Args {
+    /// Peers, each with its own key (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = bench::at_least(1))]
     peers: usize,
+    /// Sessions each peer opens (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = bench::at_least(1))]
     sessions: usize,
+    /// Calls in each session (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = bench::at_least(1))]
     calls: usize,
 }
 
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        peers: 50,
-        sessions: 10,
-        calls: 20,
-    };
-    bench::numeric_flags(
-        std::env::args().skip(1),
-        &mut [
-            ("peers", &mut args.peers, 1),
-            ("sessions", &mut args.sessions, 1),
-            ("calls", &mut args.calls, 1),
-        ],
-        "",
-    )?;
-    Ok(args)
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
