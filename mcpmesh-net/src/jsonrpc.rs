@@ -28,6 +28,9 @@ fn member<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue
 
 /// Whether `id` is one MCP allows: a string or an integer.
 pub fn valid_id(id: &RawValue) -> bool {
+    if spelled_as_key(id) {
+        return true;
+    }
     match serde_json::from_str::<serde_json::Value>(id.get()) {
         Ok(serde_json::Value::String(_)) => true,
         Ok(serde_json::Value::Number(n)) => n.is_i64() || n.is_u64(),
@@ -222,9 +225,23 @@ fn is_object(line: &[u8]) -> bool {
 /// A key under which two spellings of the same id compare equal (`1` and `1`, `"a"` and
 /// `"\u0061"`), for matching a response to its request.
 pub fn id_key(id: &RawValue) -> String {
+    if spelled_as_key(id) {
+        return id.get().to_owned();
+    }
     match serde_json::from_str::<serde_json::Value>(id.get()) {
         Ok(v) => v.to_string(),
         Err(_) => id.get().to_owned(),
+    }
+}
+
+/// Whether `id` is already written as its key, as nearly every client writes it: an integer of
+/// at most 19 digits (a `u64`, written back digit for digit) or a string without escapes
+/// (written back as it is: a JSON string holds no raw quote or control character). Such an id
+/// is keyed without a parse and a re-serialization per frame.
+fn spelled_as_key(id: &RawValue) -> bool {
+    match id.get().as_bytes() {
+        [b'"', inner @ .., b'"'] => !inner.contains(&b'\\'),
+        digits => (1..=19).contains(&digits.len()) && digits.iter().all(u8::is_ascii_digit),
     }
 }
 
@@ -324,5 +341,37 @@ mod tests {
         let one_s = RawValue::from_string(r#""1""#.into()).unwrap();
         assert_eq!(id_key(&a), id_key(&b));
         assert_ne!(id_key(&one), id_key(&one_s));
+    }
+
+    #[test]
+    fn ids_keyed_without_a_parse_get_the_key_and_verdict_a_parse_gives() {
+        let parsed = |raw: &str| serde_json::from_str::<serde_json::Value>(raw).unwrap();
+        for raw in [
+            "0",
+            "7",
+            "9999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-0",
+            "-12",
+            "1.0",
+            "1e3",
+            r#""""#,
+            r#""a""#,
+            "\"é ☃ \u{2028} \u{7f}\"",
+            r#""\u0061""#,
+            r#""a\"b""#,
+            r#""\/""#,
+            "null",
+            "true",
+            "{}",
+            "[1]",
+        ] {
+            let id = RawValue::from_string(raw.into()).unwrap();
+            let v = parsed(raw);
+            assert_eq!(id_key(&id), v.to_string(), "{raw}");
+            let allowed = v.is_string() || v.is_i64() || v.is_u64();
+            assert_eq!(valid_id(&id), allowed, "{raw}");
+        }
     }
 }

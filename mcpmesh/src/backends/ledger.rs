@@ -61,7 +61,8 @@ struct Pending {
     /// A `tools/list`, whose answer is read (its names kept for the catalog) and filtered for
     /// the caller.
     filtered: bool,
-    /// Whether it asked for the first page (no cursor).
+    /// Whether a `tools/list` asked for the first page (no cursor); the params of any other
+    /// request are not read for it.
     first_page: bool,
     /// The caller's trace context, read only when the node sends traces.
     parent: Option<TraceParent>,
@@ -190,7 +191,8 @@ impl Ledger {
             bytes_in: line.len() as u64 + 1,
             cancelled: None,
             filtered: false,
-            first_page: peek.params.is_none_or(|p| !has_cursor(p)),
+            first_page: peek.method.as_deref() != Some("tools/list")
+                || peek.params.is_none_or(|p| !has_cursor(p)),
             parent: self
                 .audit
                 .traces()
@@ -200,11 +202,12 @@ impl Ledger {
         if self.pending.len() >= self.max_in_flight {
             self.expire_cancelled();
         }
+        let key = jsonrpc::id_key(id);
         let refusal = if !jsonrpc::valid_id(id) {
             let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
                 .message("invalid request: an id must be a string or an integer");
             Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
-        } else if self.pending.contains_key(&jsonrpc::id_key(id)) {
+        } else if self.pending.contains_key(&key) {
             let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
                 .message("invalid request: a request with this id is still pending");
             Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
@@ -234,7 +237,7 @@ impl Ledger {
             None => {
                 self.listed_tools |= pending.method == "tools/list";
                 self.lists_pending += usize::from(pending.filtered);
-                self.pending.insert(jsonrpc::id_key(id), pending);
+                self.pending.insert(key, pending);
                 Verdict::Forward
             }
         }
@@ -497,6 +500,30 @@ mod tests {
             b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n",
         ));
         assert!(matches!(l.client_line(&call(3)), Verdict::Forward));
+    }
+
+    #[test]
+    fn a_later_page_of_the_tool_list_adds_to_the_names_kept_and_a_first_page_replaces_them() {
+        let mut l = ledger(8);
+        let listed = l.caller.listed.clone();
+        let page = |l: &mut Ledger, id: u64, params: &str, tool: &str| {
+            let ask =
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list","params":{params}}}"#);
+            assert!(matches!(l.client_line(ask.as_bytes()), Verdict::Forward));
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"{tool}"}}]}}}}"#
+            );
+            assert!(l.server_line(answer.as_bytes()).is_none());
+            l.server_sent(Seen::Lines(format!("{answer}\n").as_bytes()));
+        };
+        page(&mut l, 1, "{}", "a");
+        page(&mut l, 2, r#"{"cursor":"p2"}"#, "b");
+        assert_eq!(
+            listed.get().as_deref(),
+            Some(&["a".to_owned(), "b".to_owned()][..])
+        );
+        page(&mut l, 3, "{}", "c");
+        assert_eq!(listed.get().as_deref(), Some(&["c".to_owned()][..]));
     }
 
     fn limited(per_minute: u32) -> Ledger {
