@@ -1086,6 +1086,46 @@ async fn modern_client_through_the_hub(bob: &TestNode, era: &str) -> String {
     report
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_4_mib_answer_of_awkward_utf_8_passes_the_hub_intact_under_the_clients_own_id_in_both_eras()
+ {
+    let (alice, bob) = two_nodes();
+    let (py, server) = (
+        python().display().to_string(),
+        interop_script("modern_server.py"),
+    );
+    alice.serve("modern", &["bob"], &["--", &py, &server]);
+    for era in ["legacy", "modern"] {
+        let mut args = modern_client(era, true);
+        args.extend(
+            [
+                "--resource-uri",
+                "mcpmesh-hub://alice/modern/mcpmesh://interop/hello",
+                "--",
+            ]
+            .map(String::from),
+        );
+        args.extend(
+            [
+                MCPMESH,
+                "--home",
+                &bob.home().display().to_string(),
+                "hub",
+                "alice/modern",
+                "--names",
+                "bare",
+            ]
+            .map(String::from),
+        );
+        let report = run_driver(&args).await;
+        assert!(
+            report.contains("ok   big 4194304 bytes echoed intact"),
+            "{era}: {report}"
+        );
+        assert!(!report.contains("FAIL"), "{era}: {report}");
+    }
+}
+
 /// What reached the server through a `modern_client.py --relay` transcript: the methods the
 /// client side sent, in order.
 fn methods_sent(transcript: &std::path::Path) -> Vec<String> {

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use mcpmesh_net::jsonrpc;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -35,8 +36,39 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// What a server sent, in the order it sent it; `Ended` follows its last frame.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    Frame { from: Arc<Upstream>, frame: Value },
+    /// A request or a notification of the server's.
+    Frame {
+        from: Arc<Upstream>,
+        frame: Value,
+    },
+    /// The server's answer to the hub's request `id`.
+    Answer {
+        from: Arc<Upstream>,
+        id: u64,
+        answer: Answer,
+    },
     Ended(Arc<Upstream>),
+}
+
+/// A server's answer to one of the hub's requests. An answer read off the wire stays the line
+/// it came as until the hub must look inside it ([`Answer::into_frame`]): most pass to the
+/// client with only their id changed, and an 8 MiB result is then copied once, not parsed
+/// and written again.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The line as the server sent it, a JSON object (without its newline).
+    Line(bytes::Bytes),
+    /// An answer the hub read already, or made.
+    Frame(Value),
+}
+
+impl Answer {
+    pub fn into_frame(self) -> Value {
+        match self {
+            Answer::Line(line) => serde_json::from_slice(&line).unwrap_or(Value::Null),
+            Answer::Frame(frame) => frame,
+        }
+    }
 }
 
 /// Why an upstream request got no answer.
@@ -131,7 +163,7 @@ pub(crate) struct Upstream {
     envelope: Option<Envelope>,
     writer: Mutex<Option<OwnedWriteHalf>>,
     next_id: AtomicU64,
-    waiting: StdMutex<HashMap<u64, oneshot::Sender<Value>>>,
+    waiting: StdMutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// Fires when the session has ended (either side).
     pub ended: CancellationToken,
     /// The server's `initialize` result.
@@ -324,9 +356,10 @@ impl Upstream {
 
     /// Sends a request and waits for the whole answer frame.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, UpstreamError> {
-        let (id, rx) = self.start(method, params).await?;
-        let _ = id;
-        rx.await.map_err(|_| UpstreamError::Lost)
+        let (_, rx) = self.start(method, params).await?;
+        rx.await
+            .map(Answer::into_frame)
+            .map_err(|_| UpstreamError::Lost)
     }
 
     /// Sends a request and returns its id and where its answer will arrive. A stateless
@@ -336,7 +369,7 @@ impl Upstream {
         &self,
         method: &str,
         params: Value,
-    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+    ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
         self.start_noting(method, params, |_| {}).await
     }
 
@@ -347,7 +380,7 @@ impl Upstream {
         method: &str,
         mut params: Value,
         noted: impl FnOnce(u64),
-    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+    ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
         match (&self.envelope, self.era()) {
             (Some(envelope), Era::Stateless) => {
                 if Envelope::of(&params).is_none_or(|e| e.is_err()) {
@@ -416,14 +449,11 @@ impl Upstream {
         !self.ended.is_cancelled()
     }
 
-    /// Hands an answer to the request waiting for it, if one still does.
-    pub fn answered(&self, frame: Value) {
-        let Some(id) = frame.get("id").and_then(Value::as_u64) else {
-            return;
-        };
+    /// Hands an answer to the request `id` waiting for it, if one still does.
+    pub fn answered(&self, id: u64, answer: Answer) {
         let waiter = self.waiting().remove(&id);
         if let Some(tx) = waiter {
-            let _ = tx.send(frame);
+            let _ = tx.send(answer);
         }
     }
 
@@ -432,7 +462,7 @@ impl Upstream {
         self.waiting().clear();
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Value>>> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Answer>>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -461,12 +491,11 @@ async fn read_loop(
                 break;
             }
         };
-        let Ok(frame) = serde_json::from_slice::<Value>(&line) else {
-            tracing::warn!(target = %up.target, "dropped a frame that is not JSON");
+        let Some(inbound_frame) = inbound_of(&up, line) else {
+            tracing::warn!(target = %up.target, "dropped a frame that is not a JSON-RPC object");
             continue;
         };
-        let from = up.clone();
-        if inbound.send(Inbound::Frame { from, frame }).await.is_err() {
+        if inbound.send(inbound_frame).await.is_err() {
             break;
         }
     }
@@ -475,4 +504,25 @@ async fn read_loop(
     if inbound.send(Inbound::Ended(up.clone())).await.is_err() {
         up.abandon_waiting();
     }
+}
+
+/// What `line` is: an answer to one of the hub's requests (kept as the line, read only for
+/// its id), or any other frame (read whole). `None` for a line that is not a JSON object.
+fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
+    let peek = jsonrpc::peek_response(&line)?;
+    let ours = peek
+        .answers()
+        .and_then(|id| serde_json::from_str::<u64>(id.get()).ok());
+    if let Some(id) = ours {
+        return Some(Inbound::Answer {
+            from: up.clone(),
+            id,
+            answer: Answer::Line(line),
+        });
+    }
+    let frame = serde_json::from_slice::<Value>(&line).ok()?;
+    Some(Inbound::Frame {
+        from: up.clone(),
+        frame,
+    })
 }

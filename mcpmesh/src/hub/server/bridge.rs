@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use super::Hub;
 use super::call::{Ask, Call};
 use super::wire::{lock, rpc_error};
+use crate::hub::upstream::Answer;
 use crate::hub::{Target, era};
 
 /// What a server may ask during a call that the bridge carries to a stateless client.
@@ -202,7 +203,7 @@ impl Hub {
             };
             call.upstream_id = upstream_id;
             call.rx = rx;
-            let answer = (&mut call.rx).await.ok();
+            let answer = (&mut call.rx).await.ok().map(Answer::into_frame);
             match answer {
                 Some(frame) if frame["result"]["resultType"] == "input_required" => {
                     asked = frame["result"].clone();
@@ -210,7 +211,7 @@ impl Hub {
                 Some(frame) => {
                     call.retry = None;
                     let (tx, rx) = tokio::sync::oneshot::channel();
-                    let _ = tx.send(frame);
+                    let _ = tx.send(Answer::Frame(frame));
                     call.rx = rx;
                     return self.await_call(id, call, None).await;
                 }

@@ -6,12 +6,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::hub::Target;
 use crate::hub::pool::Lease;
+use crate::hub::upstream::Answer;
 
 /// A call in flight upstream: its session held, its answer to come, and (bridged) the
 /// server's requests to the client during it.
 pub(super) struct Call {
     pub(super) lease: Lease,
-    pub(super) rx: oneshot::Receiver<Value>,
+    pub(super) rx: oneshot::Receiver<Answer>,
     pub(super) asked: Option<mpsc::Receiver<Ask>>,
     pub(super) upstream_id: u64,
     pub(super) target: Target,

@@ -20,7 +20,7 @@ use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
 use crate::hub::era::{self, Era};
 use crate::hub::names::{self, Origin, Routes};
-use crate::hub::upstream::{Inbound, Upstream, UpstreamError};
+use crate::hub::upstream::{Answer, Inbound, Upstream, UpstreamError};
 
 /// Server requests to the client awaiting the client's answer, at most.
 const MAX_ASKED: usize = 4096;
@@ -289,7 +289,7 @@ impl Hub {
         method: &str,
         params: Value,
         bridging: &Bridging,
-    ) -> Result<(u64, oneshot::Receiver<Value>), UpstreamError> {
+    ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
         let noted = |upstream_id| {
             if bridging.asks.is_some() {
                 lock(&self.forwarded).insert(
@@ -342,6 +342,13 @@ impl Hub {
             Ok(ask) => return self.park(id, call, asks, ask, cancelled).await,
             Err(reply) => reply,
         };
+        if !cancelled && let Some(line) = reply.as_ref().and_then(|a| self.whole(id, &call, a)) {
+            if let Some(k) = &call.token_key {
+                lock(&self.tokens).remove(k);
+            }
+            return line;
+        }
+        let reply = reply.map(Answer::into_frame);
         // A stateless server's `input_required` for a handshake-era client: the client is
         // asked, and the call retried with its answers.
         if !cancelled
@@ -382,6 +389,30 @@ impl Hub {
             }
             None => lost(id, &target),
         }
+    }
+
+    /// The line answering the client's request `id` with `answer` passed whole, its id the
+    /// client's, when nothing in it is the hub's to present: a `tools/call` result without a
+    /// URI or a task, to a handshake-era client, from a server of the same era. `None` when
+    /// the answer must be read (and then [`Hub::await_call`] reads it).
+    fn whole(&self, id: &Value, call: &Call, answer: &Answer) -> Option<Vec<u8>> {
+        let Answer::Line(line) = answer else {
+            return None;
+        };
+        if call.method != "tools/call" || call.retry.is_some() || self.client_era_is(Era::Stateless)
+        {
+            return None;
+        }
+        let (jsonrpc, result) = plain_result(line)?;
+        let mut out = Vec::with_capacity(line.len() + 32);
+        out.extend_from_slice(b"{\"jsonrpc\":");
+        out.extend_from_slice(jsonrpc.as_bytes());
+        out.extend_from_slice(b",\"id\":");
+        serde_json::to_writer(&mut out, id).ok()?;
+        out.extend_from_slice(b",\"result\":");
+        out.extend_from_slice(result.as_bytes());
+        out.extend_from_slice(b"}\n");
+        Some(out)
     }
 
     pub(super) async fn client_notification(self: Arc<Self>, method: &str, frame: Value) {
@@ -452,10 +483,12 @@ impl Hub {
                 Inbound::Frame { from, frame } if frame.get("method").is_some() => (from, frame),
                 // An answer goes to its waiter only now, after what the server sent before it
                 // (a call's progress above all) went to the client.
-                Inbound::Frame { from, frame } => {
-                    from.answered(frame);
+                Inbound::Answer { from, id, answer } => {
+                    from.answered(id, answer);
                     continue;
                 }
+                // An answer to no request of the hub's.
+                Inbound::Frame { .. } => continue,
                 Inbound::Ended(from) => {
                     from.abandon_waiting();
                     continue;
@@ -656,6 +689,31 @@ impl Hub {
     }
 }
 
+/// The `jsonrpc` member and the result of an answer that holds exactly `jsonrpc`, `id` and an
+/// object `result` in which nothing could name a URI or a task: no `"uri"`, no `"task…"` key
+/// or text, and no letter written as a `\u` escape (a key could be spelled with one; other
+/// escapes, of accents or emoji, pass). Anything else is `None`.
+fn plain_result(line: &[u8]) -> Option<(&str, &str)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Whole<'a> {
+        #[serde(borrow)]
+        jsonrpc: &'a serde_json::value::RawValue,
+        #[serde(borrow, rename = "id")]
+        _id: &'a serde_json::value::RawValue,
+        #[serde(borrow)]
+        result: &'a serde_json::value::RawValue,
+    }
+    let whole: Whole = serde_json::from_slice(line).ok()?;
+    let result = whole.result.get();
+    let named = |needle: &str| memchr::memmem::find(result.as_bytes(), needle.as_bytes()).is_some();
+    let spelled = named("\\u006") || named("\\u007");
+    if !result.starts_with('{') || named("\"uri\"") || named("\"task") || spelled {
+        return None;
+    }
+    Some((whole.jsonrpc.get(), result))
+}
+
 fn target_of(origin: &Origin) -> Target {
     Target {
         peer: origin.peer.clone(),
@@ -717,6 +775,39 @@ async fn refuse_unbridged(from: &Upstream, theirs: &Value, method: &str, why: St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_plain_result_passes_whole_and_everything_a_hub_presents_is_read() {
+        let plain =
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hi é"}]}}"#
+                .as_bytes();
+        assert_eq!(
+            plain_result(plain),
+            Some((r#""2.0""#, r#"{"content":[{"type":"text","text":"hi é"}]}"#))
+        );
+        let escaped = r#"{"jsonrpc":"2.0","id":"a","result":{"content":[{"type":"text","text":"\u00e9 \ud83c\udf10 \"q\" \\"}]}}"#;
+        assert!(plain_result(escaped.as_bytes()).is_some(), "{escaped}");
+        for read in [
+            // What the hub presents: a resource's URI, a task.
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","uri":"x://a"}]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource","resource":{"uri":"x://a"}}]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t1"}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task","taskId":"t1"}}"#,
+            // A key spelled with an escape.
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","\u0075ri":"x://a"}]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","ur\u0069":"x://a"}]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"\u0074ask":{"taskId":"t1"}}}"#,
+            // Errors are named after their service; anything else is not an answer to pass.
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32055,"message":"gone"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"extra":1}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":[1]}"#,
+            r#"{"id":7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{}"#,
+        ] {
+            assert_eq!(plain_result(read.as_bytes()), None, "{read}");
+        }
+    }
 
     #[test]
     fn a_mesh_error_names_its_service_and_a_servers_own_error_is_left_alone() {
