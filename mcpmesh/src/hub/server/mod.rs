@@ -343,8 +343,9 @@ impl Hub {
         }
     }
 
-    async fn request(self: Arc<Self>, id: Value, method: &str, frame: Value) {
-        let params = frame.get("params").cloned().unwrap_or(Value::Null);
+    async fn request(self: Arc<Self>, id: Value, method: &str, mut frame: Value) {
+        // Taken, not copied: an 8 MiB request is not held twice.
+        let params = frame.get_mut("params").map_or(Value::Null, Value::take);
         if let Err(refusal) = self.client_era(method, &params) {
             self.send(refusal_line(&id, refusal)).await;
             return;
@@ -474,16 +475,16 @@ impl Hub {
 
     /// Sends a request that names what it is for (a tool, a prompt, a URI) to the service
     /// behind that name, and gives the line that answers it.
-    async fn route(self: &Arc<Self>, id: &Value, method: &str, params: Value) -> Vec<u8> {
-        let mut routed = self.destination(method, params.clone());
+    async fn route(self: &Arc<Self>, id: &Value, method: &str, mut params: Value) -> Vec<u8> {
+        let mut routed = self.destination_in(method, &mut params);
         if routed.is_err() {
             // A name the cache does not know yet may be in a listing on its way.
             self.clone().first_listings();
             self.wait_for_first_listings().await;
-            routed = self.destination(method, params);
+            routed = self.destination_in(method, &mut params);
         }
         match routed {
-            Ok((target, params)) => self.forward(id, target, method, params).await,
+            Ok(target) => self.forward(id, target, method, params).await,
             Err(message) => rpc_error(id, -32602, message),
         }
     }

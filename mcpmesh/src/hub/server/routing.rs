@@ -80,6 +80,17 @@ impl Hub {
         method: &str,
         mut params: Value,
     ) -> Result<(Target, Value), String> {
+        let target = self.destination_in(method, &mut params)?;
+        Ok((target, params))
+    }
+
+    /// Where a request goes; `params` are made what that server must see (and left as they
+    /// were when it goes nowhere).
+    pub(super) fn destination_in(
+        &self,
+        method: &str,
+        params: &mut Value,
+    ) -> Result<Target, String> {
         if !params.is_object() {
             return Err(format!("{method}: params must be an object"));
         }
@@ -109,13 +120,13 @@ impl Hub {
                     Err(unknown) => match self.unlisted_tool(method, &name) {
                         Some((target, tool)) => {
                             params["name"] = json!(tool);
-                            return Ok((target, params));
+                            return Ok(target);
                         }
                         None => return Err(unknown),
                     },
                 };
                 params["name"] = json!(origin.name);
-                Ok((target_of(&origin), params))
+                Ok(target_of(&origin))
             }
             "completion/complete" => match params["ref"]["type"].as_str() {
                 Some("ref/prompt") => {
@@ -125,20 +136,20 @@ impl Hub {
                         .to_owned();
                     let origin = by_name(&view.prompt_routes, &name, "prompt")?;
                     params["ref"]["name"] = json!(origin.name);
-                    Ok((target_of(&origin), params))
+                    Ok(target_of(&origin))
                 }
                 _ => {
                     let uri = params["ref"]["uri"].as_str().unwrap_or_default();
                     let (target, own) = self.resource_owner(uri)?;
                     params["ref"]["uri"] = json!(own);
-                    Ok((target, params))
+                    Ok(target)
                 }
             },
             _ => {
                 let uri = params["uri"].as_str().unwrap_or_default();
                 let (target, own) = self.resource_owner(uri)?;
                 params["uri"] = json!(own);
-                Ok((target, params))
+                Ok(target)
             }
         }
     }
