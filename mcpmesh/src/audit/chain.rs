@@ -75,12 +75,33 @@ fn write_head(dir: &Path, head: &Head, durable: bool) -> std::io::Result<()> {
 /// The record's line (newline included) and its hash. The line ends in `,"hash":"<hex>"}`,
 /// the BLAKE3 of the same line without that member.
 pub(super) fn seal(record: &AuditRecord) -> (Vec<u8>, String) {
-    let body = serde_json::to_vec(record).unwrap_or_default();
-    let hash = blake3::hash(&body).to_hex().to_string();
-    let mut line = body;
+    let mut line = body_of(record);
+    let hash = blake3::hash(&line).to_hex();
     line.pop(); // the closing brace
-    line.extend_from_slice(format!(",\"hash\":\"{hash}\"}}\n").as_bytes());
-    (line, hash)
+    line.extend_from_slice(b",\"hash\":\"");
+    line.extend_from_slice(hash.as_bytes());
+    line.extend_from_slice(b"\"}\n");
+    (line, hash.to_string())
+}
+
+/// The record as `serde_json` writes it (the event flattened between `at_ms` and `prev`),
+/// byte for byte — every hash in the chain depends on it — without serde's flattening, which
+/// took half of the writer's time per record: the event, an object with its tag first, is
+/// written on its own and its members spliced in.
+fn body_of(record: &AuditRecord) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(512);
+    let _ = write!(out, "{{\"seq\":{},\"at_ms\":{},", record.seq, record.at_ms);
+    let event_at = out.len();
+    let written = serde_json::to_writer(&mut out, &record.event);
+    if written.is_err() || out.len() < event_at + 2 || out.pop() != Some(b'}') {
+        return serde_json::to_vec(record).unwrap_or_default();
+    }
+    out.remove(event_at); // the event's opening brace
+    out.extend_from_slice(b",\"prev\":");
+    let _ = serde_json::to_writer(&mut out, &record.prev);
+    out.push(b'}');
+    out
 }
 
 /// Splits a sealed line into its body (as hashed) and the hash it claims.

@@ -450,3 +450,85 @@ async fn a_log_deleted_with_its_head_falls_short_of_the_mark() {
     let bad = report.first_bad.unwrap();
     assert!(bad.reason.contains("the log was removed"), "{bad:?}");
 }
+
+#[test]
+fn a_record_is_sealed_byte_for_byte_as_serde_writes_it_with_the_event_flattened() {
+    let awkward = "quote \" back \\ nl \n tab \t nul \u{0} é ☃ 🌐 \u{2028}".to_owned();
+    let events = vec![
+        event(1),
+        AuditEvent::Request {
+            service: awkward.clone(),
+            principal: "eid:ab".into(),
+            peer: awkward.clone(),
+            method: "resources/read".into(),
+            name: None,
+            params_hash: None,
+            bytes_in: u64::MAX,
+            bytes_out: 0,
+            latency_us: 7,
+            outcome: "error".into(),
+            code: Some(-32602),
+        },
+        AuditEvent::SessionRefused {
+            service: "s".into(),
+            principal: "p".into(),
+            peer: "b".into(),
+            code: -32050,
+            reason: Some(awkward.clone()),
+        },
+        AuditEvent::OutgoingClose {
+            peer: "a".into(),
+            service: "s".into(),
+            duration_ms: 3,
+            ended: "failed".into(),
+            code: None,
+            reason: Some("gone".into()),
+        },
+        AuditEvent::Trust {
+            action: "grant".into(),
+            peer: None,
+            service: Some("notes".into()),
+        },
+        AuditEvent::PolicyChanged {
+            service: "notes".into(),
+            what: "allow".into(),
+            before: serde_json::json!(["peer:bob", {"nested": [1, 2.5, null, true]}]),
+            after: serde_json::json!({"b": 1, "a": awkward.clone()}),
+            changed: vec![],
+            by: "reload".into(),
+        },
+        AuditEvent::AuditPruned {
+            months: vec!["2026-01".into(), "2026-02".into()],
+            first_seq: 9,
+            first_prev: "ab".repeat(32),
+        },
+        AuditEvent::RecordsDropped { count: 0 },
+        AuditEvent::RosterRefused {
+            from: "x".into(),
+            reason: "stale".into(),
+            message: awkward,
+            principal: None,
+            count: Some(3),
+        },
+    ];
+    for (i, event) in events.into_iter().enumerate() {
+        let record = AuditRecord {
+            seq: i as u64 * 1_000_000_007,
+            at_ms: 1_764_000_000_000 + i as u64,
+            event,
+            prev: chain::GENESIS.to_owned(),
+        };
+        let body = serde_json::to_vec(&record).unwrap();
+        let hash = blake3::hash(&body).to_hex().to_string();
+        let mut expected = body;
+        expected.pop();
+        expected.extend_from_slice(format!(",\"hash\":\"{hash}\"}}\n").as_bytes());
+        let (line, sealed_hash) = chain::seal(&record);
+        assert_eq!(
+            String::from_utf8_lossy(&line),
+            String::from_utf8_lossy(&expected),
+            "{record:?}"
+        );
+        assert_eq!(sealed_hash, hash);
+    }
+}
