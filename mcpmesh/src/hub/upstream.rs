@@ -58,6 +58,13 @@ pub(crate) enum Inbound {
 pub(crate) enum Answer {
     /// The line as the server sent it, a JSON object (without its newline).
     Line(bytes::Bytes),
+    /// A line of exactly `jsonrpc`, `id` and `result` (in any order), and where the first and
+    /// the last lie in it: all an answer passed on whole needs, found in the one read of it.
+    Plain {
+        line: bytes::Bytes,
+        jsonrpc: std::ops::Range<usize>,
+        result: std::ops::Range<usize>,
+    },
     /// An answer the hub read already, or made.
     Frame(Value),
 }
@@ -65,8 +72,22 @@ pub(crate) enum Answer {
 impl Answer {
     pub fn into_frame(self) -> Value {
         match self {
-            Answer::Line(line) => serde_json::from_slice(&line).unwrap_or(Value::Null),
+            Answer::Line(line) | Answer::Plain { line, .. } => {
+                serde_json::from_slice(&line).unwrap_or(Value::Null)
+            }
             Answer::Frame(frame) => frame,
+        }
+    }
+
+    /// The `jsonrpc` member's and the result's bytes of a plain answer.
+    pub fn plain_parts(&self) -> Option<(&[u8], &[u8])> {
+        match self {
+            Answer::Plain {
+                line,
+                jsonrpc,
+                result,
+            } => Some((line.get(jsonrpc.clone())?, line.get(result.clone())?)),
+            _ => None,
         }
     }
 }
@@ -509,6 +530,17 @@ async fn read_loop(
 /// What `line` is: an answer to one of the hub's requests (kept as the line, read only for
 /// its id), or any other frame (read whole). `None` for a line that is not a JSON object.
 fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
+    if let Some((id, jsonrpc, result)) = plain_answer(&line) {
+        return Some(Inbound::Answer {
+            from: up.clone(),
+            id,
+            answer: Answer::Plain {
+                line,
+                jsonrpc,
+                result,
+            },
+        });
+    }
     let peek = jsonrpc::peek_response(&line)?;
     let ours = peek
         .answers()
@@ -525,4 +557,57 @@ fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
         from: up.clone(),
         frame,
     })
+}
+
+/// An answer of exactly `jsonrpc`, `id` (one of the hub's) and `result`: its id, and where its
+/// `jsonrpc` member and its result lie in `line`. Anything else (an error, a request, a
+/// notification, a member more) is `None`, and read the ordinary way.
+fn plain_answer(line: &[u8]) -> Option<(u64, std::ops::Range<usize>, std::ops::Range<usize>)> {
+    use serde_json::value::RawValue;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Plain<'a> {
+        #[serde(borrow)]
+        jsonrpc: &'a RawValue,
+        #[serde(borrow)]
+        id: &'a RawValue,
+        #[serde(borrow)]
+        result: &'a RawValue,
+    }
+    let plain: Plain = serde_json::from_slice(line).ok()?;
+    let id = serde_json::from_str::<u64>(plain.id.get()).ok()?;
+    // Each member borrows from `line`: its place is its address's distance from the start.
+    let place = |raw: &RawValue| {
+        let start = (raw.get().as_ptr() as usize).checked_sub(line.as_ptr() as usize)?;
+        let end = start.checked_add(raw.get().len())?;
+        (end <= line.len()).then_some(start..end)
+    };
+    Some((id, place(plain.jsonrpc)?, place(plain.result)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_answer_is_found_in_one_read_and_anything_else_is_read_the_ordinary_way() {
+        let line = r#"{"result":{"content":[{"type":"text","text":"é"}]},"id":7,"jsonrpc":"2.0"}"#;
+        let (id, jsonrpc, result) = plain_answer(line.as_bytes()).unwrap();
+        assert_eq!(id, 7);
+        assert_eq!(&line[jsonrpc], r#""2.0""#);
+        assert_eq!(&line[result], r#"{"content":[{"type":"text","text":"é"}]}"#);
+        for other in [
+            // Errors are named after their service; a member more is kept.
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32055,"message":"gone"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"extra":1}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"result":{}}"#,
+            r#"{"id":7,"result":{}}"#,
+            // Not an id of the hub's, not a whole line, a request.
+            r#"{"jsonrpc":"2.0","id":"7","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#,
+        ] {
+            assert_eq!(plain_answer(other.as_bytes()), None, "{other}");
+        }
+    }
 }

@@ -407,21 +407,21 @@ impl Hub {
     /// URI or a task, to a handshake-era client, from a server of the same era. `None` when
     /// the answer must be read (and then [`Hub::await_call`] reads it).
     fn whole(&self, id: &Value, call: &Call, answer: &Answer) -> Option<Vec<u8>> {
-        let Answer::Line(line) = answer else {
-            return None;
-        };
         if call.method != "tools/call" || call.retry.is_some() || self.client_era_is(Era::Stateless)
         {
             return None;
         }
-        let (jsonrpc, result) = plain_result(line)?;
-        let mut out = Vec::with_capacity(line.len() + 32);
+        let (jsonrpc, result) = answer.plain_parts()?;
+        if !presents_nothing(result) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(jsonrpc.len() + result.len() + 64);
         out.extend_from_slice(b"{\"jsonrpc\":");
-        out.extend_from_slice(jsonrpc.as_bytes());
+        out.extend_from_slice(jsonrpc);
         out.extend_from_slice(b",\"id\":");
         serde_json::to_writer(&mut out, id).ok()?;
         out.extend_from_slice(b",\"result\":");
-        out.extend_from_slice(result.as_bytes());
+        out.extend_from_slice(result);
         out.extend_from_slice(b"}\n");
         Some(out)
     }
@@ -700,29 +700,13 @@ impl Hub {
     }
 }
 
-/// The `jsonrpc` member and the result of an answer that holds exactly `jsonrpc`, `id` and an
-/// object `result` in which nothing could name a URI or a task: no `"uri"`, no `"task…"` key
-/// or text, and no letter written as a `\u` escape (a key could be spelled with one; other
-/// escapes, of accents or emoji, pass). Anything else is `None`.
-fn plain_result(line: &[u8]) -> Option<(&str, &str)> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Whole<'a> {
-        #[serde(borrow)]
-        jsonrpc: &'a serde_json::value::RawValue,
-        #[serde(borrow, rename = "id")]
-        _id: &'a serde_json::value::RawValue,
-        #[serde(borrow)]
-        result: &'a serde_json::value::RawValue,
-    }
-    let whole: Whole = serde_json::from_slice(line).ok()?;
-    let result = whole.result.get();
-    let named = |needle: &str| memchr::memmem::find(result.as_bytes(), needle.as_bytes()).is_some();
+/// Whether a `tools/call` result (an object) holds nothing the hub presents: no `"uri"`, no
+/// `"task…"` key or text, and no letter written as a `\u` escape (a key could be spelled with
+/// one; other escapes, of accents or emoji, pass).
+fn presents_nothing(result: &[u8]) -> bool {
+    let named = |needle: &str| memchr::memmem::find(result, needle.as_bytes()).is_some();
     let spelled = named("\\u006") || named("\\u007");
-    if !result.starts_with('{') || named("\"uri\"") || named("\"task") || spelled {
-        return None;
-    }
-    Some((whole.jsonrpc.get(), result))
+    result.starts_with(b"{") && !named("\"uri\"") && !named("\"task") && !spelled
 }
 
 fn target_of(origin: &Origin) -> Target {
@@ -788,35 +772,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_plain_result_passes_whole_and_everything_a_hub_presents_is_read() {
-        let plain =
-            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"hi é"}]}}"#
-                .as_bytes();
-        assert_eq!(
-            plain_result(plain),
-            Some((r#""2.0""#, r#"{"content":[{"type":"text","text":"hi é"}]}"#))
-        );
-        let escaped = r#"{"jsonrpc":"2.0","id":"a","result":{"content":[{"type":"text","text":"\u00e9 \ud83c\udf10 \"q\" \\"}]}}"#;
-        assert!(plain_result(escaped.as_bytes()).is_some(), "{escaped}");
+    fn a_result_passes_whole_only_when_nothing_in_it_is_the_hubs_to_present() {
+        for plain in [
+            r#"{"content":[{"type":"text","text":"hi é"}]}"#,
+            r#"{"content":[{"type":"text","text":"\u00e9 \ud83c\udf10 \"q\" \\"}]}"#,
+            r#"{}"#,
+        ] {
+            assert!(presents_nothing(plain.as_bytes()), "{plain}");
+        }
         for read in [
             // What the hub presents: a resource's URI, a task.
-            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","uri":"x://a"}]}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource","resource":{"uri":"x://a"}}]}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t1"}}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"resultType":"task","taskId":"t1"}}"#,
+            r#"{"content":[{"type":"resource_link","uri":"x://a"}]}"#,
+            r#"{"content":[{"type":"resource","resource":{"uri":"x://a"}}]}"#,
+            r#"{"task":{"taskId":"t1"}}"#,
+            r#"{"resultType":"task","taskId":"t1"}"#,
             // A key spelled with an escape.
-            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","\u0075ri":"x://a"}]}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"resource_link","ur\u0069":"x://a"}]}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"\u0074ask":{"taskId":"t1"}}}"#,
-            // Errors are named after their service; anything else is not an answer to pass.
-            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32055,"message":"gone"}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{},"extra":1}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{},"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":[1]}"#,
-            r#"{"id":7,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{}"#,
+            r#"{"content":[{"type":"resource_link","\u0075ri":"x://a"}]}"#,
+            r#"{"content":[{"type":"resource_link","ur\u0069":"x://a"}]}"#,
+            r#"{"\u0074ask":{"taskId":"t1"}}"#,
+            // Not an object.
+            r#"[1]"#,
         ] {
-            assert_eq!(plain_result(read.as_bytes()), None, "{read}");
+            assert!(!presents_nothing(read.as_bytes()), "{read}");
         }
     }
 
