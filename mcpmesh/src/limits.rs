@@ -19,15 +19,32 @@ fn burst(per_minute: NonZeroU32) -> NonZeroU32 {
     NonZeroU32::new((n / 10).max(60).min(n)).unwrap_or(per_minute)
 }
 
-fn bucket(per_minute: NonZeroU32) -> DefaultKeyedRateLimiter<(String, String)> {
+/// Whose budget a token comes from: a service and a caller's principal. A session makes its key
+/// once ([`Budget::of`]) and every request of it takes from that, with nothing allocated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Budget {
+    service: Arc<str>,
+    principal: Arc<str>,
+}
+
+impl Budget {
+    pub fn of(service: &str, principal: &str) -> Self {
+        Budget {
+            service: service.into(),
+            principal: principal.into(),
+        }
+    }
+}
+
+fn bucket(per_minute: NonZeroU32) -> DefaultKeyedRateLimiter<Budget> {
     DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute).allow_burst(burst(per_minute)))
 }
 
 /// Per-(service, caller) budgets. One instance serves the whole node.
 #[derive(Debug)]
 pub struct RateLimiter {
-    buckets: Option<DefaultKeyedRateLimiter<(String, String)>>,
-    notifications: Option<DefaultKeyedRateLimiter<(String, String)>>,
+    buckets: Option<DefaultKeyedRateLimiter<Budget>>,
+    notifications: Option<DefaultKeyedRateLimiter<Budget>>,
     clock: DefaultClock,
 }
 
@@ -55,25 +72,29 @@ impl RateLimiter {
     /// Takes one request token for `principal` on `service`; `Err` says how long until the
     /// next one.
     pub fn check(&self, service: &str, principal: &str) -> Result<(), Duration> {
-        self.take(self.buckets.as_ref(), service, principal)
+        self.take(self.buckets.as_ref(), &Budget::of(service, principal))
     }
 
-    /// Takes one notification token for `principal` on `service`.
-    pub fn check_notification(&self, service: &str, principal: &str) -> Result<(), Duration> {
-        self.take(self.notifications.as_ref(), service, principal)
+    /// Takes one request token from `budget`.
+    pub fn check_budget(&self, budget: &Budget) -> Result<(), Duration> {
+        self.take(self.buckets.as_ref(), budget)
+    }
+
+    /// Takes one notification token from `budget`.
+    pub fn check_notification(&self, budget: &Budget) -> Result<(), Duration> {
+        self.take(self.notifications.as_ref(), budget)
     }
 
     fn take(
         &self,
-        buckets: Option<&DefaultKeyedRateLimiter<(String, String)>>,
-        service: &str,
-        principal: &str,
+        buckets: Option<&DefaultKeyedRateLimiter<Budget>>,
+        budget: &Budget,
     ) -> Result<(), Duration> {
         let Some(buckets) = buckets else {
             return Ok(());
         };
         buckets
-            .check_key(&(service.to_owned(), principal.to_owned()))
+            .check_key(budget)
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
@@ -111,6 +132,24 @@ mod tests {
             "another service has its own bucket"
         );
         assert!(RateLimiter::unlimited_shared().check("s", "a").is_ok());
+    }
+
+    #[test]
+    fn a_sessions_budget_is_the_bucket_of_its_service_and_caller() {
+        let l = RateLimiter::per_minute_shared(2);
+        let budget = Budget::of("s", "a");
+        assert!(l.check_budget(&budget).is_ok());
+        assert!(l.check("s", "a").is_ok());
+        assert!(l.check_budget(&budget).is_err(), "one bucket for both");
+        assert!(
+            l.check_notification(&budget).is_ok(),
+            "notifications have a cap of their own"
+        );
+        assert!(l.check_budget(&Budget::of("s", "b")).is_ok());
+        assert!(
+            l.check_budget(&Budget::of("sa", "")).is_ok(),
+            "no two keys run together"
+        );
     }
 
     #[test]

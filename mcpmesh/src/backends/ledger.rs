@@ -18,7 +18,7 @@ use mcpmesh_net::pump::{Seen, Verdict};
 use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::limits::RateLimiter;
+use crate::limits::{Budget, RateLimiter};
 use crate::principal::Held;
 use crate::telemetry::{Side, TraceParent, Traced};
 use crate::tool_policy::{ListedTools, ToolPolicy, filter_tools_list, listed_tool_names, may_use};
@@ -73,6 +73,8 @@ struct Pending {
 pub struct Ledger {
     caller: Caller,
     limiter: Arc<RateLimiter>,
+    /// The caller's budget on this service, made once for the session.
+    budget: Budget,
     audit: AuditSink,
     max_in_flight: usize,
     pending: HashMap<String, Pending>,
@@ -103,6 +105,7 @@ impl Ledger {
         max_in_flight: usize,
     ) -> Self {
         Ledger {
+            budget: Budget::of(&caller.service, &caller.principal),
             caller,
             limiter,
             audit,
@@ -151,11 +154,7 @@ impl Ledger {
     /// [`THROTTLE_RUN_GAP`] without a drop (the cap's refill lets one through now and then
     /// within a flood; that does not end it).
     fn within_rate(&mut self, exempt: bool) -> Verdict {
-        let allowed = || {
-            self.limiter
-                .check_notification(&self.caller.service, &self.caller.principal)
-                .is_ok()
-        };
+        let allowed = || self.limiter.check_notification(&self.budget).is_ok();
         if exempt || allowed() {
             if self
                 .throttling_notifications
@@ -419,8 +418,7 @@ impl Ledger {
     }
 
     fn check_rate(&self) -> Result<(), std::time::Duration> {
-        self.limiter
-            .check(&self.caller.service, &self.caller.principal)
+        self.limiter.check_budget(&self.budget)
     }
 
     fn record(&self, p: Pending, bytes_out: u64, outcome: &str, code: Option<i64>) {
