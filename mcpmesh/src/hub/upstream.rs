@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use mcpmesh_net::errors::ErrorCode;
 use mcpmesh_net::jsonrpc;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
 use serde_json::{Value, json};
@@ -546,6 +547,13 @@ fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
         .answers()
         .and_then(|id| serde_json::from_str::<u64>(id.get()).ok());
     if let Some(id) = ours {
+        // The mesh saying the session was lost: it is over, whatever the stream's end has yet
+        // to say, and the next call must open a new one rather than go where nothing answers.
+        if peek.outcome() == jsonrpc::Outcome::Error(ErrorCode::Unreachable.code())
+            && from_the_mesh(&line)
+        {
+            up.ended.cancel();
+        }
         return Some(Inbound::Answer {
             from: up.clone(),
             id,
@@ -557,6 +565,13 @@ fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
         from: up.clone(),
         frame,
     })
+}
+
+/// Whether an error answer is one the mesh made (`data.source` is `mcpmesh`; the serving node
+/// strips that mark from a server's own errors).
+fn from_the_mesh(line: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(line)
+        .is_ok_and(|frame| frame["error"]["data"]["source"] == "mcpmesh")
 }
 
 /// An answer of exactly `jsonrpc`, `id` (one of the hub's) and `result`: its id, and where its
@@ -588,6 +603,18 @@ fn plain_answer(line: &[u8]) -> Option<(u64, std::ops::Range<usize>, std::ops::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_mesh_says_a_session_was_lost() {
+        let mesh = r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"lost","data":{"source":"mcpmesh"}}}"#;
+        assert!(from_the_mesh(mesh.as_bytes()));
+        for server in [
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"mine"}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"mine","data":{"source":"me"}}}"#,
+        ] {
+            assert!(!from_the_mesh(server.as_bytes()), "{server}");
+        }
+    }
 
     #[test]
     fn a_plain_answer_is_found_in_one_read_and_anything_else_is_read_the_ordinary_way() {
