@@ -76,6 +76,13 @@ pub struct ErrorFrame {
     data: Map<String, Value>,
 }
 
+/// The code of `frame`'s error when the mesh made it (its `data.source` is `mcpmesh`), as
+/// against an error a server sent.
+pub fn mesh_code(frame: &Value) -> Option<i64> {
+    let error = frame.get("error")?;
+    (error.get("data")?.get("source")? == "mcpmesh").then(|| error.get("code")?.as_i64())?
+}
+
 impl ErrorFrame {
     pub fn new(code: ErrorCode) -> Self {
         let mut data = Map::new();

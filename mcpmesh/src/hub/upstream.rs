@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use mcpmesh_net::errors::ErrorCode;
-use mcpmesh_net::jsonrpc;
+use mcpmesh_net::errors::{self, ErrorCode};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -51,14 +50,12 @@ pub(crate) enum Inbound {
     Ended(Arc<Upstream>),
 }
 
-/// A server's answer to one of the hub's requests. An answer read off the wire stays the line
-/// it came as until the hub must look inside it ([`Answer::into_frame`]): most pass to the
-/// client with only their id changed, and an 8 MiB result is then copied once, not parsed
-/// and written again.
+/// A server's answer to one of the hub's requests. A plain result stays the line it came as
+/// until the hub must look inside it ([`Answer::into_frame`]): most pass to the client with
+/// only their id changed, and an 8 MiB result is then copied once, not parsed and written
+/// again.
 #[derive(Debug)]
 pub(crate) enum Answer {
-    /// The line as the server sent it, a JSON object (without its newline).
-    Line(bytes::Bytes),
     /// A line of exactly `jsonrpc`, `id` and `result` (in any order), and where the first and
     /// the last lie in it: all an answer passed on whole needs, found in the one read of it.
     Plain {
@@ -73,9 +70,7 @@ pub(crate) enum Answer {
 impl Answer {
     pub fn into_frame(self) -> Value {
         match self {
-            Answer::Line(line) | Answer::Plain { line, .. } => {
-                serde_json::from_slice(&line).unwrap_or(Value::Null)
-            }
+            Answer::Plain { line, .. } => serde_json::from_slice(&line).unwrap_or(Value::Null),
             Answer::Frame(frame) => frame,
         }
     }
@@ -528,8 +523,8 @@ async fn read_loop(
     }
 }
 
-/// What `line` is: an answer to one of the hub's requests (kept as the line, read only for
-/// its id), or any other frame (read whole). `None` for a line that is not a JSON object.
+/// What `line` is: a plain answer to one of the hub's requests (kept as the line), or any other
+/// frame (read whole). `None` for a line that is not a JSON object.
 fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
     if let Some((id, jsonrpc, result)) = plain_answer(&line) {
         return Some(Inbound::Answer {
@@ -542,36 +537,31 @@ fn inbound_of(up: &Arc<Upstream>, line: bytes::Bytes) -> Option<Inbound> {
             },
         });
     }
-    let peek = jsonrpc::peek_response(&line)?;
-    let ours = peek
-        .answers()
-        .and_then(|id| serde_json::from_str::<u64>(id.get()).ok());
-    if let Some(id) = ours {
-        // The mesh saying the session was lost: it is over, whatever the stream's end has yet
-        // to say, and the next call must open a new one rather than go where nothing answers.
-        if peek.outcome() == jsonrpc::Outcome::Error(ErrorCode::Unreachable.code())
-            && from_the_mesh(&line)
-        {
-            up.ended.cancel();
-        }
-        return Some(Inbound::Answer {
+    // Anything else is read whole once: an error answer is read by its waiter anyway.
+    let Value::Object(members) = serde_json::from_slice::<Value>(&line).ok()? else {
+        return None;
+    };
+    let frame = Value::Object(members);
+    let ours = frame["id"]
+        .as_u64()
+        .filter(|_| frame.get("method").is_none());
+    let Some(id) = ours else {
+        return Some(Inbound::Frame {
             from: up.clone(),
-            id,
-            answer: Answer::Line(line),
+            frame,
         });
+    };
+    // The mesh saying the session was lost (the serving node strips that mark from a server's
+    // own errors): it is over, whatever the stream's end has yet to say, and the next call must
+    // open a new one rather than go where nothing answers.
+    if errors::mesh_code(&frame) == Some(ErrorCode::Unreachable.code()) {
+        up.ended.cancel();
     }
-    let frame = serde_json::from_slice::<Value>(&line).ok()?;
-    Some(Inbound::Frame {
+    Some(Inbound::Answer {
         from: up.clone(),
-        frame,
+        id,
+        answer: Answer::Frame(frame),
     })
-}
-
-/// Whether an error answer is one the mesh made (`data.source` is `mcpmesh`; the serving node
-/// strips that mark from a server's own errors).
-fn from_the_mesh(line: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(line)
-        .is_ok_and(|frame| frame["error"]["data"]["source"] == "mcpmesh")
 }
 
 /// An answer of exactly `jsonrpc`, `id` (one of the hub's) and `result`: its id, and where its
@@ -607,12 +597,20 @@ mod tests {
     #[test]
     fn only_the_mesh_says_a_session_was_lost() {
         let mesh = r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"lost","data":{"source":"mcpmesh"}}}"#;
-        assert!(from_the_mesh(mesh.as_bytes()));
+        assert_eq!(
+            errors::mesh_code(&serde_json::from_str(mesh).unwrap()),
+            Some(-32055)
+        );
         for server in [
             r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"mine"}}"#,
             r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32055,"message":"mine","data":{"source":"me"}}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"result":{}}"#,
         ] {
-            assert!(!from_the_mesh(server.as_bytes()), "{server}");
+            assert_eq!(
+                errors::mesh_code(&serde_json::from_str(server).unwrap()),
+                None,
+                "{server}"
+            );
         }
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
+use mcpmesh_net::errors::{self, ErrorCode, ErrorFrame};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
@@ -740,12 +740,12 @@ fn open_failed(id: &Value, target: &Target, e: &UpstreamError) -> Vec<u8> {
 /// Puts `target` in front of a mesh error's message (one a node made, not the server: a
 /// session lost mid-call, say), so the client of many services knows which one failed.
 fn name_the_service(frame: &mut Value, target: &Target) {
+    if errors::mesh_code(frame).is_none() {
+        return;
+    }
     let Some(error) = frame.get_mut("error").and_then(Value::as_object_mut) else {
         return;
     };
-    if error.get("data").and_then(|d| d.get("source")) != Some(&json!("mcpmesh")) {
-        return;
-    }
     let message = error
         .get("message")
         .and_then(Value::as_str)
