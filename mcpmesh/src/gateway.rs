@@ -505,7 +505,7 @@ impl Session {
         self.routes().insert(jsonrpc::id_key(id), token, None, cap)
     }
 
-    /// As [`Session::expect`], under an id of the gateway's own, unique in this session: the
+    /// As [`Session::route_answer`], under an id of the gateway's own, unique in this session: the
     /// id to send the server instead of `id`, which the answer gets back. Requests of
     /// independent clients that happen to use the same id can then share the session.
     fn expect_remapped(

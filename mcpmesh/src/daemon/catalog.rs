@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use crate::audit::AuditEvent;
 use crate::catalog::{self, Answer, Entry};
 
-use super::node::Node;
+use super::catalogs::Catalogs;
+use super::core::Core;
 
 use super::catalogs::DEFAULT_MAX_AGE;
 
@@ -43,15 +44,34 @@ pub(super) struct ServicesParams {
     refresh: bool,
 }
 
-impl Node {
+/// The catalog exchange: what this node answers its peers, and what they answered it.
+#[derive(Debug)]
+pub(super) struct Catalog {
+    core: Arc<Core>,
+    /// What this node's peers last answered when asked for their catalog.
+    catalogs: Catalogs,
+    me: std::sync::Weak<Catalog>,
+}
+
+impl Catalog {
+    pub(super) fn new(core: Arc<Core>, catalogs: Catalogs) -> Arc<Catalog> {
+        Arc::new_cyclic(|me| Catalog {
+            core,
+            catalogs,
+            me: me.clone(),
+        })
+    }
+
     /// This node's catalog for `peer`, as the catalog ALPN answers it.
     pub(super) fn catalog_for(&self, peer: &mcpmesh_net::PeerIdentity) -> Vec<Entry> {
         use crate::principal::PrincipalSource;
         let held = self
+            .core
             .gate
             .principals_of(&peer.endpoint)
             .unwrap_or_else(|| crate::principal::principal_set(peer, None).into());
-        self.services
+        self.core
+            .services
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .catalog_for(&held)
@@ -65,7 +85,7 @@ impl Node {
             .max_age_ms
             .map_or(DEFAULT_MAX_AGE, Duration::from_millis);
         let refreshing = self.refresh_catalogs(max_age, params.refresh).await;
-        let table = self.gate.snapshot();
+        let table = self.core.gate.snapshot();
         let mut services = Vec::new();
         let mut unanswered = Vec::new();
         let mut refused = Vec::new();
@@ -79,7 +99,7 @@ impl Node {
             } else if failed {
                 unanswered.push(p.name.clone());
             }
-            let reachable = !failed && self.reach.get(&p.id).is_none_or(|s| s.reachable);
+            let reachable = !failed && self.core.reach.get(&p.id).is_none_or(|s| s.reachable);
             for e in entries {
                 services.push(json!({
                     "mount": format!("{}/{}", p.name, e.service),
@@ -109,7 +129,7 @@ impl Node {
     /// answer; asks the ones answered longer than `max_age` ago behind the reply. Returns
     /// whether answers are being refreshed behind the reply.
     pub(super) async fn refresh_catalogs(&self, max_age: Duration, now: bool) -> bool {
-        let table = self.gate.snapshot();
+        let table = self.core.gate.snapshot();
         let since = crate::time::unix_ms();
         let mut wait_for = Vec::new();
         let mut behind = Vec::new();
@@ -122,7 +142,7 @@ impl Node {
             });
             // Known not to answer at all; a peer that refused this node did answer, and
             // asking it again costs a round trip.
-            let down = self.reach.get(&p.id).is_some_and(|s| s.silent());
+            let down = self.core.reach.get(&p.id).is_some_and(|s| s.silent());
             match known {
                 // A peer never asked is asked now even when the last check found it down (that
                 // check may predate its trust in this node); the reply waits for it a moment.
@@ -134,13 +154,13 @@ impl Node {
                 _ => behind.push(p.id),
             }
         }
-        let Some(node) = self.arc() else {
+        let Some(catalog) = self.me.upgrade() else {
             return false;
         };
         if !wait_for.is_empty() {
             let asking = {
-                let node = node.clone();
-                tokio::spawn(async move { node.ask_catalogs(wait_for).await })
+                let catalog = catalog.clone();
+                tokio::spawn(async move { catalog.ask_catalogs(wait_for).await })
             };
             // What is not answered by then is kept when it comes, for the next reply; a
             // refresh waits for every answer (each bounded by the exchange's own timeout).
@@ -153,7 +173,7 @@ impl Node {
         }
         let refreshing = !behind.is_empty();
         if refreshing {
-            tokio::spawn(async move { node.ask_catalogs(behind).await });
+            tokio::spawn(async move { catalog.ask_catalogs(behind).await });
         }
         refreshing
     }
@@ -173,11 +193,10 @@ impl Node {
         }
         let mut changed = false;
         for chunk in peers.chunks(FETCH_AT_ONCE) {
-            let answers =
-                futures_util::future::join_all(chunk.iter().map(|&peer| async move {
-                    (peer, catalog::fetch(&self.endpoint, peer).await)
-                }))
-                .await;
+            let answers = futures_util::future::join_all(chunk.iter().map(|&peer| async move {
+                (peer, catalog::fetch(&self.core.endpoint, peer).await)
+            }))
+            .await;
             for (peer, answer) in answers {
                 match &answer {
                     Err(e @ catalog::CatalogError::Invalid(_)) => self.refused_catalog(peer, e),
@@ -197,8 +216,14 @@ impl Node {
                 asking.remove(p);
             }
         }
-        let trusted: HashSet<EndpointId> =
-            self.gate.snapshot().all().iter().map(|p| p.id).collect();
+        let trusted: HashSet<EndpointId> = self
+            .core
+            .gate
+            .snapshot()
+            .all()
+            .iter()
+            .map(|p| p.id)
+            .collect();
         changed |= self.catalogs.retain(&trusted);
         if changed {
             self.save_catalogs().await;
@@ -212,9 +237,9 @@ impl Node {
         tracing::warn!(peer = %peer.fmt_short(), "refused a catalog answer: {e}");
         let principal = format!("eid:{peer}");
         if self.catalogs.record_refusal(&principal) {
-            self.audit.record(AuditEvent::CatalogRefused {
+            self.core.audit.record(AuditEvent::CatalogRefused {
                 principal,
-                peer: self.name_of(&peer),
+                peer: self.core.name_of(&peer),
                 reason: format!("its answer: {e}"),
             });
         }
@@ -227,12 +252,18 @@ impl Node {
         };
         // On the writer, in order: a later snapshot is never overwritten by an earlier one.
         let written = self
+            .core
             .disk
             .run(move || crate::files::write_atomically_unsynced(&file, &bytes))
             .await;
         if let Some(Err(e)) = written {
             tracing::warn!("cannot write {}: {e}", self.catalogs.file.display());
         }
+    }
+
+    /// Whether `peer` ever answered this node's ask for its catalog.
+    pub(super) fn has_answered(&self, peer: &EndpointId) -> bool {
+        self.catalogs.of(peer).is_some()
     }
 
     /// The services `peer`'s last catalog answer lists, by name (`None`: never answered).
@@ -247,13 +278,13 @@ impl Node {
 /// itself, one request per connection.
 #[derive(Debug)]
 pub(super) struct CatalogProtocol<G> {
-    node: Arc<Node>,
+    catalog: Arc<Catalog>,
     gate: Arc<G>,
 }
 
 impl<G> CatalogProtocol<G> {
-    pub(super) fn new(node: Arc<Node>, gate: Arc<G>) -> Self {
-        CatalogProtocol { node, gate }
+    pub(super) fn new(catalog: Arc<Catalog>, gate: Arc<G>) -> Self {
+        CatalogProtocol { catalog, gate }
     }
 }
 
@@ -278,7 +309,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for CatalogProtocol<G> {
             };
             let principal = identity.principal();
             let refusal = refusal.or_else(|| {
-                self.node
+                self.catalog
                     .catalogs
                     .limiter
                     .check("catalog", &principal)
@@ -292,8 +323,8 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for CatalogProtocol<G> {
             });
             let answer = match refusal {
                 Some(reason) => {
-                    if self.node.catalogs.record_refusal(&principal) {
-                        self.node.audit.record(AuditEvent::CatalogRefused {
+                    if self.catalog.catalogs.record_refusal(&principal) {
+                        self.catalog.core.audit.record(AuditEvent::CatalogRefused {
                             principal,
                             peer: identity.name.clone(),
                             reason: reason.clone(),
@@ -305,7 +336,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for CatalogProtocol<G> {
                     }
                 }
                 None => Answer {
-                    services: self.node.catalog_for(&identity),
+                    services: self.catalog.catalog_for(&identity),
                     error: None,
                 },
             };

@@ -3,12 +3,13 @@
 
 mod catalog;
 mod catalogs;
+mod core;
 mod exchange;
-mod gossip;
 mod node;
 mod org;
 mod policy;
 mod reach;
+mod serving;
 mod status;
 mod status_page;
 mod swarm;
@@ -31,7 +32,7 @@ use mcpmesh_net::session::{ALPN_MCP, Dialer, MeshProtocol};
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{AuditLog, AuditSink, RefusalTally, RosterRefusals};
+use crate::audit::{AuditLog, AuditSink, RefusalTally};
 use crate::backends::spawn::Launcher;
 use crate::config::{ConfigError, ConfigFile, Settings};
 use crate::control::codes;
@@ -47,9 +48,12 @@ use crate::services::{ServiceHost, ServiceTable};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics, Traces};
 
+use catalog::Catalog;
+use core::Core;
 use node::Node;
-use org::{JoinProtocol, RosterProtocol};
-use trust::PairProtocol;
+use org::{JoinProtocol, Org, RosterProtocol};
+use status::Status;
+use trust::{PairProtocol, Trust};
 
 /// How often the node prunes expired invites and idle rate-limit state.
 const HOUSEKEEPING: Duration = Duration::from_secs(60);
@@ -129,10 +133,10 @@ pub async fn run(
         node,
         mut observers,
     } = build_node(&profile, launcher).await?;
-    let refusals = Arc::new(RefusalTally::new(node.audit.clone()));
+    let refusals = Arc::new(RefusalTally::new(node.core.audit.clone()));
     let router = serve_mesh(&node, refusals.clone());
     // Pairing and joining are answered only while an invite of theirs is live.
-    node.on_disk(|node| node.update_alpns()).await;
+    node.core.on_disk(|core| core.update_alpns()).await;
     let tasks = Tasks::start(&node, &refusals);
     open_local_endpoints(&node, observers.metrics.take()).await;
 
@@ -140,15 +144,15 @@ pub async fn run(
     let listener = bind_control_socket(&socket_path)?;
     let stop = CancellationToken::new();
     let control = tokio::spawn(server::serve(listener, node.clone(), stop.clone()));
-    let addrs = endpoint::direct_addrs(&node.endpoint);
-    tracing::info!(id = %node.endpoint.id(), ?addrs, "node ready");
+    let addrs = endpoint::direct_addrs(&node.core.endpoint);
+    tracing::info!(id = %node.core.endpoint.id(), ?addrs, "node ready");
     on_ready(&Ready {
-        id: node.endpoint.id(),
+        id: node.core.endpoint.id(),
         addrs,
         socket: socket_path.clone(),
     });
 
-    wait_for_stop(&stop, &node).await;
+    wait_for_stop(&stop, &node.core).await;
     stop.cancel();
     let running = Running {
         node,
@@ -237,42 +241,42 @@ async fn build_node(profile: &Profile, launcher: Option<Launcher>) -> Result<Bui
         settings.dial_timeout,
         settings.idle_close,
     ));
-    let node = Arc::new(Node {
+    let core = Core::new(core::Parts {
         config_file,
         disk,
-        settings: RwLock::new(settings.clone()),
         store,
-        endpoint: endpoint.clone(),
+        endpoint,
         gate,
         services,
         host,
         registry,
         dialer,
         shutdown,
-        audit: audit.clone(),
-        naming: Default::default(),
-        outgoing: Default::default(),
-        catalogs: catalogs::Catalogs::load(&profile.state_dir),
-        gossip: swarm::OrgGossip::new(endpoint),
-        reach: Default::default(),
-        roster_held: Default::default(),
-        roster_damage: Default::default(),
-        roster_refusals: RosterRefusals::new(audit),
-        org_lock: Default::default(),
-        root_file: profile.org_root_file(),
-        log_file: profile.log_file(),
-        status_page: status_page::StatusPageSlot::new(
-            profile.status_token_file(),
-            profile.audit_dir(),
-        ),
-        weak_self: Default::default(),
-        metrics_at: Default::default(),
+        audit,
+        settings: settings.clone(),
     });
-    let _ = node.weak_self.set(Arc::downgrade(&node));
-    node.load_roster();
-    node.apply(settings);
+    let trust = Trust::new(core.clone());
+    let catalog = Catalog::new(core.clone(), catalogs::Catalogs::load(&profile.state_dir));
+    let org = Org::new(core.clone(), catalog.clone(), profile.org_root_file());
+    let status = Status::new(status::StatusParts {
+        core: core.clone(),
+        trust: trust.clone(),
+        catalog: catalog.clone(),
+        org: org.clone(),
+        page: status_page::StatusPageSlot::new(profile.status_token_file(), profile.audit_dir()),
+        log_file: profile.log_file(),
+    });
+    let node = Arc::new(Node {
+        core,
+        trust,
+        catalog,
+        org,
+        status,
+    });
+    node.org.load_roster();
+    node.core.apply(settings);
     // Before any peer can call: grants a pairing committed just before a crash.
-    node.on_disk(|node| node.settle_owed_grants()).await;
+    node.trust.settle_owed_grants_now().await;
     Ok(Built { node, observers })
 }
 
@@ -352,29 +356,30 @@ impl Observers {
 }
 
 /// Answers the mesh ALPNs, each behind the gate it needs.
-fn serve_mesh(node: &Arc<Node>, refusals: Arc<RefusalTally>) -> Router {
+fn serve_mesh(node: &Node, refusals: Arc<RefusalTally>) -> Router {
+    let core = &node.core;
     let audited = Arc::new(AuditedGate {
-        peers: node.gate.clone(),
+        peers: core.gate.clone(),
         refusals,
-        node: Arc::downgrade(node),
+        org: Arc::downgrade(&node.org),
     });
-    Router::builder(node.endpoint.clone())
+    Router::builder(core.endpoint.clone())
         .accept(
             ALPN_MCP,
-            MeshProtocol::new(audited.clone(), node.host.clone(), node.registry.clone()),
+            MeshProtocol::new(audited.clone(), core.host.clone(), core.registry.clone()),
         )
         .accept(ALPN_PING, PingProtocol::new(audited.clone()))
         .accept(
             crate::catalog::ALPN_CATALOG,
-            catalog::CatalogProtocol::new(node.clone(), audited.clone()),
+            catalog::CatalogProtocol::new(node.catalog.clone(), audited.clone()),
         )
         .accept(
             swarm::ALPN_GOSSIP,
-            gossip::GossipProtocol::new(node.clone()),
+            org::GossipProtocol::new(node.org.clone()),
         )
-        .accept(ALPN_ROSTER, RosterProtocol::new(node.clone(), audited))
-        .accept(ALPN_PAIR, PairProtocol::new(node.clone()))
-        .accept(ALPN_JOIN, JoinProtocol::new(node.clone()))
+        .accept(ALPN_ROSTER, RosterProtocol::new(node.org.clone(), audited))
+        .accept(ALPN_PAIR, PairProtocol::new(node.trust.clone()))
+        .accept(ALPN_JOIN, JoinProtocol::new(node.org.clone()))
         .spawn()
 }
 
@@ -383,22 +388,27 @@ struct Tasks {
     upkeep: tokio::task::JoinHandle<()>,
     puller: tokio::task::JoinHandle<()>,
     checker: tokio::task::JoinHandle<()>,
+    /// Tells the org when this node's services change.
+    announcer: tokio::task::JoinHandle<()>,
 }
 
 impl Tasks {
     /// Joins the org's gossip and starts the periodic work.
     fn start(node: &Arc<Node>, refusals: &Arc<RefusalTally>) -> Self {
         {
-            let node = node.clone();
-            tokio::spawn(async move { node.gossip_follow_roster(None).await });
+            let org = node.org.clone();
+            tokio::spawn(async move { org.gossip_follow_roster(None).await });
         }
         let upkeep = tokio::spawn(keep_house(node.clone(), refusals.clone()));
-        let puller = tokio::spawn(keep_roster_current(node.clone()));
-        let checker = tokio::spawn(keep_checking_peers(node.clone()));
+        let puller = tokio::spawn(keep_roster_current(node.org.clone(), node.core.clone()));
+        let checker = tokio::spawn(keep_checking_peers(node.core.clone()));
+        let org = node.org.clone();
+        let announcer = tokio::spawn(async move { org.announce_catalog_changes().await });
         Tasks {
             upkeep,
             puller,
             checker,
+            announcer,
         }
     }
 
@@ -409,13 +419,15 @@ impl Tasks {
         let _ = self.checker.await;
         self.puller.abort();
         let _ = self.puller.await;
+        self.announcer.abort();
+        let _ = self.announcer.await;
     }
 }
 
 /// Every [`HOUSEKEEPING`]: writes out the tallied refusals, prunes what expired, and settles
 /// what a crash left pending.
 async fn keep_house(node: Arc<Node>, refusals: Arc<RefusalTally>) {
-    let stop = node.shutdown.clone();
+    let stop = node.core.shutdown.clone();
     let mut every = tokio::time::interval(HOUSEKEEPING);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -425,23 +437,26 @@ async fn keep_house(node: Arc<Node>, refusals: Arc<RefusalTally>) {
             // grants are settled as soon as the node is up.
             _ = every.tick() => {
                 refusals.flush();
-                node.roster_refusals.flush();
-                node.on_disk(|node| {
-                    node.housekeeping();
-                    node.roster_upkeep();
-                })
-                .await;
-                node.confirm_pending().await;
-                node.confirm_pending_join().await;
+                node.org.flush_refusals();
+                let (trust, org) = (node.trust.clone(), node.org.clone());
+                node.core
+                    .on_disk(move |core| {
+                        core.housekeeping();
+                        trust.settle_owed_grants();
+                        org.roster_upkeep();
+                    })
+                    .await;
+                node.trust.confirm_pending().await;
+                node.org.confirm_pending_join().await;
             }
         }
     }
 }
 
 /// Every `org_sync`: keeps the node on the org's gossip and its roster current.
-async fn keep_roster_current(node: Arc<Node>) {
-    let stop = node.shutdown.clone();
-    let mut every = tokio::time::interval(node.settings().org_sync);
+async fn keep_roster_current(org: Arc<Org>, core: Arc<Core>) {
+    let stop = core.shutdown.clone();
+    let mut every = tokio::time::interval(core.settings().org_sync);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -449,26 +464,26 @@ async fn keep_roster_current(node: Arc<Node>) {
             // The first tick is immediate: a node coming back catches up at once.
             _ = every.tick() => {
                 // A node left with too few gossip neighbors joins through more.
-                node.gossip_follow_roster(None).await;
-                node.sync_all().await;
+                org.gossip_follow_roster(None).await;
+                org.sync_all().await;
             }
         }
     }
 }
 
 /// Keeps checking which peers are reachable, each as closely as it is used.
-async fn keep_checking_peers(node: Arc<Node>) {
-    let stop = node.shutdown.clone();
+async fn keep_checking_peers(core: Arc<Core>) {
+    let stop = core.shutdown.clone();
     // A connection open (either way) is its own witness; an org member is followed
     // closely only while in use.
     let peers = || {
-        let incoming = node.registry.connected_peers();
-        node.gate
+        let incoming = core.registry.connected_peers();
+        core.gate
             .snapshot()
             .all()
             .iter()
             .map(|p| {
-                let connected = node.dialer.is_connected(&p.id) || incoming.contains(&p.id);
+                let connected = core.dialer.is_connected(&p.id) || incoming.contains(&p.id);
                 let watch = match p.user {
                     _ if connected => reach::Watch::Connected,
                     Some(_) => reach::Watch::WhenUsed,
@@ -478,8 +493,8 @@ async fn keep_checking_peers(node: Arc<Node>) {
             })
             .collect()
     };
-    node.reach
-        .keep_checking(node.endpoint.clone(), peers, stop)
+    core.reach
+        .keep_checking(core.endpoint.clone(), peers, stop)
         .await;
 }
 
@@ -487,14 +502,13 @@ async fn keep_checking_peers(node: Arc<Node>) {
 async fn open_local_endpoints(node: &Arc<Node>, metrics: Option<(SocketAddr, Arc<Metrics>)>) {
     // A page configured to listen from the start that cannot is no reason not to run the
     // node: it is logged, and `status --web` tries again and says why.
-    let page_configured = node.settings().status_listen.is_some();
-    if page_configured && let Err(e) = node.status_web().await {
+    let page_configured = node.core.settings().status_listen.is_some();
+    if page_configured && let Err(e) = node.status.status_web().await {
         tracing::warn!("the status page is not open: {e}");
     }
     if let Some((listen, metrics)) = metrics {
-        let _ = node
-            .metrics_at
-            .set(serve_metrics(node, listen, metrics).await);
+        let at = serve_metrics(node, listen, metrics).await;
+        node.status.metrics_opened(at);
     }
 }
 
@@ -522,15 +536,16 @@ impl Running {
             refusals,
             observers,
         } = self;
-        node.stop_sessions().await;
-        node.registry
+        node.core.stop_sessions().await;
+        node.core
+            .registry
             .close_all(CLOSE_SHUTDOWN, b"node shutting down");
         let _ = router.shutdown().await;
         let _ = control.await;
         let _ = std::fs::remove_file(&socket_path);
         tasks.stop().await;
         refusals.flush();
-        node.roster_refusals.flush();
+        node.org.flush_refusals();
         observers.close().await;
         tracing::info!("node stopped");
         // The store goes before the lock: a node started the moment the lock is free opens it.
@@ -546,9 +561,9 @@ async fn serve_metrics(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
 ) -> Result<SocketAddr, String> {
-    let weak = Arc::downgrade(node);
-    let peers = move || weak.upgrade().map(|n| n.peer_paths()).unwrap_or_default();
-    match telemetry::serve(listen, metrics, peers, node.shutdown.clone()).await {
+    let weak = Arc::downgrade(&node.status);
+    let peers = move || weak.upgrade().map(|s| s.peer_paths()).unwrap_or_default();
+    match telemetry::serve(listen, metrics, peers, node.core.shutdown.clone()).await {
         Ok(endpoint) => {
             tracing::info!("metrics at http://{}/metrics", endpoint.addr);
             Ok(endpoint.addr)
@@ -567,7 +582,7 @@ async fn serve_metrics(
 struct AuditedGate {
     peers: Arc<PeerGate>,
     refusals: Arc<RefusalTally>,
-    node: std::sync::Weak<Node>,
+    org: std::sync::Weak<Org>,
 }
 
 impl TrustGate for AuditedGate {
@@ -578,7 +593,7 @@ impl TrustGate for AuditedGate {
     fn refused(&self, remote: &EndpointId) {
         self.refusals.refused_from(
             || format!("eid:{remote}"),
-            || self.node.upgrade()?.removed_user(remote),
+            || self.org.upgrade()?.removed_user(remote),
         );
     }
 }
@@ -668,7 +683,7 @@ fn bind_control_socket(path: &std::path::Path) -> Result<UnixListener, DaemonErr
     Ok(listener)
 }
 
-async fn wait_for_stop(stop: &CancellationToken, node: &Node) {
+async fn wait_for_stop(stop: &CancellationToken, core: &Core) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -677,9 +692,9 @@ async fn wait_for_stop(stop: &CancellationToken, node: &Node) {
             _ = tokio::signal::ctrl_c() => return,
             Some(()) = async { term.as_mut()?.recv().await } => return,
             Some(()) = async { hup.as_mut()?.recv().await } => {
-                match node.config_file.load() {
+                match core.config_file.load() {
                     Ok(settings) => {
-                        node.apply_by(settings, "reload");
+                        core.apply_by(settings, "reload");
                         tracing::info!("config reloaded");
                     }
                     Err(e) => tracing::warn!("config not reloaded: {e}"),

@@ -111,7 +111,7 @@ pub(super) struct OrgGossip {
 #[derive(Debug, Default)]
 pub(super) struct Pushes {
     pub(super) running: std::sync::atomic::AtomicBool,
-    pub(super) again: std::sync::atomic::AtomicBool,
+    pub(super) another_wanted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]

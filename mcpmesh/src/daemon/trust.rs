@@ -23,8 +23,9 @@ use crate::store::{Pairing, Redeemed, StoredInvite, StoredPeer};
 use crate::time::unix_ms;
 use mcpmesh_net::ping::{PingOutcome, ping_outcome};
 
+use super::core::Core;
+use super::core::{params_of, stopping};
 use super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
-use super::node::{Node, params_of, stopping};
 
 fn bad(message: impl Into<String>) -> ControlError {
     ControlError::invalid_params(message)
@@ -96,12 +97,38 @@ fn inviter_hint(inviter: EndpointId, invite: &Invite) -> EndpointAddr {
     hint
 }
 
-impl Node {
+/// Whom this node trusts: static peers, pairing and grants. Held while a pairing picks a
+/// name for a new peer and stores it, `naming` keeps two pairings from taking one name.
+#[derive(Debug)]
+pub(super) struct Trust {
+    core: Arc<Core>,
+    naming: tokio::sync::Mutex<()>,
+    me: std::sync::Weak<Trust>,
+}
+
+impl Trust {
+    pub(super) fn new(core: Arc<Core>) -> Arc<Trust> {
+        Arc::new_cyclic(|me| Trust {
+            core,
+            naming: Default::default(),
+            me: me.clone(),
+        })
+    }
+
+    /// Runs `job` on the node's writer, where every store and config write is made.
+    async fn on_disk<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Trust) -> T + Send + 'static,
+    ) -> Option<T> {
+        let trust = self.me.upgrade()?;
+        self.core.disk.run(move || job(&trust)).await
+    }
+
     /// A name for `id`: its current one if known, else `wanted` or the first free one of
     /// `wanted-2`, `wanted-3`… Free means no peer has it and no `allow` mentions it: a new
     /// peer under a name an `allow` already holds would get that access unasked.
     fn name_for(&self, id: &EndpointId, wanted: &str) -> String {
-        let table = self.gate.snapshot();
+        let table = self.core.gate.snapshot();
         if let Some(p) = table.by_id(id) {
             return p.name.clone();
         }
@@ -117,7 +144,8 @@ impl Node {
 
     /// The first service whose `allow` names the peer `name` (as `NAME` or `peer:NAME`).
     fn allow_naming(&self, name: &str) -> Option<String> {
-        self.settings()
+        self.core
+            .settings()
             .services
             .iter()
             .find(|s| s.allow.iter().any(|p| p.is_peer_named(name)))
@@ -125,12 +153,17 @@ impl Node {
     }
 
     fn peer_by_name(&self, name: &str) -> Result<crate::peers::KnownPeer, ControlError> {
-        self.gate.snapshot().by_name(name).cloned().ok_or_else(|| {
-            ControlError::new(
-                codes::NOT_FOUND,
-                format!("no peer named {name:?}; see `mcpmesh peers`"),
-            )
-        })
+        self.core
+            .gate
+            .snapshot()
+            .by_name(name)
+            .cloned()
+            .ok_or_else(|| {
+                ControlError::new(
+                    codes::NOT_FOUND,
+                    format!("no peer named {name:?}; see `mcpmesh peers`"),
+                )
+            })
     }
 
     /// A peer known from the org roster only is the admin's to rename or remove.
@@ -150,7 +183,8 @@ impl Node {
     /// The name of the `[peers]` entry that holds `id`: the peer's name here, unless it gave
     /// that name up to a roster member's `USER.DEVICE`.
     fn static_name(&self, id: &EndpointId) -> Option<String> {
-        self.settings()
+        self.core
+            .settings()
             .peers
             .iter()
             .find(|p| p.id == *id)
@@ -159,7 +193,12 @@ impl Node {
 
     fn stored_peer(&self, id: &EndpointId) -> Option<StoredPeer> {
         let hex = id.to_string();
-        self.store.peers().ok()?.into_iter().find(|p| p.id == hex)
+        self.core
+            .store
+            .peers()
+            .ok()?
+            .into_iter()
+            .find(|p| p.id == hex)
     }
 
     pub(super) fn peers_add(&self, params: Value) -> Result<Value, ControlError> {
@@ -174,10 +213,10 @@ impl Node {
         check_name(&add.name)?;
         let id = parse_endpoint_id(&add.id)
             .ok_or_else(|| bad(format!("{:?} is not an endpoint id", add.id)))?;
-        if id == self.endpoint.id() {
+        if id == self.core.endpoint.id() {
             return Err(bad("that is this node's own id"));
         }
-        let table = self.gate.snapshot();
+        let table = self.core.gate.snapshot();
         if let Some(other) = table.by_id(&id).filter(|p| p.name != add.name) {
             return Err(ControlError::new(
                 codes::CONFLICT,
@@ -191,8 +230,9 @@ impl Node {
             ));
         }
         let addrs = parse_addrs(&add.addrs)?;
-        self.edit(|doc| config::set_peer(doc, &add.name, &id, &addrs))?;
-        self.trust_event("peer_added", Some(&add.name), None);
+        self.core
+            .edit(|doc| config::set_peer(doc, &add.name, &id, &addrs))?;
+        self.core.trust_event("peer_added", Some(&add.name), None);
         Ok(json!({ "peer": add.name, "id": id.to_string() }))
     }
 
@@ -209,7 +249,7 @@ impl Node {
         if r.old == r.new {
             return Ok(json!({ "peer": r.new, "id": peer.id.to_string() }));
         }
-        if self.gate.snapshot().by_name(&r.new).is_some() {
+        if self.core.gate.snapshot().by_name(&r.new).is_some() {
             return Err(ControlError::new(
                 codes::CONFLICT,
                 format!("the name {} is taken", r.new),
@@ -220,16 +260,16 @@ impl Node {
         // so grants by name, renamed in the same edit, never stop admitting its sessions.
         if let Some(mut stored) = self.stored_peer(&peer.id) {
             stored.name = r.new.clone();
-            self.store.put_peer(&stored, None).map_err(store_err)?;
+            self.core.store.put_peer(&stored, None).map_err(store_err)?;
         }
         // Grants by name follow the peer; grants by key need nothing.
-        self.edit(|doc| {
+        self.core.edit(|doc| {
             if let Some(name) = &in_config {
                 config::rename_peer(doc, name, &r.new)?;
             }
             config::rename_allow(doc, &r.old, &r.new)
         })?;
-        self.trust_event("peer_renamed", Some(&r.new), None);
+        self.core.trust_event("peer_renamed", Some(&r.new), None);
         Ok(json!({ "peer": r.new, "id": peer.id.to_string(), "was": r.old }))
     }
 
@@ -244,18 +284,19 @@ impl Node {
         let principals = [Principal::eid(&peer.id), Principal::peer(&r.name)];
         let in_config = self.static_name(&peer.id);
         if self.stored_peer(&peer.id).is_some() {
-            self.store
+            self.core
+                .store
                 .remove_peer(&peer.id.to_string())
                 .map_err(store_err)?;
         }
         // Applying the edit severs the peer's connections and sessions at once.
-        self.edit(|doc| {
+        self.core.edit(|doc| {
             if let Some(name) = &in_config {
                 config::remove_peer(doc, name)?;
             }
             config::remove_allow_everywhere(doc, &principals)
         })?;
-        self.trust_event("peer_removed", Some(&r.name), None);
+        self.core.trust_event("peer_removed", Some(&r.name), None);
         Ok(json!({ "peer": r.name, "removed": true }))
     }
 
@@ -275,7 +316,7 @@ impl Node {
             Principal::Eid(key) => {
                 let peer = EndpointId::from_bytes(&key)
                     .ok()
-                    .and_then(|id| self.gate.snapshot().by_id(&id).cloned());
+                    .and_then(|id| self.core.gate.snapshot().by_id(&id).cloned());
                 (Principal::Eid(key), peer)
             }
             other => (other, None),
@@ -284,7 +325,7 @@ impl Node {
 
     /// Why an org principal granted here matches nobody yet, if it does not.
     fn unmatched_org_principal(&self, principal: &Principal) -> Option<String> {
-        let org = self.roster().map(|v| v.roster().org.clone());
+        let org = self.core.roster().map(|v| v.roster().org.clone());
         match (principal, org) {
             (Principal::User(_) | Principal::Group(_) | Principal::Org(_), None) => Some(format!(
                 "{principal} matches nobody until this node joins an org (`mcpmesh join`)"
@@ -307,11 +348,12 @@ impl Node {
         // tool: the answer says so, for the one who may not expect it.
         let first_rule = tools.is_some()
             && self
+                .core
                 .settings()
                 .services
                 .iter()
                 .any(|s| s.name == g.service && s.tools.is_empty());
-        self.edit(|doc| {
+        self.core.edit(|doc| {
             config::add_allow(doc, &g.service, &key)?;
             match &tools {
                 Some(allow) => config::grant_own_tools(doc, &g.service, &key, allow),
@@ -323,7 +365,8 @@ impl Node {
         } else {
             "grant"
         };
-        self.trust_event(action, Some(&g.peer), Some(&g.service));
+        self.core
+            .trust_event(action, Some(&g.peer), Some(&g.service));
         let mut answer = json!({
             "peer": g.peer,
             "principal": key.to_string(),
@@ -357,15 +400,19 @@ impl Node {
         }
         let ended = match g.tools.as_deref().map(tool_patterns).transpose()? {
             Some(deny) => {
-                let ended =
-                    self.edit(|doc| config::deny_own_tools(doc, &g.service, &key, &deny))?;
-                self.trust_event("revoke_tools", Some(&g.peer), Some(&g.service));
+                let ended = self
+                    .core
+                    .edit(|doc| config::deny_own_tools(doc, &g.service, &key, &deny))?;
+                self.core
+                    .trust_event("revoke_tools", Some(&g.peer), Some(&g.service));
                 ended
             }
             None => {
-                let ended =
-                    self.edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
-                self.trust_event("revoke", Some(&g.peer), Some(&g.service));
+                let ended = self
+                    .core
+                    .edit(|doc| config::remove_allow(doc, &g.service, &principals).map(drop))?;
+                self.core
+                    .trust_event("revoke", Some(&g.peer), Some(&g.service));
                 ended
             }
         };
@@ -375,6 +422,7 @@ impl Node {
             None => vec![key.clone()],
         };
         let still = self
+            .core
             .services
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -402,12 +450,12 @@ impl Node {
             Some(peer) => peer.principals(),
             None => vec![principal.clone()],
         };
-        let table = self.services.read().unwrap_or_else(|p| p.into_inner());
+        let table = self.core.services.read().unwrap_or_else(|p| p.into_inner());
         json!(table.tools_for(&held).get(service))
     }
 
     fn require_service(&self, name: &str) -> Result<(), ControlError> {
-        if self.settings().services.iter().any(|s| s.name == name) {
+        if self.core.settings().services.iter().any(|s| s.name == name) {
             Ok(())
         } else {
             Err(ControlError::new(
@@ -453,21 +501,24 @@ impl Node {
         };
         let iid = pairing::new_invite_id()
             .map_err(|e| ControlError::new(codes::NODE_UNAVAILABLE, e.to_string()))?;
-        self.store.put_invite(&iid, &stored).map_err(store_err)?;
-        self.update_alpns();
+        self.core
+            .store
+            .put_invite(&iid, &stored)
+            .map_err(store_err)?;
+        self.core.update_alpns();
         let invite = Invite {
             v: 1,
-            id: self.endpoint.id().to_string(),
+            id: self.core.endpoint.id().to_string(),
             iid,
-            addrs: self.direct_addrs(),
-            relay: self.home_relay(),
+            addrs: self.core.direct_addrs(),
+            relay: self.core.home_relay(),
             secret: pairing::encode_secret(&secret),
             services: m.services.clone(),
             exp: expires_at,
             uses,
-            nick: self.settings().nickname.clone(),
+            nick: self.core.settings().nickname.clone(),
         };
-        self.trust_event("invite", None, None);
+        self.core.trust_event("invite", None, None);
         Ok(
             json!({ "invite": invite.encode(), "expires_at": expires_at, "services": m.services, "uses": uses }),
         )
@@ -485,7 +536,7 @@ impl Node {
         let (Some(inviter), Some(secret)) = (invite.endpoint(), invite.secret_bytes()) else {
             return Err(bad("this invite is damaged"));
         };
-        if inviter == self.endpoint.id() {
+        if inviter == self.core.endpoint.id() {
             return Err(bad("this is one of this node's own invites"));
         }
         if invite.exp <= unix_ms() / 1000 {
@@ -504,19 +555,21 @@ impl Node {
             }
             None => WantedName::Suggested(sanitize(invite.nick.as_deref(), "peer")),
         };
-        self.dialer.add_address_hint(inviter_hint(inviter, &invite));
+        self.core
+            .dialer
+            .add_address_hint(inviter_hint(inviter, &invite));
 
         let hello = PairHello {
             pair: 1,
             invite: invite.iid.clone(),
-            proof: pairing::proof(&secret, &inviter, &self.endpoint.id()),
-            nick: self.settings().nickname.clone(),
-            addrs: self.direct_addrs(),
+            proof: pairing::proof(&secret, &inviter, &self.core.endpoint.id()),
+            nick: self.core.settings().nickname.clone(),
+            addrs: self.core.direct_addrs(),
         };
         let (pending, services) = self
             .pair_through_inviter(inviter, &invite, &hello, wanted)
             .await?;
-        self.on_disk(move |node| node.confirm_paired(inviter, &secret, pending, &services))
+        self.on_disk(move |trust| trust.confirm_paired(inviter, &secret, pending, &services))
             .await
             .unwrap_or_else(|| Err(stopping()))
     }
@@ -530,11 +583,11 @@ impl Node {
         hello: &PairHello,
         wanted: WantedName,
     ) -> Result<(StoredPeer, Vec<String>), ControlError> {
-        let limit = self.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
+        let limit = self.core.settings().dial_timeout + pairing::EXCHANGE_TIMEOUT;
         let unanswered =
             || ControlError::new(codes::UNREACHABLE, "the inviter did not answer in time");
         let open = Exchange::open(
-            &self.endpoint,
+            &self.core.endpoint,
             inviter,
             ALPN_PAIR,
             pairing::MAX_MESSAGE,
@@ -562,9 +615,9 @@ impl Node {
             Ok(Ok(done)) if done.ok => {}
             Ok(Ok(refused)) => {
                 let id = pending.id.clone();
-                self.on_disk(move |node| {
-                    node.store.remove_peer(&id).map_err(store_err)?;
-                    node.refresh();
+                self.on_disk(move |trust| {
+                    trust.core.store.remove_peer(&id).map_err(store_err)?;
+                    trust.core.refresh();
                     Ok(())
                 })
                 .await
@@ -614,9 +667,13 @@ impl Node {
             grants_owed: Vec::new(),
         };
         let stored = peer.clone();
-        self.on_disk(move |node| {
-            node.store.put_peer(&stored, None).map_err(store_err)?;
-            node.refresh();
+        self.on_disk(move |trust| {
+            trust
+                .core
+                .store
+                .put_peer(&stored, None)
+                .map_err(store_err)?;
+            trust.core.refresh();
             Ok(())
         })
         .await
@@ -634,20 +691,21 @@ impl Node {
         services: &[String],
     ) -> Result<Value, ControlError> {
         let name = peer.name.clone();
-        let code = pairing::code(&inviter, &self.endpoint.id(), secret);
+        let code = pairing::code(&inviter, &self.core.endpoint.id(), secret);
         peer.pending = false;
         let record = Pairing {
             peer: name.clone(),
             code: code.clone(),
             at: peer.paired_at,
         };
-        self.store
+        self.core
+            .store
             .put_peer(&peer, Some(&record))
             .map_err(store_err)?;
         // A check set off by the pending record may have met the inviter before its commit
         // and been refused; it admits this node now.
-        self.reach.recheck(&inviter);
-        self.trust_event("pair", Some(&name), None);
+        self.core.reach.recheck(&inviter);
+        self.core.trust_event("pair", Some(&name), None);
         let mounts: Vec<String> = services.iter().map(|s| format!("{name}/{s}")).collect();
         Ok(json!({ "peer": name, "code": code, "services": services, "mounts": mounts }))
     }
@@ -657,7 +715,7 @@ impl Node {
     /// already the inviter's own name.
     fn check_chosen_name(&self, name: &str, inviter: &EndpointId) -> Result<(), ControlError> {
         check_name(name)?;
-        let table = self.gate.snapshot();
+        let table = self.core.gate.snapshot();
         if table.by_id(inviter).is_some_and(|p| p.name == name) {
             return Ok(());
         }
@@ -682,6 +740,7 @@ impl Node {
     /// stored the pairing (confirm), and refuses it if not (drop). Unreachable: ask later.
     pub(super) async fn confirm_pending(&self) {
         let pending: Vec<StoredPeer> = self
+            .core
             .store
             .peers()
             .unwrap_or_default()
@@ -692,22 +751,22 @@ impl Node {
             let Some(id) = parse_endpoint_id(&peer.id) else {
                 continue;
             };
-            let outcome = ping_outcome(&self.endpoint, id, pairing::EXCHANGE_TIMEOUT).await;
+            let outcome = ping_outcome(&self.core.endpoint, id, pairing::EXCHANGE_TIMEOUT).await;
             if matches!(outcome, PingOutcome::Unreachable) {
                 continue;
             }
-            self.on_disk(move |node| match outcome {
+            self.on_disk(move |trust| match outcome {
                 PingOutcome::Reachable { .. } => {
                     peer.pending = false;
-                    if node.store.put_peer(&peer, None).is_ok() {
+                    if trust.core.store.put_peer(&peer, None).is_ok() {
                         tracing::info!(peer = %peer.name, "pairing confirmed");
-                        node.trust_event("pair", Some(&peer.name), None);
+                        trust.core.trust_event("pair", Some(&peer.name), None);
                     }
                 }
                 _ => {
-                    if node.store.remove_peer(&peer.id).is_ok() {
+                    if trust.core.store.remove_peer(&peer.id).is_ok() {
                         tracing::info!(peer = %peer.name, "pairing undone: the inviter never stored it");
-                        node.refresh();
+                        trust.core.refresh();
                     }
                 }
             })
@@ -718,8 +777,8 @@ impl Node {
     /// The inviter, on the hello: the proof must hold for a live invite. Nothing is stored
     /// but a failed attempt. Blocking (store transactions): run it on the node's writer.
     fn check_redemption(&self, redeemer: EndpointId, hello: &PairHello) -> PairReply {
-        let me = self.endpoint.id();
-        let checked = self.store.verify(
+        let me = self.core.endpoint.id();
+        let checked = self.core.store.verify(
             &hello.invite,
             unix_ms() / 1000,
             pairing::MAX_FAILURES,
@@ -733,7 +792,7 @@ impl Node {
                 ok: true,
                 services: services
                     .into_iter()
-                    .filter(|s| self.settings().services.iter().any(|x| &x.name == s))
+                    .filter(|s| self.core.settings().services.iter().any(|x| &x.name == s))
                     .collect(),
                 error: None,
             },
@@ -746,7 +805,7 @@ impl Node {
                 PairReply::refused("the inviter's store failed")
             }
         };
-        self.update_alpns();
+        self.core.update_alpns();
         reply
     }
 
@@ -767,12 +826,12 @@ impl Node {
         let name = self.name_for(&redeemer, &sanitize(hello.nick.as_deref(), "peer"));
         let (peer_name, owed) = (name.clone(), services.clone());
         let outcome = self
-            .on_disk(move |node| {
-                let outcome = node.redeem(redeemer, &hello, peer_name, owed);
-                node.update_alpns();
+            .on_disk(move |trust| {
+                let outcome = trust.redeem(redeemer, &hello, peer_name, owed);
+                trust.core.update_alpns();
                 match outcome {
                     Ok(Redeemed::Accepted(peer)) => {
-                        Ok(Redeemed::Accepted(node.settle_grants(&peer)))
+                        Ok(Redeemed::Accepted(trust.settle_grants(&peer)))
                     }
                     Ok(Redeemed::Refused(reason)) => Ok(Redeemed::Refused(reason)),
                     Err(e) => Err(e),
@@ -781,9 +840,9 @@ impl Node {
             .await;
         match outcome {
             Some(Ok(Redeemed::Accepted(granted))) => {
-                self.trust_event("pair", Some(&name), None);
+                self.core.trust_event("pair", Some(&name), None);
                 for s in &granted {
-                    self.trust_event("grant", Some(&name), Some(s));
+                    self.core.trust_event("grant", Some(&name), Some(s));
                 }
                 tracing::info!(peer = %name, "paired");
                 PairReply {
@@ -813,10 +872,11 @@ impl Node {
         name: String,
         services: Vec<String>,
     ) -> Result<Redeemed<StoredPeer>, crate::store::StoreError> {
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let addrs = offered_addrs(&hello.addrs);
         let now = unix_ms();
-        self.store
+        self.core
+            .store
             .redeem(&hello.invite, now / 1000, pairing::MAX_FAILURES, |invite| {
                 pairing::check_proof(&invite.secret, &me, &redeemer, &hello.proof)?;
                 let peer = StoredPeer {
@@ -847,18 +907,18 @@ impl Node {
         let served: Vec<String> = peer
             .grants_owed
             .iter()
-            .filter(|s| self.settings().services.iter().any(|x| &x.name == *s))
+            .filter(|s| self.core.settings().services.iter().any(|x| &x.name == *s))
             .cloned()
             .collect();
         if served.is_empty() {
-            self.refresh();
-            if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+            self.core.refresh();
+            if let Err(e) = self.core.store.clear_grants_owed(&peer.id) {
                 tracing::error!("{e}");
             }
             return served;
         }
         let principal = Principal::eid(&id);
-        let granted = self.edit(|doc| {
+        let granted = self.core.edit(|doc| {
             for s in &served {
                 config::add_allow(doc, s, &principal)?;
             }
@@ -867,19 +927,25 @@ impl Node {
         if let Err(e) = granted {
             // Still owed: housekeeping tries again.
             tracing::error!(peer = %peer.name, "granting the paired services failed: {}", e.message);
-            self.refresh();
+            self.core.refresh();
             return Vec::new();
         }
-        if let Err(e) = self.store.clear_grants_owed(&peer.id) {
+        if let Err(e) = self.core.store.clear_grants_owed(&peer.id) {
             tracing::error!("{e}");
         }
         served
+    }
+
+    /// [`Trust::settle_owed_grants`] on the node's writer.
+    pub(super) async fn settle_owed_grants_now(&self) {
+        self.on_disk(|trust| trust.settle_owed_grants()).await;
     }
 
     /// Writes grants that pairings committed but a crash (or a config that could not be
     /// written) kept out of config.
     pub(super) fn settle_owed_grants(&self) {
         let owed: Vec<StoredPeer> = self
+            .core
             .store
             .peers()
             .unwrap_or_default()
@@ -889,7 +955,7 @@ impl Node {
         for peer in owed {
             let granted = self.settle_grants(&peer);
             for s in &granted {
-                self.trust_event("grant", Some(&peer.name), Some(s));
+                self.core.trust_event("grant", Some(&peer.name), Some(s));
             }
             if !granted.is_empty() {
                 tracing::info!(peer = %peer.name, services = ?granted, "granted what a pairing owed");
@@ -948,15 +1014,15 @@ fn store_err(e: crate::store::StoreError) -> ControlError {
 /// credential, checked against the stored invite, with an attempt budget per invite.
 #[derive(Debug)]
 pub(super) struct PairProtocol {
-    node: Arc<Node>,
+    trust: Arc<Trust>,
     /// Pairing exchanges under way; past the cap, more are turned away at once.
     slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl PairProtocol {
-    pub(super) fn new(node: Arc<Node>) -> Self {
+    pub(super) fn new(trust: Arc<Trust>) -> Self {
         PairProtocol {
-            node,
+            trust,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PAIRINGS)),
         }
     }
@@ -973,7 +1039,7 @@ impl ProtocolHandler for PairProtocol {
         };
         let redeemer = conn.remote_id();
         // A key the org revoked is refused on every ALPN, pairing included.
-        if self.node.gate.is_revoked(&redeemer) {
+        if self.trust.core.gate.is_revoked(&redeemer) {
             conn.close(VarInt::from_u32(401), b"unknown peer");
             return Ok(());
         }
@@ -988,8 +1054,8 @@ impl ProtocolHandler for PairProtocol {
             .and_then(|v| serde_json::from_value::<PairHello>(v).ok());
         let reply = match hello.clone() {
             Some(hello) if hello.pair == 1 => self
-                .node
-                .on_disk(move |node| node.check_redemption(redeemer, &hello))
+                .trust
+                .on_disk(move |trust| trust.check_redemption(redeemer, &hello))
                 .await
                 .unwrap_or_else(|| PairReply::refused("the inviter's store failed")),
             _ => PairReply::refused("malformed pairing request"),
@@ -1000,7 +1066,7 @@ impl ProtocolHandler for PairProtocol {
                 .and_then(|v| serde_json::from_value::<pairing::PairCommit>(v).ok());
             if let (Some(hello), Some(pairing::PairCommit { commit: true })) = (hello, commit) {
                 let done = self
-                    .node
+                    .trust
                     .complete_redemption(redeemer, hello, reply.services)
                     .await;
                 send_message(&mut wire, &done).await;

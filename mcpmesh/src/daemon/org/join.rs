@@ -26,8 +26,9 @@ use crate::roster::{
 use crate::store::{JoinStep, OrgRecord, Pairing, PendingJoin, StoredJoinInvite};
 use crate::time::unix_ms;
 
+use super::super::core::{params_of, stopping};
 use super::super::exchange::{Exchange, Wire, next_message, offered_addrs, send_message};
-use super::super::node::{Node, params_of, stopping};
+use super::Org;
 use super::{bad, check_device, device_name, free_device_name, now_secs, store_err};
 
 /// Failed join attempts after which a join invite is void.
@@ -35,12 +36,12 @@ const MAX_JOIN_FAILURES: u32 = 10;
 /// Join exchanges (from keys not yet trusted) handled at once.
 const MAX_CONCURRENT_JOINS: usize = 16;
 
-impl Node {
+impl Org {
     /// Settles a join left pending by a crash: the admin's node answers a roster exchange
     /// only if it admitted this device (then its roster completes the join), and refuses the
     /// connection if it did not (then the join is dropped). Unreachable: ask later.
     pub(in crate::daemon) async fn confirm_pending_join(&self) {
-        let Ok(Some(record)) = self.store.org() else {
+        let Ok(Some(record)) = self.core.store.org() else {
             return;
         };
         let Some(pending) = record.pending.clone() else {
@@ -49,14 +50,15 @@ impl Node {
         let Some(admin) = roster::parse_eid(&pending.admin) else {
             return;
         };
-        self.dialer
+        self.core
+            .dialer
             .add_address_hint(hint(admin, &pending.addrs, pending.relay.as_deref()));
-        match ping_outcome(&self.endpoint, admin, EXCHANGE_TIMEOUT).await {
+        match ping_outcome(&self.core.endpoint, admin, EXCHANGE_TIMEOUT).await {
             PingOutcome::Reachable { .. } => {
                 self.sync_with(admin).await;
             }
             PingOutcome::Refused => {
-                self.on_disk(move |node| node.undo_pending_join(&record.org))
+                self.on_disk(move |org| org.undo_pending_join(&record.org))
                     .await;
             }
             PingOutcome::Unreachable => {
@@ -79,7 +81,7 @@ impl Node {
         else {
             return Err(bad("this invite is damaged"));
         };
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         if admin == me {
             return Err(bad("this is one of this node's own invites"));
         }
@@ -93,7 +95,8 @@ impl Node {
             ));
         }
         check_device(j.device.as_deref())?;
-        self.dialer
+        self.core
+            .dialer
             .add_address_hint(hint(admin, &invite.addrs, invite.relay.as_deref()));
         self.check_free_to_join(&invite, admin).await?;
         let hello = JoinHello {
@@ -103,14 +106,14 @@ impl Node {
             device: j
                 .device
                 .clone()
-                .or_else(|| self.settings().nickname.clone()),
-            addrs: self.direct_addrs(),
-            relay: self.home_relay(),
+                .or_else(|| self.core.settings().nickname.clone()),
+            addrs: self.core.direct_addrs(),
+            relay: self.core.home_relay(),
         };
         let roster_text = self.join_through_admin(admin, &invite, &hello).await?;
         let admin_name = format!("eid:{}", admin.fmt_short());
-        self.on_disk(move |node| {
-            node.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
+        self.on_disk(move |org| {
+            org.install_roster_by(roster_text.as_bytes(), &admin_name, Some(admin))
                 .map(drop)
         })
         .await
@@ -124,7 +127,7 @@ impl Node {
             )
         })?;
         let code = pairing::code(&admin, &me, &secret);
-        self.trust_event("org_join", Some(&seat.user), None);
+        self.core.trust_event("org_join", Some(&seat.user), None);
         Ok(json!({
             "org": view.roster().org,
             "user": seat.user,
@@ -142,17 +145,17 @@ impl Node {
         invite: &JoinInvite,
         admin: EndpointId,
     ) -> Result<(), ControlError> {
-        let Some(existing) = self.store.org().map_err(store_err)? else {
+        let Some(existing) = self.core.store.org().map_err(store_err)? else {
             return Ok(());
         };
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let same = existing.root.eq_ignore_ascii_case(&invite.root);
-        let mut member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+        let mut member = self.core.roster().is_some_and(|v| v.seat(&me).is_some());
         if same && member {
             // A device removed while it was away still holds the roster naming it: the
             // admin's node says whether it is a member before it is told it is one.
             self.sync_with(admin).await;
-            member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+            member = self.core.roster().is_some_and(|v| v.seat(&me).is_some());
         }
         // A removed device is in no org: it may join this one again, or another.
         if !same && existing.removed.is_none() {
@@ -181,7 +184,7 @@ impl Node {
         invite: &JoinInvite,
         hello: &JoinHello,
     ) -> Result<String, ControlError> {
-        let limit = self.settings().dial_timeout + EXCHANGE_TIMEOUT;
+        let limit = self.core.settings().dial_timeout + EXCHANGE_TIMEOUT;
         let unanswered = || {
             ControlError::new(
                 codes::UNREACHABLE,
@@ -189,7 +192,7 @@ impl Node {
             )
         };
         let open = Exchange::open(
-            &self.endpoint,
+            &self.core.endpoint,
             admin,
             ALPN_JOIN,
             MAX_JOIN_MESSAGE + MAX_MESSAGE,
@@ -207,7 +210,7 @@ impl Node {
         // Pinned and pending before the admin commits: whatever crashes next, recovery can
         // tell from the admin's node whether the join happened (see `confirm_pending_join`).
         let pinned = invite.clone();
-        self.on_disk(move |node| node.pin_pending_join(&pinned))
+        self.on_disk(move |org| org.pin_pending_join(&pinned))
             .await
             .unwrap_or_else(|| Err(stopping()))?;
         let done = tokio::time::timeout(
@@ -223,7 +226,7 @@ impl Node {
                 ..
             })) => Ok(text),
             Ok(Ok(refused)) => {
-                self.on_disk(|node| node.drop_pending_join()).await;
+                self.on_disk(|org| org.drop_pending_join()).await;
                 Err(join_refusal(refused))
             }
             Err(_) | Ok(Err(_)) => Err(ControlError::new(
@@ -237,16 +240,16 @@ impl Node {
     /// keeps it; a fresh joiner leaves the org.
     fn undo_pending_join(&self, org: &str) {
         let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Ok(Some(now)) = self.store.org()
+        if let Ok(Some(now)) = self.core.store.org()
             && now.pending.is_some()
         {
             let outcome = if now.roster.is_some() {
-                self.store.put_org(&OrgRecord {
+                self.core.store.put_org(&OrgRecord {
                     pending: None,
                     ..now
                 })
             } else {
-                self.store.remove_org()
+                self.core.store.remove_org()
             };
             if outcome.is_ok() {
                 tracing::info!(org = %org, "join undone: the admin never completed it");
@@ -260,11 +263,13 @@ impl Node {
         // A removal from another org is forgotten; one from this org is kept until the
         // join completes.
         let held = self
+            .core
             .store
             .org()
             .map_err(store_err)?
             .filter(|h| h.root.eq_ignore_ascii_case(&invite.root));
-        self.store
+        self.core
+            .store
             .put_org(&OrgRecord {
                 org: invite.org.clone(),
                 root: invite.root.clone(),
@@ -284,23 +289,24 @@ impl Node {
     /// The admin's node refused the commit: the pending join is dropped, and with it the
     /// org, unless this node held a roster or a removal of it before.
     fn drop_pending_join(&self) {
-        let _ = self.store.org().map(|held| match held {
+        let _ = self.core.store.org().map(|held| match held {
             Some(h) if h.roster.is_some() || h.removed.is_some() => {
-                self.store.put_org(&OrgRecord { pending: None, ..h })
+                self.core.store.put_org(&OrgRecord { pending: None, ..h })
             }
-            _ => self.store.remove_org(),
+            _ => self.core.store.remove_org(),
         });
     }
 
     /// On the admin's node, on the joiner's hello: the proof must hold for a live invite.
     /// Nothing is stored but a failed attempt. Blocking (store transactions).
     pub(super) fn check_join(&self, joiner: EndpointId, hello: &JoinHello) -> JoinReply {
-        if self.gate.is_revoked(&joiner) {
+        if self.core.gate.is_revoked(&joiner) {
             return JoinReply::refused(self.revoked_join(&joiner));
         }
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let checked =
-            self.store
+            self.core
+                .store
                 .attempt_join(&hello.invite, now_secs(), MAX_JOIN_FAILURES, |invite| {
                     pairing::check_proof(&invite.secret, &me, &joiner, &hello.proof)
                         .map(|()| (None, ()))
@@ -319,13 +325,13 @@ impl Node {
                 JoinReply::refused("the admin's store failed")
             }
         };
-        self.update_alpns();
+        self.core.update_alpns();
         reply
     }
 
     /// Why a revoked key may not join, and what to do instead.
     fn revoked_join(&self, joiner: &EndpointId) -> String {
-        let view = self.roster();
+        let view = self.core.roster();
         let org = view
             .as_ref()
             .map(|v| v.roster().org.clone())
@@ -348,15 +354,16 @@ impl Node {
         let Ok((key, view)) = self.require_admin() else {
             return JoinReply::refused("this node is no longer the org's admin");
         };
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let now = now_secs();
-        let record = match self.store.org() {
+        let record = match self.core.store.org() {
             Ok(Some(r)) => r,
             _ => return JoinReply::refused("the admin's store failed"),
         };
         let outcome = {
             let _guard = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.store
+            self.core
+                .store
                 .attempt_join(&hello.invite, now, MAX_JOIN_FAILURES, |invite| {
                     pairing::check_proof(&invite.secret, &me, &joiner, &hello.proof)?;
                     let next = admitting(view.roster(), now, joiner, invite, hello)?;
@@ -375,7 +382,7 @@ impl Node {
                     Ok((Some((stored, pairing)), (signed, invite.user.clone())))
                 })
         };
-        self.update_alpns();
+        self.core.update_alpns();
         match outcome {
             Ok(JoinStep::Accepted((signed, user))) => self.joined_here(joiner, signed, &user),
             Ok(JoinStep::Refused(reason)) => JoinReply::refused(reason),
@@ -391,13 +398,13 @@ impl Node {
     fn joined_here(&self, joiner: EndpointId, signed: SignedRoster, user: &str) -> JoinReply {
         let signed_view = Arc::new(RosterView::new(signed.clone()));
         self.hold(signed_view);
-        self.audit.record(AuditEvent::RosterInstalled {
+        self.core.audit.record(AuditEvent::RosterInstalled {
             org: signed.roster.org.clone(),
             serial: signed.roster.serial,
             from: "self".to_owned(),
         });
-        self.refresh();
-        self.trust_event("org_join", Some(user), None);
+        self.core.refresh();
+        self.core.trust_event("org_join", Some(user), None);
         tracing::info!(user = %user, device = %joiner.fmt_short(), "a device joined the org");
         self.spread_roster(signed.roster.serial, None);
         self.push_all();
@@ -489,14 +496,14 @@ fn join_refusal(reply: JoinReply) -> ControlError {
 /// refused at the hello.
 #[derive(Debug)]
 pub(in crate::daemon) struct JoinProtocol {
-    node: Arc<Node>,
+    org: Arc<Org>,
     slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl JoinProtocol {
-    pub(in crate::daemon) fn new(node: Arc<Node>) -> Self {
+    pub(in crate::daemon) fn new(org: Arc<Org>) -> Self {
         JoinProtocol {
-            node,
+            org,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_JOINS)),
         }
     }
@@ -521,8 +528,8 @@ impl ProtocolHandler for JoinProtocol {
             .and_then(|v| serde_json::from_value::<JoinHello>(v).ok());
         let reply = match hello.clone() {
             Some(hello) if hello.join == 1 => self
-                .node
-                .on_disk(move |node| node.check_join(joiner, &hello))
+                .org
+                .on_disk(move |org| org.check_join(joiner, &hello))
                 .await
                 .unwrap_or_else(|| JoinReply::refused("the admin's store failed")),
             _ => JoinReply::refused("malformed join request"),
@@ -533,8 +540,8 @@ impl ProtocolHandler for JoinProtocol {
                 .and_then(|v| serde_json::from_value::<JoinCommit>(v).ok());
             if let (Some(hello), Some(JoinCommit { commit: true })) = (hello, commit) {
                 let done = self
-                    .node
-                    .on_disk(move |node| node.complete_join(joiner, &hello))
+                    .org
+                    .on_disk(move |org| org.complete_join(joiner, &hello))
                     .await
                     .unwrap_or_else(|| JoinReply::refused("the admin's store failed"));
                 send_message(&mut wire, &done).await;

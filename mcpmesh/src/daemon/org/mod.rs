@@ -3,10 +3,12 @@
 //! root key. Joining is in `join`, the roster's distribution in `sync`, how a removed
 //! device learns of it and leaves in `removal`.
 
+mod gossip;
 mod join;
 mod removal;
 mod sync;
 
+pub(super) use gossip::GossipProtocol;
 pub(super) use join::JoinProtocol;
 pub(super) use sync::RosterProtocol;
 
@@ -31,7 +33,10 @@ use crate::roster::{
 use crate::store::{OrgRecord, Removed, StoredJoinInvite};
 use crate::time::unix_ms;
 
-use super::node::{Node, params_of};
+use super::catalog::Catalog;
+use super::core::Core;
+use super::core::params_of;
+use super::swarm::OrgGossip;
 use sync::SYNC_FANOUT;
 
 fn bad(message: impl Into<String>) -> ControlError {
@@ -156,10 +161,69 @@ fn free_device_name(member: &Member, wanted: &str) -> String {
     name
 }
 
-impl Node {
+/// The org this node is in: its roster (held in [`Core`], installed only here), the org's
+/// gossip topic, the roster refusals it records, and on the admin's node the root key's file.
+#[derive(Debug)]
+pub(in crate::daemon) struct Org {
+    core: Arc<Core>,
+    /// Asked again when a member announces its catalog changed.
+    catalog: Arc<Catalog>,
+    /// The org's gossip (roster serials, catalog changes).
+    gossip: OrgGossip,
+    /// Rosters refused from peers, recorded without letting a peer flood the audit log.
+    roster_refusals: crate::audit::RosterRefusals,
+    /// Held while a roster is checked and installed, so two never interleave.
+    org_lock: std::sync::Mutex<()>,
+    /// Where the org root key is kept on the admin's node.
+    root_file: std::path::PathBuf,
+    me: std::sync::Weak<Org>,
+}
+
+impl Org {
+    pub(in crate::daemon) fn new(
+        core: Arc<Core>,
+        catalog: Arc<Catalog>,
+        root_file: std::path::PathBuf,
+    ) -> Arc<Org> {
+        Arc::new_cyclic(|me| Org {
+            gossip: OrgGossip::new(core.endpoint.clone()),
+            roster_refusals: crate::audit::RosterRefusals::new(core.audit.clone()),
+            core,
+            catalog,
+            org_lock: Default::default(),
+            root_file,
+            me: me.clone(),
+        })
+    }
+
+    /// Runs `job` on the node's writer, where every store and config write is made.
+    async fn on_disk<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Org) -> T + Send + 'static,
+    ) -> Option<T> {
+        let org = self.me.upgrade()?;
+        self.core.disk.run(move || job(&org)).await
+    }
+
+    /// Writes out the roster refusals tallied since the last time.
+    pub(in crate::daemon) fn flush_refusals(&self) {
+        self.roster_refusals.flush();
+    }
+
+    /// Tells the org each time this node's services change, until the node stops.
+    pub(in crate::daemon) async fn announce_catalog_changes(&self) {
+        let stop = self.core.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.core.services_changed.notified() => self.announce_catalog().await,
+            }
+        }
+    }
+
     /// The root key, when this node is the org's admin.
     fn root_key(&self) -> Option<SecretKey> {
-        let record = self.store.org().ok()??;
+        let record = self.core.store.org().ok()??;
         let key = keys::load(&self.root_file).ok()??;
         (key.public().to_string() == record.root).then_some(key)
     }
@@ -173,6 +237,21 @@ impl Node {
             )
         })?;
         Ok((key, view))
+    }
+
+    /// The root key of an org being created. A key left by a create that crashed before
+    /// storing the org is reused: it never signed anything anyone holds.
+    fn new_root_key(&self) -> Result<SecretKey, ControlError> {
+        match keys::load(&self.root_file) {
+            Ok(Some(key)) => Ok(key),
+            Ok(None) => {
+                let key = SecretKey::generate();
+                keys::store_new(&self.root_file, &key)
+                    .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
+                Ok(keys::load(&self.root_file).ok().flatten().unwrap_or(key))
+            }
+            Err(e) => Err(ControlError::new(codes::LOCAL, e.to_string())),
+        }
     }
 
     pub(super) fn org_create(&self, params: Value) -> Result<Value, ControlError> {
@@ -189,7 +268,7 @@ impl Node {
                 c.name
             )));
         }
-        let nickname = self.settings().nickname.clone();
+        let nickname = self.core.settings().nickname.clone();
         let user = match c.user {
             Some(u) => u,
             None => nickname
@@ -199,7 +278,7 @@ impl Node {
         };
         check_user(&user)?;
         // A device removed from its org is in none: it may start one.
-        if let Some(existing) = self.store.org().map_err(store_err)?
+        if let Some(existing) = self.core.store.org().map_err(store_err)?
             && existing.removed.is_none()
         {
             return Err(ControlError::new(
@@ -207,18 +286,7 @@ impl Node {
                 format!("this node is in the org {} already", existing.org),
             ));
         }
-        // A key left by a create that crashed before storing the org is reused: it never
-        // signed anything anyone holds.
-        let key = match keys::load(&self.root_file) {
-            Ok(Some(key)) => key,
-            Ok(None) => {
-                let key = SecretKey::generate();
-                keys::store_new(&self.root_file, &key)
-                    .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
-                keys::load(&self.root_file).ok().flatten().unwrap_or(key)
-            }
-            Err(e) => return Err(ControlError::new(codes::LOCAL, e.to_string())),
-        };
+        let key = self.new_root_key()?;
         let now = now_secs();
         let first = Roster {
             v: 1,
@@ -232,9 +300,9 @@ impl Node {
                 groups: Vec::new(),
                 devices: vec![Device {
                     name: device_name(nickname.as_deref()),
-                    eid: self.endpoint.id().to_string(),
-                    addrs: self.direct_addrs(),
-                    relay: self.home_relay(),
+                    eid: self.core.endpoint.id().to_string(),
+                    addrs: self.core.direct_addrs(),
+                    relay: self.core.home_relay(),
                 }],
             }],
             revoked: Vec::new(),
@@ -242,7 +310,8 @@ impl Node {
         };
         let signed = SignedRoster::sign(first, &key)
             .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
-        self.store
+        self.core
+            .store
             .put_org(&OrgRecord {
                 org: c.name.clone(),
                 root: key.public().to_string(),
@@ -251,7 +320,7 @@ impl Node {
             .map_err(store_err)?;
         self.install_roster(signed.text.as_bytes(), "self")
             .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
-        self.trust_event("org_create", Some(&user), None);
+        self.core.trust_event("org_create", Some(&user), None);
         Ok(json!({
             "org": c.name,
             "root": key.public().to_string(),
@@ -285,7 +354,8 @@ impl Node {
         let iid = pairing::new_invite_id()
             .map_err(|e| ControlError::new(codes::NODE_UNAVAILABLE, e.to_string()))?;
         let expires_at = now_secs() + ttl.as_secs();
-        self.store
+        self.core
+            .store
             .put_join_invite(
                 &iid,
                 &StoredJoinInvite {
@@ -298,21 +368,21 @@ impl Node {
                 },
             )
             .map_err(store_err)?;
-        self.update_alpns();
+        self.core.update_alpns();
         let invite = JoinInvite {
             v: 1,
             org: r.org.clone(),
             root: r.root.clone(),
-            admin: self.endpoint.id().to_string(),
-            addrs: self.direct_addrs(),
-            relay: self.home_relay(),
+            admin: self.core.endpoint.id().to_string(),
+            addrs: self.core.direct_addrs(),
+            relay: self.core.home_relay(),
             iid,
             secret: pairing::encode_secret(&secret),
             user: m.user.clone(),
             groups: groups.clone(),
             exp: expires_at,
         };
-        self.trust_event("org_invite", Some(&m.user), None);
+        self.core.trust_event("org_invite", Some(&m.user), None);
         Ok(json!({
             "invite": invite.encode(),
             "expires_at": expires_at,
@@ -390,7 +460,7 @@ impl Node {
             device: Option<String>,
         }
         let r: Remove = params_of(params)?;
-        let me = self.endpoint.id().to_string();
+        let me = self.core.endpoint.id().to_string();
         let mut revoked = Vec::new();
         let key = self.root_key();
         let view = self.publish(|next| {
@@ -448,7 +518,7 @@ impl Node {
                 .filter_map(|e| roster::parse_eid(e))
                 .collect(),
         );
-        self.trust_event("org_remove", Some(&r.user), None);
+        self.core.trust_event("org_remove", Some(&r.user), None);
         Ok(json!({ "serial": view.roster().serial, "user": r.user, "revoked": revoked }))
     }
 
@@ -477,13 +547,13 @@ impl Node {
             member.groups = groups.clone();
             Ok(())
         })?;
-        self.trust_event("org_groups", Some(&g.user), None);
+        self.core.trust_event("org_groups", Some(&g.user), None);
         Ok(json!({ "serial": view.roster().serial, "user": g.user, "groups": groups }))
     }
 
     pub(super) async fn org_status(&self) -> Result<Value, ControlError> {
         let view = self.held_roster()?;
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let seats: Vec<_> = view.seats().into_iter().cloned().collect();
         let ids: Vec<EndpointId> = seats.iter().map(|s| s.id).collect();
         let serials = futures_util::stream::iter(ids)
@@ -498,7 +568,7 @@ impl Node {
             .collect::<Vec<_>>()
             .await;
         // The exchanges may have brought a newer roster: report what is held now.
-        let view = self.roster().unwrap_or(view);
+        let view = self.core.roster().unwrap_or(view);
         let r = view.roster();
         let members: Vec<Value> = seats
             .iter()
@@ -530,10 +600,13 @@ impl Node {
 
     /// The `org` part of `status`.
     pub(super) fn org_summary(&self) -> Value {
-        let Some(view) = self.roster() else {
+        let Some(view) = self.core.roster() else {
             // Still in the org when the copy of the roster is damaged: the root and the
             // membership are kept apart from it.
-            return match (self.roster_damage(), self.store.org().ok().flatten()) {
+            return match (
+                self.core.roster.damage(),
+                self.core.store.org().ok().flatten(),
+            ) {
                 (Some(damage), Some(record)) => json!({
                     "name": record.org,
                     "damaged": damage,
@@ -561,7 +634,7 @@ impl Node {
             };
         };
         let r = view.roster();
-        let user = view.seat(&self.endpoint.id()).map(|s| s.user.clone());
+        let user = view.seat(&self.core.endpoint.id()).map(|s| s.user.clone());
         json!({
             "name": r.org,
             "serial": r.serial,
@@ -584,7 +657,7 @@ impl Node {
         let (key, view) = self.require_admin()?;
         roster::root::export(&e.path, &key, &view.signed)
             .map_err(|err| ControlError::new(codes::LOCAL, err.to_string()))?;
-        self.trust_event("org_export_root", None, None);
+        self.core.trust_event("org_export_root", None, None);
         Ok(json!({
             "org": view.roster().org,
             "path": e.path.display().to_string(),
@@ -607,11 +680,11 @@ impl Node {
         self.keep_root_key(&key)?;
         // The export's roster, unless this node holds a newer one of the same org.
         let _ = self.install_roster(signed.text.as_bytes(), "import");
-        let me = self.endpoint.id();
-        let nickname = self.settings().nickname.clone();
-        let member = self.roster().is_some_and(|v| v.seat(&me).is_some());
+        let me = self.core.endpoint.id();
+        let nickname = self.core.settings().nickname.clone();
+        let member = self.core.roster().is_some_and(|v| v.seat(&me).is_some());
         let mut user = i.user.clone();
-        let addrs = self.direct_addrs();
+        let addrs = self.core.direct_addrs();
         let view = self.publish(|next| {
             next.revoked.retain(|r| roster::parse_eid(r) != Some(me));
             next.removals
@@ -631,7 +704,8 @@ impl Node {
             Ok(())
         })?;
         let user = view.seat(&me).map(|s| s.user.clone()).or(user);
-        self.trust_event("org_import_root", user.as_deref(), None);
+        self.core
+            .trust_event("org_import_root", user.as_deref(), None);
         Ok(json!({
             "org": view.roster().org,
             "root": root_hex,
@@ -642,13 +716,14 @@ impl Node {
 
     /// Takes on the org whose root is `root_hex`, unless this node is in another one.
     fn adopt_org(&self, org: &str, root_hex: &str) -> Result<(), ControlError> {
-        match self.store.org().map_err(store_err)? {
+        match self.core.store.org().map_err(store_err)? {
             Some(held) if !held.root.eq_ignore_ascii_case(root_hex) => Err(ControlError::new(
                 codes::CONFLICT,
                 format!("this node is in another org ({})", held.org),
             )),
             Some(_) => Ok(()),
             None => self
+                .core
                 .store
                 .put_org(&OrgRecord {
                     org: org.to_owned(),

@@ -22,7 +22,7 @@ use crate::store::{OrgRecord, Removed, StoreError};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Wire, hang_up, next_message};
-use super::super::node::Node;
+use super::Org;
 
 /// Revoked keys handed their notice within the last [`NOTICE_INTERVAL`]: a removed device
 /// that keeps dialing is told once a minute at most, and the table stays bounded.
@@ -79,17 +79,17 @@ pub(super) async fn tell_removed(conn: Connection, notice: RemovalNotice) {
     );
 }
 
-impl Node {
+impl Org {
     /// The removal notice for `peer`, when the roster held revoked it and carries one.
     pub(super) fn notice_for(&self, peer: &EndpointId) -> Option<RemovalNotice> {
-        let view = self.roster()?;
+        let view = self.core.roster()?;
         let r = view.roster();
         Some(view.removal(peer)?.notice(&r.org, &r.root))
     }
 
     /// The user whose removed device `peer` is, for the records of its refused connections.
     pub(in crate::daemon) fn removed_user(&self, peer: &EndpointId) -> Option<String> {
-        Some(self.roster()?.removal(peer)?.user.clone())
+        Some(self.core.roster()?.removal(peer)?.user.clone())
     }
 
     /// What a roster revoking this device says of it: the serial, and whose device it was
@@ -101,7 +101,7 @@ impl Node {
         record: &OrgRecord,
         from: &str,
     ) -> Removed {
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let r = view.roster();
         let notice = view.removal(&me);
         let seat = before.and_then(|v| v.seat(&me));
@@ -131,7 +131,7 @@ impl Node {
     /// it is still recognised), the roster and the members to fetch it from go, and the
     /// removal is kept for the record. Called with the org lock held.
     pub(super) fn leave_org(&self, record: OrgRecord, removed: Removed) -> Result<(), StoreError> {
-        self.store.put_org(&OrgRecord {
+        self.core.store.put_org(&OrgRecord {
             org: record.org,
             root: record.root,
             roster: None,
@@ -140,11 +140,7 @@ impl Node {
             sources: Vec::new(),
             removed: Some(removed),
         })?;
-        *self.roster_held.write().unwrap_or_else(|p| p.into_inner()) = None;
-        *self
-            .roster_damage
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.core.roster.set(None);
         Ok(())
     }
 
@@ -156,29 +152,30 @@ impl Node {
             from = %removed.from,
             "this device was removed from its org; it no longer trusts or dials the org's members"
         );
-        self.trust_event("org_removed", Some(&removed.user), None);
-        self.refresh();
+        self.core
+            .trust_event("org_removed", Some(&removed.user), None);
+        self.core.refresh();
         // And it leaves the org's gossip.
-        if let Some(node) = self.arc() {
-            tokio::spawn(async move { node.gossip_follow_roster(None).await });
+        if let Some(org) = self.me.upgrade() {
+            tokio::spawn(async move { org.gossip_follow_roster(None).await });
         }
     }
 
     /// Checks a removal notice `peer` handed over and, when it verifies, leaves the org. A
     /// bad notice is refused and recorded like a bad roster.
     pub(super) async fn take_notice_on_disk(&self, notice: RemovalNotice, peer: EndpointId) {
-        let from = self.name_of(&peer);
-        self.on_disk(move |node| {
+        let from = self.core.name_of(&peer);
+        self.on_disk(move |org| {
             let taken = {
-                let _one_at_a_time = node.org_lock.lock().unwrap_or_else(|p| p.into_inner());
-                node.notice_locked(&notice, &from)
+                let _one_at_a_time = org.org_lock.lock().unwrap_or_else(|p| p.into_inner());
+                org.notice_locked(&notice, &from)
             };
             match taken {
-                Ok(Some(removed)) => node.removed_now(&removed),
+                Ok(Some(removed)) => org.removed_now(&removed),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(from, "refused a removal notice: {e}");
-                    node.roster_refusals.refused(
+                    org.roster_refusals.refused(
                         format!("eid:{peer}"),
                         &from,
                         e.kind(),
@@ -196,6 +193,7 @@ impl Node {
         from: &str,
     ) -> Result<Option<Removed>, RosterError> {
         let record = self
+            .core
             .store
             .org()
             .ok()
@@ -212,9 +210,10 @@ impl Node {
         let root = roster::parse_eid(&record.root)
             .ok_or_else(|| RosterError::Invalid("the pinned root is damaged".into()))?;
         let held = self
+            .core
             .roster()
             .map_or(record.serial.saturating_sub(1), |v| v.roster().serial);
-        notice.check(&root, &self.endpoint.id(), held)?;
+        notice.check(&root, &self.core.endpoint.id(), held)?;
         let removed = Removed {
             serial: notice.serial,
             user: notice.user.clone(),
@@ -232,22 +231,22 @@ impl Node {
     /// notice at once, so it stops dialing the members instead of learning it on its next
     /// pull.
     pub(super) fn tell_removed_soon(&self, ids: Vec<EndpointId>) {
-        let Some(node) = self.arc() else {
+        let Some(org) = self.me.upgrade() else {
             return;
         };
         tokio::spawn(async move {
             for id in ids {
-                let Some(notice) = node.notice_for(&id) else {
+                let Some(notice) = org.notice_for(&id) else {
                     continue;
                 };
-                node.push_notice(id, notice).await;
+                org.push_notice(id, notice).await;
             }
         });
     }
 
     async fn push_notice(&self, peer: EndpointId, notice: RemovalNotice) {
         let push = async {
-            let conn = self.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
+            let conn = self.core.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
             let (send, recv) = conn.open_bi().await.ok()?;
             let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_REVOKED_MESSAGE);
             let offer = Offer {
@@ -275,7 +274,7 @@ impl Node {
                 |r| format!("{}.{}", r.user, r.device),
             );
             tracing::info!(device = %who, "a removed device's key was readmitted");
-            self.trust_event("org_readmit", Some(&who), None);
+            self.core.trust_event("org_readmit", Some(&who), None);
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::store::{OrgRecord, Removed, RosterSource};
 use crate::time::unix_ms;
 
 use super::super::exchange::{Wire, hang_up, next_message};
-use super::super::node::Node;
+use super::Org;
 use super::join::hint;
 use super::removal::{Told, tell_removed};
 use super::{not_in_org, now_secs};
@@ -43,41 +43,26 @@ pub(in crate::daemon) enum Installed {
     Removed(Removed),
 }
 
-impl Node {
-    /// The roster this node holds.
-    pub(in crate::daemon) fn roster(&self) -> Option<Arc<RosterView>> {
-        self.roster_held
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
+impl Org {
     /// The roster this node holds, or why it holds none.
     pub(in crate::daemon) fn held_roster(&self) -> Result<Arc<RosterView>, ControlError> {
-        self.roster().ok_or_else(|| {
+        self.core.roster().ok_or_else(|| {
             let removed = self
+                .core
                 .store
                 .org()
                 .ok()
                 .flatten()
                 .and_then(|r| Some((r.org, r.removed?)));
-            super::no_roster(self.roster_damage(), removed)
+            super::no_roster(self.core.roster.damage(), removed)
         })
-    }
-
-    /// Why the stored roster could not be loaded, while no good one has replaced it.
-    pub(in crate::daemon) fn roster_damage(&self) -> Option<String> {
-        self.roster_damage
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     /// Loads the held roster from the store at start (it was checked when it was installed).
     /// A copy that no longer opens leaves the node in its org, saying so, until a pull from
     /// the members it remembers brings a good one.
     pub(in crate::daemon) fn load_roster(&self) {
-        let Ok(Some(record)) = self.store.org() else {
+        let Ok(Some(record)) = self.core.store.org() else {
             return;
         };
         let (Some(text), Some(root)) = (record.roster, roster::parse_eid(&record.root)) else {
@@ -88,17 +73,14 @@ impl Node {
             Err(e) => {
                 let damage = format!("the stored roster of org {} is damaged ({e})", record.org);
                 tracing::error!("{damage}; fetching it again from the org's members");
-                self.audit.record(AuditEvent::RosterRefused {
+                self.core.audit.record(AuditEvent::RosterRefused {
                     from: "store".to_owned(),
                     reason: e.kind().to_owned(),
                     message: damage.clone(),
                     principal: None,
                     count: None,
                 });
-                *self
-                    .roster_damage
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(damage);
+                self.core.roster.damaged(damage);
             }
         }
     }
@@ -112,26 +94,20 @@ impl Node {
             .expires_at
             .saturating_add(roster::CLOCK_SKEW_SECS + 1)
             .saturating_mul(1000);
-        *self.roster_held.write().unwrap_or_else(|p| p.into_inner()) = Some(view);
-        *self
-            .roster_damage
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        let Some(node) = self.weak_self.get().cloned() else {
-            return;
-        };
-        let stop = self.shutdown.clone();
+        self.core.roster.set(Some(view));
+        let org = self.me.clone();
+        let stop = self.core.shutdown.clone();
         let wait = Duration::from_millis(expiry_ms.saturating_sub(unix_ms()));
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
                 _ = tokio::time::sleep(wait) => {
                     // Weak: a timer never keeps a stopped node (and its store) alive.
-                    if let Some(node) = node.upgrade()
-                        && node.roster().is_some_and(|v| v.roster().serial == serial)
+                    if let Some(org) = org.upgrade()
+                        && org.core.roster().is_some_and(|v| v.roster().serial == serial)
                     {
                         tracing::warn!(serial, "the org roster expired; user and group grants stop matching");
-                        node.refresh();
+                        org.core.refresh();
                     }
                 }
             }
@@ -149,7 +125,7 @@ impl Node {
         self.install_roster_by(bytes, from, None)
     }
 
-    /// [`Node::install_roster`] for a roster `peer` sent: its refusals are recorded by sender,
+    /// [`Org::install_roster`] for a roster `peer` sent: its refusals are recorded by sender,
     /// so that a peer sending bad rosters over and over cannot flood the audit log.
     pub(super) fn install_roster_by(
         &self,
@@ -157,7 +133,7 @@ impl Node {
         from: &str,
         peer: Option<EndpointId>,
     ) -> Result<bool, RosterError> {
-        let before = self.roster();
+        let before = self.core.roster();
         let installed = {
             let _one_at_a_time = self.org_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.install_locked(bytes, from)
@@ -166,7 +142,7 @@ impl Node {
             Ok(Installed::Held(view)) => {
                 let r = view.roster();
                 tracing::info!(org = %r.org, serial = r.serial, from, "roster installed");
-                self.audit.record(AuditEvent::RosterInstalled {
+                self.core.audit.record(AuditEvent::RosterInstalled {
                     org: r.org.clone(),
                     serial: r.serial,
                     from: from.to_owned(),
@@ -175,7 +151,7 @@ impl Node {
                     self.audit_readmissions(before, view);
                 }
                 // Peers revoked or dropped lose their connections and sessions here.
-                self.refresh();
+                self.core.refresh();
                 // The org hears of it: at once from the node that signed it, and from a few of
                 // the members that installed it.
                 self.spread_roster(r.serial, peer);
@@ -191,7 +167,7 @@ impl Node {
                         e.kind(),
                         e.to_string(),
                     ),
-                    None => self.audit.record(AuditEvent::RosterRefused {
+                    None => self.core.audit.record(AuditEvent::RosterRefused {
                         from: from.to_owned(),
                         reason: e.kind().to_owned(),
                         message: e.to_string(),
@@ -210,6 +186,7 @@ impl Node {
         from: &str,
     ) -> Result<Installed, RosterError> {
         let record = self
+            .core
             .store
             .org()
             .ok()
@@ -217,7 +194,7 @@ impl Node {
             .ok_or_else(|| RosterError::Invalid("this node is not in an org".into()))?;
         let root = roster::parse_eid(&record.root)
             .ok_or_else(|| RosterError::Invalid("the pinned root is damaged".into()))?;
-        let held = self.roster();
+        let held = self.core.roster();
         // With no roster loaded (its copy damaged), the serial last stored is the floor: a
         // copy fetched anew may be that one again, never an older one.
         let held_serial = held
@@ -234,7 +211,7 @@ impl Node {
             }
             Err(e) => return Err(e),
         };
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let view = Arc::new(RosterView::new(signed));
         // A node holding the root key is never put out: it signs its own way back in.
         let admin = self.root_key().is_some();
@@ -277,7 +254,8 @@ impl Node {
             // Named again (a readmission, a new join): no longer removed.
             removed: record.removed.filter(|_| view.seat(&me).is_none()),
         };
-        self.store
+        self.core
+            .store
             .put_org(&updated)
             .map_err(|e| RosterError::Invalid(format!("could not store it: {e}")))?;
         self.hold(view.clone());
@@ -285,10 +263,10 @@ impl Node {
         Ok(Installed::Held(view))
     }
 
-    /// [`Node::install_roster`] of a roster `peer` sent, on the node's writer.
+    /// [`Org::install_roster`] of a roster `peer` sent, on the node's writer.
     async fn install_on_disk(&self, text: String, peer: EndpointId) {
-        let from = self.name_of(&peer);
-        self.on_disk(move |node| node.install_roster_by(text.as_bytes(), &from, Some(peer)))
+        let from = self.core.name_of(&peer);
+        self.on_disk(move |org| org.install_roster_by(text.as_bytes(), &from, Some(peer)))
             .await;
     }
 
@@ -296,7 +274,7 @@ impl Node {
     /// is not taken, and the refusal is recorded like that of any roster from a peer.
     fn foreign_root(&self, peer: EndpointId, root: &str) {
         let e = RosterError::OtherOrg(root.chars().take(16).collect());
-        let from = self.name_of(&peer);
+        let from = self.core.name_of(&peer);
         tracing::warn!(from, "refused a roster exchange: {e}");
         self.roster_refusals
             .refused(format!("eid:{peer}"), &from, e.kind(), e.to_string());
@@ -315,7 +293,7 @@ impl Node {
             .map_err(|e| ControlError::new(codes::LOCAL, e.to_string()))?;
         self.install_roster(signed.text.as_bytes(), "self")
             .map_err(|e| ControlError::new(codes::REFUSED, e.to_string()))?;
-        let view = self.roster().ok_or_else(not_in_org)?;
+        let view = self.core.roster().ok_or_else(not_in_org)?;
         self.push_all();
         Ok(view)
     }
@@ -324,21 +302,19 @@ impl Node {
     /// own) and tells the org of roster `serial`: at once when this node made or imported it,
     /// else as one of the few members that re-announce it.
     pub(super) fn spread_roster(&self, serial: u64, from: Option<EndpointId>) {
-        let Some(weak) = self.weak_self.get().cloned() else {
-            return;
-        };
+        let weak = self.me.clone();
         tokio::spawn(async move {
-            let Some(node) = weak.upgrade() else { return };
-            node.gossip_follow_roster(from).await;
+            let Some(org) = weak.upgrade() else { return };
+            org.gossip_follow_roster(from).await;
             if from.is_none() {
-                node.announce_roster(serial).await;
+                org.announce_roster(serial).await;
                 return;
             }
             // The wait holds no reference: a node stopping meanwhile is not kept alive.
-            drop(node);
+            drop(org);
             tokio::time::sleep(super::super::swarm::reannounce_delay()).await;
-            if let Some(node) = weak.upgrade() {
-                node.reannounce_roster(serial).await;
+            if let Some(org) = weak.upgrade() {
+                org.reannounce_roster(serial).await;
             }
         });
     }
@@ -351,24 +327,24 @@ impl Node {
             return;
         }
         if self.gossip.pushes.running.swap(true, Ordering::AcqRel) {
-            self.gossip.pushes.again.store(true, Ordering::Release);
+            self.gossip.pushes.another_wanted.store(true, Ordering::Release);
             return;
         }
-        let Some(node) = self.arc() else {
+        let Some(org) = self.me.upgrade() else {
             self.gossip.pushes.running.store(false, Ordering::Release);
             return;
         };
         tokio::spawn(async move {
             loop {
-                node.gossip.pushes.again.store(false, Ordering::Release);
-                node.sync_all().await;
-                if node.gossip.pushes.again.load(Ordering::Acquire) {
+                org.gossip.pushes.another_wanted.store(false, Ordering::Release);
+                org.sync_all().await;
+                if org.gossip.pushes.another_wanted.load(Ordering::Acquire) {
                     continue;
                 }
-                node.gossip.pushes.running.store(false, Ordering::Release);
+                org.gossip.pushes.running.store(false, Ordering::Release);
                 // A call between the check and the release would be lost without this.
-                if !node.gossip.pushes.again.load(Ordering::Acquire)
-                    || node.gossip.pushes.running.swap(true, Ordering::AcqRel)
+                if !org.gossip.pushes.another_wanted.load(Ordering::Acquire)
+                    || org.gossip.pushes.running.swap(true, Ordering::AcqRel)
                 {
                     return;
                 }
@@ -378,7 +354,8 @@ impl Node {
 
     /// Whether `peer` is the admin's node of a join this node has pending.
     pub(in crate::daemon) fn is_pending_admin(&self, peer: &EndpointId) -> bool {
-        self.store
+        self.core
+            .store
             .org()
             .ok()
             .flatten()
@@ -388,9 +365,9 @@ impl Node {
 
     /// One roster exchange with `peer`, in the background.
     pub(in crate::daemon) fn sync_soon(&self, peer: EndpointId) {
-        if let Some(node) = self.arc() {
+        if let Some(org) = self.me.upgrade() {
             tokio::spawn(async move {
-                node.sync_with(peer).await;
+                org.sync_with(peer).await;
             });
         }
     }
@@ -398,17 +375,17 @@ impl Node {
     /// Pulls from (and pushes to) every member device the node can reach; at start and
     /// every `[org] sync_secs`.
     pub(in crate::daemon) async fn sync_all(self: &Arc<Self>) {
-        let me = self.endpoint.id();
-        let targets: Vec<EndpointId> = match self.roster() {
+        let me = self.core.endpoint.id();
+        let targets: Vec<EndpointId> = match self.core.roster() {
             Some(view) => view.seats().iter().map(|s| s.id).collect(),
             None => self.roster_sources(),
         };
         let targets: Vec<EndpointId> = targets.into_iter().filter(|id| *id != me).collect();
         futures_util::stream::iter(targets)
             .for_each_concurrent(SYNC_FANOUT, |id| {
-                let node = self.clone();
+                let org = self.clone();
                 async move {
-                    node.sync_with(id).await;
+                    org.sync_with(id).await;
                 }
             })
             .await;
@@ -417,10 +394,10 @@ impl Node {
     /// Where to fetch the roster from while the stored copy is damaged: the member devices
     /// remembered with the org, made dialable.
     fn roster_sources(&self) -> Vec<EndpointId> {
-        if self.roster_damage().is_none() {
+        if self.core.roster.damage().is_none() {
             return Vec::new();
         }
-        let Ok(Some(record)) = self.store.org() else {
+        let Ok(Some(record)) = self.core.store.org() else {
             return Vec::new();
         };
         record
@@ -428,7 +405,8 @@ impl Node {
             .iter()
             .filter_map(|s| {
                 let id = roster::parse_eid(&s.eid)?;
-                self.dialer
+                self.core
+                    .dialer
                     .add_address_hint(hint(id, &s.addrs, s.relay.as_deref()));
                 Some(id)
             })
@@ -438,8 +416,8 @@ impl Node {
     /// One roster exchange with `peer`: the newer side sends its roster. Returns the serial
     /// the peer held when asked, or `None` when it could not be reached.
     pub(in crate::daemon) async fn sync_with(&self, peer: EndpointId) -> Option<u64> {
-        let record = self.store.org().ok()??;
-        let mine = self.roster();
+        let record = self.core.store.org().ok()??;
+        let mine = self.core.roster();
         let offer = Offer {
             root: Some(record.root.clone()),
             serial: mine.as_ref().map_or(0, |v| v.roster().serial),
@@ -447,7 +425,7 @@ impl Node {
             removed: None,
         };
         let exchange = async {
-            let conn = self.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
+            let conn = self.core.endpoint.connect(peer, ALPN_ROSTER).await.ok()?;
             let (send, recv) = conn.open_bi().await.ok()?;
             let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
             wire.send_value(serde_json::to_value(&offer).ok()?)
@@ -492,15 +470,6 @@ impl Node {
             .flatten()
     }
 
-    /// The name this node knows `id` by, for the records.
-    pub(in crate::daemon) fn name_of(&self, id: &EndpointId) -> String {
-        self.gate
-            .snapshot()
-            .by_id(id)
-            .map(|p| p.name.clone())
-            .unwrap_or_else(|| format!("eid:{}", id.fmt_short()))
-    }
-
     /// The acceptor's side of a roster exchange with a peer the gate admitted.
     pub(super) async fn answer_sync(&self, peer: EndpointId, wire: &mut Wire) {
         let Some(theirs) = next_offer(wire).await else {
@@ -510,8 +479,8 @@ impl Node {
             self.take_notice_on_disk(notice, peer).await;
             return;
         }
-        let record = self.store.org().ok().flatten();
-        let mine = self.roster();
+        let record = self.core.store.org().ok().flatten();
+        let mine = self.core.roster();
         // The roster goes to its members only: a key trusted by pairing alone learns the
         // org's root and serial, never who is in it.
         let member = mine
@@ -553,7 +522,7 @@ impl Node {
     /// left, and refreshes trust when the held roster has just expired (its members stop
     /// matching).
     pub(in crate::daemon) fn roster_upkeep(&self) {
-        let Some(view) = self.roster() else {
+        let Some(view) = self.core.roster() else {
             return;
         };
         let now = now_secs();
@@ -567,7 +536,7 @@ impl Node {
         }
         if view.is_expired(now) {
             // The table drops the members (a no-op when it already has).
-            self.refresh();
+            self.core.refresh();
         }
     }
 }
@@ -580,16 +549,16 @@ async fn next_offer(wire: &mut Wire) -> Option<Offer> {
 /// the roster held even once it expired.
 #[derive(Debug)]
 pub(in crate::daemon) struct RosterProtocol<G> {
-    node: Arc<Node>,
+    org: Arc<Org>,
     gate: Arc<G>,
     /// Revoked keys handed their removal notice lately.
     told: Told,
 }
 
 impl<G> RosterProtocol<G> {
-    pub(in crate::daemon) fn new(node: Arc<Node>, gate: Arc<G>) -> Self {
+    pub(in crate::daemon) fn new(org: Arc<Org>, gate: Arc<G>) -> Self {
         RosterProtocol {
-            node,
+            org,
             gate,
             told: Told::default(),
         }
@@ -603,15 +572,16 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
         // roster from the admin is how an expired one is replaced.
         // So is the admin's node while this node's join is pending: its roster completes it.
         let member = self
-            .node
+            .org
+            .core
             .roster()
             .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer))
-            || self.node.is_pending_admin(&peer);
+            || self.org.is_pending_admin(&peer);
         if !member && self.gate.resolve(&peer).is_none() {
             self.gate.refused(&peer);
             // A key the roster revoked learns that, and only that, now and then.
             let notice = self
-                .node
+                .org
                 .notice_for(&peer)
                 .filter(|_| self.told.may_tell(peer));
             match notice {
@@ -625,7 +595,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
             return Ok(());
         };
         let mut wire: Wire = NdjsonTransport::new(recv, send, MAX_MESSAGE);
-        self.node.answer_sync(peer, &mut wire).await;
+        self.org.answer_sync(peer, &mut wire).await;
         let _ = wire.writer_mut().shutdown().await;
         let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn.closed()).await;
         Ok(())

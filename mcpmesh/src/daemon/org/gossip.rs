@@ -18,24 +18,24 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::audit::AuditEvent;
 
-use super::node::Node;
-use super::swarm::{
+use super::super::swarm::{
     FIRST_NEIGHBOR_WAIT, HEARD_ENOUGH, JOIN_THROUGH, Joined, MIN_NEIGHBORS, NOTICES_PER_MIN, Next,
     Notice, REJOIN_AFTER, SLOW_FETCH, pick, topic,
 };
+use super::Org;
 
 /// Hands each notice the topic delivers to the node, and counts the node's neighbors on it,
 /// until the topic or the node is gone.
 async fn receive_notices(
-    node: std::sync::Weak<Node>,
+    org: std::sync::Weak<Org>,
     mut receiver: GossipReceiver,
     counted: Arc<AtomicUsize>,
 ) {
     while let Some(event) = receiver.next().await {
-        let Some(node) = node.upgrade() else { return };
+        let Some(org) = org.upgrade() else { return };
         match event {
             Ok(Event::Received(message)) => {
-                node.heard_notice(message.delivered_from, &message.content);
+                org.heard_notice(message.delivered_from, &message.content);
             }
             Ok(Event::NeighborUp(_)) => {
                 counted.fetch_add(1, Ordering::Relaxed);
@@ -45,7 +45,7 @@ async fn receive_notices(
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
                 if was == Ok(1) {
                     // Alone on the topic: notices would no longer reach it.
-                    node.rejoin_gossip_soon(REJOIN_AFTER);
+                    org.rejoin_gossip_soon(REJOIN_AFTER);
                 }
             }
             Ok(Event::Lagged) => {
@@ -59,21 +59,21 @@ async fn receive_notices(
     }
 }
 
-impl Node {
+impl Org {
     /// Joins the topic of the org held (leaving another one) through a few of its members,
     /// `via` (a device known to hold the roster) first; joins through a few more when it has
     /// fewer than [`MIN_NEIGHBORS`]; leaves it when the node holds no roster. Called whenever a
     /// roster is installed, and at every periodic sync.
     pub(in crate::daemon) async fn gossip_follow_roster(self: &Arc<Self>, via: Option<EndpointId>) {
-        let Some(view) = self.roster() else {
+        let Some(view) = self.core.roster() else {
             *self.gossip.joined() = None;
             return;
         };
-        let Some(root) = self.store.org().ok().flatten().map(|r| r.root) else {
+        let Some(root) = self.core.store.org().ok().flatten().map(|r| r.root) else {
             return;
         };
         let topic = topic(&root);
-        let me = self.endpoint.id();
+        let me = self.core.endpoint.id();
         let members: Vec<EndpointId> = view
             .seats()
             .iter()
@@ -112,9 +112,9 @@ impl Node {
                 return;
             }
         };
-        let node = Arc::downgrade(self);
+        let org = Arc::downgrade(self);
         let neighbors = Arc::new(AtomicUsize::new(0));
-        let receiving = tokio::spawn(receive_notices(node, receiver, neighbors.clone()));
+        let receiving = tokio::spawn(receive_notices(org, receiver, neighbors.clone()));
         *self.gossip.joined() = Some(Joined {
             topic,
             sender,
@@ -128,11 +128,11 @@ impl Node {
     /// After `wait`, joins the topic through more members if the node has fewer than
     /// [`MIN_NEIGHBORS`] then.
     fn rejoin_gossip_soon(self: &Arc<Self>, wait: Duration) {
-        let node = Arc::downgrade(self);
+        let org = Arc::downgrade(self);
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            if let Some(node) = node.upgrade() {
-                node.gossip_follow_roster(None).await;
+            if let Some(org) = org.upgrade() {
+                org.gossip_follow_roster(None).await;
             }
         });
     }
@@ -145,11 +145,11 @@ impl Node {
             .is_some_and(|j| j.neighbors.load(Ordering::Relaxed) > 0)
     }
 
-    /// Tells the org that this node installed roster `serial` (after [`reannounce_delay`]),
+    /// Tells the org that this node installed roster `serial` (after [`reannounce_delay`](super::super::swarm::reannounce_delay)),
     /// unless it heard it (or a newer one) announced [`HEARD_ENOUGH`] times by then or holds a
     /// newer one itself.
     pub(in crate::daemon) async fn reannounce_roster(&self, serial: u64) {
-        let held = self.roster().map_or(0, |v| v.roster().serial);
+        let held = self.core.roster().map_or(0, |v| v.roster().serial);
         if held > serial || self.gossip.heard_of(serial) >= HEARD_ENOUGH {
             return;
         }
@@ -159,7 +159,7 @@ impl Node {
     /// Tells the org this node installed roster `serial`.
     pub(in crate::daemon) async fn announce_roster(&self, serial: u64) {
         self.announce(Notice {
-            from: self.endpoint.id().to_string(),
+            from: self.core.endpoint.id().to_string(),
             roster: Some(serial),
             catalog: None,
         })
@@ -173,7 +173,7 @@ impl Node {
             .catalog_counter
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.announce(Notice {
-            from: self.endpoint.id().to_string(),
+            from: self.core.endpoint.id().to_string(),
             roster: None,
             catalog: Some(n + 1),
         })
@@ -194,7 +194,7 @@ impl Node {
     fn heard_notice(self: &Arc<Self>, member: EndpointId, content: &[u8]) {
         let refuse = |reason: String| {
             if self.gossip.record_now(member) {
-                self.audit.record(AuditEvent::GossipRefused {
+                self.core.audit.record(AuditEvent::GossipRefused {
                     principal: format!("eid:{member}"),
                     reason,
                 });
@@ -214,7 +214,9 @@ impl Node {
                 return;
             }
         };
-        let Some(view) = self.roster() else { return };
+        let Some(view) = self.core.roster() else {
+            return;
+        };
         // A device the roster no longer lists (removed while its gossip connection lasts)
         // is heard no more.
         if view.seat(&member).is_none() || view.is_revoked(&member) {
@@ -228,7 +230,7 @@ impl Node {
                 return;
             }
         };
-        if from == self.endpoint.id() {
+        if from == self.core.endpoint.id() {
             return;
         }
         if let Some(serial) = notice.roster {
@@ -244,48 +246,48 @@ impl Node {
                 self.fetch_rosters();
             }
         }
-        if notice.catalog.is_some() && self.catalogs.of(&from).is_some() {
-            let node = self.clone();
-            tokio::spawn(async move { node.ask_catalogs(vec![from]).await });
+        if notice.catalog.is_some() && self.catalog.has_answered(&from) {
+            let org = self.clone();
+            tokio::spawn(async move { org.catalog.ask_catalogs(vec![from]).await });
         }
     }
 }
 
-impl Node {
+impl Org {
     /// Starts a roster fetch from the best source announced, if one may start now.
     fn fetch_rosters(self: &Arc<Self>) {
-        let held = self.roster().map_or(0, |v| v.roster().serial);
+        let held = self.core.roster().map_or(0, |v| v.roster().serial);
         let next = self.gossip.fetches().start(held, Instant::now());
         match next {
             Next::Nothing => {}
             Next::After(wait) => {
-                let node = Arc::downgrade(self);
+                let org = Arc::downgrade(self);
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
-                    if let Some(node) = node.upgrade() {
-                        node.gossip.fetches().waking = false;
-                        node.fetch_rosters();
+                    if let Some(org) = org.upgrade() {
+                        org.gossip.fetches().waking = false;
+                        org.fetch_rosters();
                     }
                 });
             }
             Next::Now(source) => {
-                let node = self.clone();
+                let org = self.clone();
                 tokio::spawn(async move {
-                    let serial = || node.roster().map_or(0, |v| v.roster().serial);
+                    let serial = || org.core.roster().map_or(0, |v| v.roster().serial);
                     let before = serial();
-                    let exchange = node.sync_with(source);
+                    let exchange = org.sync_with(source);
                     tokio::pin!(exchange);
                     let answered = match tokio::time::timeout(SLOW_FETCH, &mut exchange).await {
                         Ok(answered) => answered,
                         Err(_) => {
                             // Slow: another source may be tried beside it.
-                            node.fetch_rosters();
+                            org.fetch_rosters();
                             exchange.await
                         }
                     };
                     let advanced = answered.is_some() && serial() > before;
-                    node.gossip.fetches().ended(source, advanced);
-                    node.fetch_rosters();
+                    org.gossip.fetches().ended(source, advanced);
+                    org.fetch_rosters();
                 });
             }
         }
@@ -295,12 +297,12 @@ impl Node {
 /// The gossip ALPN's handler: open to the members of the roster held only.
 #[derive(Debug)]
 pub(in crate::daemon) struct GossipProtocol {
-    node: Arc<Node>,
+    org: Arc<Org>,
 }
 
 impl GossipProtocol {
-    pub(in crate::daemon) fn new(node: Arc<Node>) -> Self {
-        GossipProtocol { node }
+    pub(in crate::daemon) fn new(org: Arc<Org>) -> Self {
+        GossipProtocol { org }
     }
 }
 
@@ -308,13 +310,14 @@ impl ProtocolHandler for GossipProtocol {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
         let peer = conn.remote_id();
         let member = self
-            .node
+            .org
+            .core
             .roster()
             .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
         if !member {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             return Ok(());
         }
-        self.node.gossip.instance().accept(conn).await
+        self.org.gossip.instance().accept(conn).await
     }
 }
