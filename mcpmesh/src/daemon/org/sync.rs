@@ -327,7 +327,10 @@ impl Org {
             return;
         }
         if self.gossip.pushes.running.swap(true, Ordering::AcqRel) {
-            self.gossip.pushes.another_wanted.store(true, Ordering::Release);
+            self.gossip
+                .pushes
+                .another_wanted
+                .store(true, Ordering::Release);
             return;
         }
         let Some(org) = self.me.upgrade() else {
@@ -336,7 +339,10 @@ impl Org {
         };
         tokio::spawn(async move {
             loop {
-                org.gossip.pushes.another_wanted.store(false, Ordering::Release);
+                org.gossip
+                    .pushes
+                    .another_wanted
+                    .store(false, Ordering::Release);
                 org.sync_all().await;
                 if org.gossip.pushes.another_wanted.load(Ordering::Acquire) {
                     continue;
