@@ -309,12 +309,7 @@ impl GossipProtocol {
 impl ProtocolHandler for GossipProtocol {
     async fn accept(&self, conn: Connection) -> Result<(), AcceptError> {
         let peer = conn.remote_id();
-        let member = self
-            .org
-            .core
-            .roster()
-            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer));
-        if !member {
+        if !self.org.holds_seat(&peer) {
             conn.close(VarInt::from_u32(CLOSE_UNKNOWN_PEER), b"unknown peer");
             return Ok(());
         }

@@ -205,6 +205,13 @@ impl Org {
         self.core.disk.run(move || job(&org)).await
     }
 
+    /// Whether `peer` has a seat in the roster held (expired or not) and is not revoked.
+    fn holds_seat(&self, peer: &EndpointId) -> bool {
+        self.core
+            .roster()
+            .is_some_and(|v| v.seat(peer).is_some() && !v.is_revoked(peer))
+    }
+
     /// Writes out the roster refusals tallied since the last time.
     pub(in crate::daemon) fn flush_refusals(&self) {
         self.roster_refusals.flush();

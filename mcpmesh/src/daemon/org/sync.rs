@@ -577,12 +577,7 @@ impl<G: TrustGate + std::fmt::Debug> ProtocolHandler for RosterProtocol<G> {
         // A member of the roster held is heard even when that roster has expired: a fresh
         // roster from the admin is how an expired one is replaced.
         // So is the admin's node while this node's join is pending: its roster completes it.
-        let member = self
-            .org
-            .core
-            .roster()
-            .is_some_and(|v| v.seat(&peer).is_some() && !v.is_revoked(&peer))
-            || self.org.is_pending_admin(&peer);
+        let member = self.org.holds_seat(&peer) || self.org.is_pending_admin(&peer);
         if !member && self.gate.resolve(&peer).is_none() {
             self.gate.refused(&peer);
             // A key the roster revoked learns that, and only that, now and then.
