@@ -235,13 +235,13 @@ impl Hub {
             self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         let (tx, rx) = tokio::sync::oneshot::channel();
-        lock(&self.bridged).insert(super::wire::key(&ours), tx);
+        lock(&self.asks).bridged.insert(super::wire::key(&ours), tx);
         self.send(super::wire::line(
             &json!({"jsonrpc": "2.0", "id": ours, "method": method, "params": params}),
         ))
         .await;
         let answer = tokio::time::timeout(CLIENT_ANSWER, rx).await;
-        lock(&self.bridged).remove(&super::wire::key(&ours));
+        lock(&self.asks).bridged.remove(&super::wire::key(&ours));
         match answer {
             Ok(Ok(frame)) => match frame.get("result") {
                 Some(result) => Ok(result.clone()),

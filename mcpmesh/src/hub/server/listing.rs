@@ -2,6 +2,7 @@
 //! client's first list, stale ones behind an answer, changed ones when a server says so, one
 //! fetch per service at a time — and what a listing leaves out said to the log and the client.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -32,27 +33,38 @@ const LOG_LEVELS: [&str; 8] = [
     "emergency",
 ];
 
+/// The listings being fetched now.
+#[derive(Default)]
+pub(super) struct Fetching {
+    /// Services whose listing is being fetched.
+    pub(super) now: HashSet<Target>,
+    /// Services that said their lists changed while being fetched.
+    pub(super) changed: HashSet<Target>,
+}
+
 impl Hub {
     /// Starts fetching the listing of every service the cache does not know (once at a
     /// time), skipping peers the node cannot reach now.
     pub(super) fn first_listings(self: Arc<Self>) {
         let missing: Vec<Target> = {
             let cache = lock(&self.cache);
-            let reach = lock(&self.reach);
-            self.targets()
-                .into_iter()
-                .filter(|t| cache.get(t).is_none() && reach.get(&t.peer) != Some(&false))
+            let presented = lock(&self.presented);
+            presented
+                .targets
+                .iter()
+                .filter(|t| cache.get(t).is_none() && presented.reach.get(&t.peer) != Some(&false))
+                .cloned()
                 .collect()
         };
         for target in missing {
-            if !lock(&self.refreshing).insert(target.clone()) {
+            if !lock(&self.fetching).now.insert(target.clone()) {
                 continue;
             }
             self.first_fetches.send_modify(|n| *n += 1);
             let hub = self.clone();
             tokio::spawn(async move {
                 let changed = hub.fetch(&target).await;
-                lock(&hub.refreshing).remove(&target);
+                lock(&hub.fetching).now.remove(&target);
                 hub.first_fetches.send_modify(|n| *n = n.saturating_sub(1));
                 if changed {
                     hub.announce_lists().await;
@@ -64,8 +76,8 @@ impl Hub {
     /// A server said one of its lists changed: its listing is fetched again, one fetch at a
     /// time per service however often it says so (a change during a fetch means one more).
     pub(super) fn changed_upstream(self: Arc<Self>, target: Target, method: String) {
-        if !lock(&self.refreshing).insert(target.clone()) {
-            lock(&self.changed_while_listing).insert(target);
+        if !lock(&self.fetching).now.insert(target.clone()) {
+            lock(&self.fetching).changed.insert(target);
             return;
         }
         tokio::spawn(async move {
@@ -73,11 +85,11 @@ impl Hub {
                 if self.fetch(&target).await && self.listed.load(Ordering::SeqCst) {
                     self.list_changed(&method).await;
                 }
-                if !lock(&self.changed_while_listing).remove(&target) {
+                if !lock(&self.fetching).changed.remove(&target) {
                     break;
                 }
             }
-            lock(&self.refreshing).remove(&target);
+            lock(&self.fetching).now.remove(&target);
         });
     }
 
@@ -97,16 +109,16 @@ impl Hub {
                 .collect()
         };
         for target in stale {
-            if lock(&self.reach).get(&target.peer) == Some(&false) {
+            if !self.in_reach(&target) {
                 continue;
             }
-            if !lock(&self.refreshing).insert(target.clone()) {
+            if !lock(&self.fetching).now.insert(target.clone()) {
                 continue;
             }
             let hub = self.clone();
             tokio::spawn(async move {
                 let changed = hub.fetch(&target).await;
-                lock(&hub.refreshing).remove(&target);
+                lock(&hub.fetching).now.remove(&target);
                 if changed {
                     hub.announce_lists().await;
                 }
@@ -160,7 +172,8 @@ impl Hub {
         if self.client_era_is(crate::hub::era::Era::Stateless) {
             return;
         }
-        let level = lock(&self.log_level)
+        let level = lock(&self.client)
+            .log_level
             .as_ref()
             .and_then(|p| p.get("level")?.as_str().map(str::to_owned));
         let rank = |level: &str| LOG_LEVELS.iter().position(|l| *l == level);

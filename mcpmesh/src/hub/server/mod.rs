@@ -24,7 +24,7 @@ mod uris;
 mod view;
 mod wire;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -37,7 +37,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::routing::Forwarded;
 use self::view::View;
 use self::wire::{answer, line, lock, rpc_error, valid_id, write_out};
 use super::cache::{Cache, Listing};
@@ -74,45 +73,30 @@ const ALL_INSTRUCTIONS: usize = 16 * 1024;
 pub(super) struct Hub {
     config: HubConfig,
     node: NodeAccess,
-    /// The services presented: those named on the command line, or the node's catalog.
-    targets: StdMutex<Vec<Target>>,
-    /// Whether `targets` follows the node's catalog (no services named).
+    /// The services presented, and whether their peers are in reach.
+    presented: StdMutex<Presented>,
+    /// Whether the services presented follow the node's catalog (no services named).
     follow: bool,
-    /// With `follow`: the tool count the catalog last gave each service, to notice a
-    /// service whose tools changed while the hub had no session to it.
-    tool_counts: StdMutex<HashMap<Target, Option<u64>>>,
     out: mpsc::Sender<Vec<u8>>,
     inbound: mpsc::Sender<Inbound>,
     pool: Pool,
     cache: StdMutex<Cache>,
     view: StdMutex<View>,
-    hello: StdMutex<Option<Value>>,
-    /// The era the client speaks (set by its first `initialize`, `server/discover` or
-    /// stateless request) and, stateless, the envelope of its latest request.
+    /// What the hub knows of its client: its era, envelope, `initialize` params, log level.
     client: StdMutex<Client>,
     /// A stateless client's `subscriptions/listen` streams, by request id (as JSON text).
     listens: StdMutex<HashMap<String, listen::Listen>>,
     /// Calls held for a stateless client's retry (bridged), and the key of their states.
     bridge: Arc<StdMutex<bridge::Bridge>>,
-    log_level: StdMutex<Option<Value>>,
-    /// Client request id (as JSON text) → where it went.
-    forwarded: StdMutex<HashMap<String, Forwarded>>,
-    /// Hub id of a server's request to the client → the session and the server's own id.
-    asked: StdMutex<HashMap<String, (Arc<Upstream>, Value)>>,
-    /// Hub id of a request the hub made of a handshake-era client for a stateless server's
-    /// `input_required` result → where its answer goes.
-    bridged: StdMutex<HashMap<String, tokio::sync::oneshot::Sender<Value>>>,
-    /// (service, hub progress token) → the client's token.
-    tokens: StdMutex<HashMap<(Target, String), Value>>,
+    /// The client's requests under way: where each went, and their progress tokens.
+    requests: StdMutex<routing::Requests>,
+    /// Requests made of the client (a server's, or the hub's own), waiting for its answer.
+    asks: StdMutex<routing::Asks>,
     /// Presented task id → a lease on the session the task lives in, until the task ends or
     /// its lifetime passes: a session holding a task the client may still ask for is not idle.
     task_leases: Arc<StdMutex<HashMap<String, super::pool::Lease>>>,
-    /// Peer name → whether the node reached it at its last check.
-    reach: StdMutex<HashMap<String, bool>>,
-    /// Services whose listing is being fetched now.
-    refreshing: StdMutex<HashSet<Target>>,
-    /// Services that said their lists changed while being fetched.
-    changed_while_listing: StdMutex<HashSet<Target>>,
+    /// The listings being fetched now.
+    fetching: StdMutex<listing::Fetching>,
     /// First listings still being fetched.
     first_fetches: watch::Sender<usize>,
     /// Whether the client was given a list yet (until then, a new listing is not news).
@@ -202,11 +186,28 @@ fn catalog_targets(catalog: &Value) -> (Vec<Target>, HashMap<Target, Option<u64>
     (targets, counts)
 }
 
-/// What the hub knows of its client's era.
+/// The services the hub presents.
+struct Presented {
+    /// Those named on the command line, or the node's catalog.
+    targets: Vec<Target>,
+    /// Following the catalog: the tool count it last gave each service, to notice a service
+    /// whose tools changed while the hub had no session to it.
+    tool_counts: HashMap<Target, Option<u64>>,
+    /// Peer name → whether the node reached it at its last check.
+    reach: HashMap<String, bool>,
+}
+
+/// What the hub knows of its client.
 #[derive(Debug, Default)]
 struct Client {
+    /// The era the client speaks (set by its first `initialize`, `server/discover` or
+    /// stateless request) and, stateless, the envelope of its latest request.
     era: Option<Era>,
     envelope: Option<Envelope>,
+    /// A handshake-era client's `initialize` params, for the sessions the hub opens for it.
+    hello: Option<Value>,
+    /// The log level the client set, which sessions opened later follow.
+    log_level: Option<Value>,
 }
 
 fn reachability(peers: &Value) -> HashMap<String, bool> {
@@ -234,26 +235,23 @@ impl Hub {
         let hub = Hub {
             pool: Pool::new(config.idle),
             node,
-            targets: StdMutex::new(targets),
+            presented: StdMutex::new(Presented {
+                targets,
+                tool_counts,
+                reach: reachability(peers),
+            }),
             follow: config.targets.is_empty(),
-            tool_counts: StdMutex::new(tool_counts),
             out,
             inbound,
             cache: StdMutex::new(cache),
             view: StdMutex::new(View::default()),
-            hello: StdMutex::new(None),
             client: StdMutex::new(Client::default()),
             listens: StdMutex::new(HashMap::new()),
             bridge: Arc::new(StdMutex::new(bridge::Bridge::new())),
-            log_level: StdMutex::new(None),
-            forwarded: StdMutex::new(HashMap::new()),
-            asked: StdMutex::new(HashMap::new()),
-            bridged: StdMutex::new(HashMap::new()),
-            tokens: StdMutex::new(HashMap::new()),
+            requests: StdMutex::default(),
+            asks: StdMutex::default(),
             task_leases: Arc::new(StdMutex::new(HashMap::new())),
-            reach: StdMutex::new(reachability(peers)),
-            refreshing: StdMutex::new(HashSet::new()),
-            changed_while_listing: StdMutex::new(HashSet::new()),
+            fetching: StdMutex::default(),
             first_fetches: watch::channel(0).0,
             listed: AtomicBool::new(false),
             early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
@@ -410,7 +408,7 @@ impl Hub {
     /// Answers a handshake-era client's `initialize` (once the first listings came, or
     /// [`GREETING_WAIT`] passed), in the protocol version it asked for when the hub speaks it.
     async fn initialize(self: &Arc<Self>, id: &Value, params: &Value) -> Vec<u8> {
-        *lock(&self.hello) = Some(params.clone());
+        lock(&self.client).hello = Some(params.clone());
         self.clone().first_listings();
         self.greeting_wait().await;
         let asked = params["protocolVersion"].as_str().unwrap_or_default();
@@ -452,7 +450,7 @@ impl Hub {
     /// Keeps the client's log level (sessions opened later and the hub's own warnings follow
     /// it) and passes it to every live handshake-era session whose server logs.
     async fn set_log_level(&self, id: &Value, method: &str, params: &Value) -> Vec<u8> {
-        *lock(&self.log_level) = Some(params.clone());
+        lock(&self.client).log_level = Some(params.clone());
         for up in self.pool.all_live().await {
             if up.era() == Era::Handshake && up.capabilities().get("logging").is_some() {
                 let _ = up.start("logging/setLevel", params.clone()).await;
@@ -555,7 +553,7 @@ impl Hub {
             fallback,
         };
         let up = Upstream::open(&self.node, target, hello, self.inbound.clone()).await?;
-        let level = lock(&self.log_level).clone();
+        let level = lock(&self.client).log_level.clone();
         if let Some(level) = level
             && up.era() == Era::Handshake
             && up.capabilities().get("logging").is_some()
@@ -584,7 +582,7 @@ impl Hub {
                 "clientInfo": envelope.client_info,
             });
         }
-        let given = lock(&self.hello).clone().unwrap_or(Value::Null);
+        let given = lock(&self.client).hello.clone().unwrap_or(Value::Null);
         let version = given["protocolVersion"]
             .as_str()
             .filter(|v| era::HANDSHAKE.contains(v))
@@ -628,15 +626,15 @@ impl Hub {
             };
             let now = reachability(&peers);
             let changed = {
-                let mut reach = lock(&self.reach);
-                let changed = self
-                    .targets()
+                let mut presented = lock(&self.presented);
+                let changed = presented
+                    .targets
                     .iter()
-                    .any(|t| reach.get(&t.peer) != now.get(&t.peer));
-                *reach = now;
+                    .any(|t| presented.reach.get(&t.peer) != now.get(&t.peer));
+                presented.reach = now;
                 changed
             };
-            if changed && lock(&self.hello).is_some() {
+            if changed && lock(&self.client).hello.is_some() {
                 // A peer back in reach may have services still to list.
                 self.clone().first_listings();
                 self.list_changed("notifications/tools/list_changed").await;
@@ -662,16 +660,16 @@ impl Hub {
         let refreshing = catalog["refreshing"] == json!(true);
         let (now, counts) = catalog_targets(&catalog);
         let (set_changed, relist) = {
-            let mut targets = lock(&self.targets);
-            let mut known = lock(&self.tool_counts);
-            let set_changed = *targets != now;
+            let mut presented = lock(&self.presented);
+            let set_changed = presented.targets != now;
+            let known = &presented.tool_counts;
             let relist: Vec<Target> = counts
                 .iter()
                 .filter(|(t, n)| n.is_some() && known.get(*t).is_some_and(|was| was != *n))
                 .map(|(t, _)| t.clone())
                 .collect();
-            *targets = now;
-            *known = counts;
+            presented.targets = now;
+            presented.tool_counts = counts;
             (set_changed, relist)
         };
         for target in relist {
@@ -688,9 +686,14 @@ impl Hub {
         refreshing
     }
 
+    /// Whether `target`'s peer was in reach at the node's last check (or was never checked).
+    pub(super) fn in_reach(&self, target: &Target) -> bool {
+        lock(&self.presented).reach.get(&target.peer) != Some(&false)
+    }
+
     /// The services presented now.
     pub(super) fn targets(&self) -> Vec<Target> {
-        lock(&self.targets).clone()
+        lock(&self.presented).targets.clone()
     }
 
     /// The union of what the services can do, as far as the cache knows; everything the hub

@@ -3,6 +3,7 @@
 //! request; and everything a server sends — its requests to the client under hub ids, its
 //! progress and notifications — routed back in the order it sent them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -71,6 +72,25 @@ impl Bridging {
                 .unwrap_or(Value::Null),
         }
     }
+}
+
+/// The client's requests under way.
+#[derive(Default)]
+pub(super) struct Requests {
+    /// Client request id (as JSON text) → where it went.
+    pub(super) forwarded: HashMap<String, Forwarded>,
+    /// (service, hub progress token) → the client's token.
+    pub(super) tokens: HashMap<(Target, String), Value>,
+}
+
+/// Requests made of the client, waiting for its answer.
+#[derive(Default)]
+pub(super) struct Asks {
+    /// Hub id of a server's request to the client → the session and the server's own id.
+    pub(super) asked: HashMap<String, (Arc<Upstream>, Value)>,
+    /// Hub id of a request the hub made of a handshake-era client for a stateless server's
+    /// `input_required` result → where its answer goes.
+    pub(super) bridged: HashMap<String, oneshot::Sender<Value>>,
 }
 
 impl Hub {
@@ -210,7 +230,7 @@ impl Hub {
         method: &str,
         mut params: Value,
     ) -> Vec<u8> {
-        if lock(&self.reach).get(&target.peer) == Some(&false) {
+        if !self.in_reach(&target) {
             return mesh_error(
                 id,
                 ErrorCode::Unreachable,
@@ -253,9 +273,9 @@ impl Hub {
         let bridging = Bridging::of(bridged, &target, method, &params);
         let retry = (!stateless && up.era() == Era::Stateless).then(|| params.clone());
         let Ok((upstream_id, rx)) = self.start(id, &up, method, params, &bridging).await else {
-            lock(&self.forwarded).remove(&key(id));
+            lock(&self.requests).forwarded.remove(&key(id));
             if let Some(k) = token_key {
-                lock(&self.tokens).remove(&k);
+                lock(&self.requests).tokens.remove(&k);
             }
             return lost(id, &target);
         };
@@ -287,7 +307,7 @@ impl Hub {
         let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
         params["_meta"]["progressToken"] = ours.clone();
         let k = (target.clone(), key(&ours));
-        lock(&self.tokens).insert(k.clone(), token);
+        lock(&self.requests).tokens.insert(k.clone(), token);
         Some(k)
     }
 
@@ -303,7 +323,7 @@ impl Hub {
     ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
         let noted = |upstream_id| {
             if bridging.asks.is_some() {
-                lock(&self.forwarded).insert(
+                lock(&self.requests).forwarded.insert(
                     key(id),
                     Forwarded {
                         up: up.clone(),
@@ -328,7 +348,8 @@ impl Hub {
         asks: Option<mpsc::Sender<Ask>>,
     ) -> Vec<u8> {
         // A bridged call is there already (noted before it went, perhaps cancelled since).
-        lock(&self.forwarded)
+        lock(&self.requests)
+            .forwarded
             .entry(key(id))
             .or_insert_with(|| Forwarded {
                 up: call.lease.up.clone(),
@@ -347,7 +368,7 @@ impl Hub {
             got = &mut call.rx => Err(got.ok()),
             Some(ask) = asked => Ok(ask),
         };
-        let forwarded = lock(&self.forwarded).remove(&key(id));
+        let forwarded = lock(&self.requests).forwarded.remove(&key(id));
         let cancelled = forwarded.is_some_and(|f| f.cancelled);
         let reply = match outcome {
             Ok(ask) => return self.park(id, call, asks, ask, cancelled).await,
@@ -355,7 +376,7 @@ impl Hub {
         };
         if !cancelled && let Some(line) = reply.as_ref().and_then(|a| self.whole(id, &call, a)) {
             if let Some(k) = &call.token_key {
-                lock(&self.tokens).remove(k);
+                lock(&self.requests).tokens.remove(k);
             }
             return line;
         }
@@ -370,7 +391,7 @@ impl Hub {
             return Box::pin(self.input_rounds(id, call, frame["result"].clone(), params)).await;
         }
         if let Some(k) = &call.token_key {
-            lock(&self.tokens).remove(k);
+            lock(&self.requests).tokens.remove(k);
         }
         if cancelled {
             // The client cancelled it: it expects no answer.
@@ -433,8 +454,8 @@ impl Hub {
                     return;
                 };
                 let target = {
-                    let mut forwarded = lock(&self.forwarded);
-                    forwarded.get_mut(&key(request)).map(|f| {
+                    let mut requests = lock(&self.requests);
+                    requests.forwarded.get_mut(&key(request)).map(|f| {
                         f.cancelled = true;
                         (f.up.clone(), f.upstream_id)
                     })
@@ -462,8 +483,9 @@ impl Hub {
     /// (`None`: no call). A handshake-era server's request names no call, so with several in
     /// flight nothing says which one asks: `Err` with how many there are.
     fn asks_of(&self, up: &Arc<Upstream>) -> Result<Option<Asker>, usize> {
-        let forwarded = lock(&self.forwarded);
-        let mut calls = forwarded
+        let requests = lock(&self.requests);
+        let mut calls = requests
+            .forwarded
             .values()
             .filter(|f| Arc::ptr_eq(&f.up, up) && !f.cancelled)
             .filter_map(|f| Some((f.asks.clone()?, f.declared.clone())));
@@ -476,11 +498,11 @@ impl Hub {
 
     /// The client answering a server's request: back to that server, with its own id.
     pub(super) async fn client_answer(&self, id: &Value, mut frame: Value) {
-        if let Some(waiter) = lock(&self.bridged).remove(&key(id)) {
+        if let Some(waiter) = lock(&self.asks).bridged.remove(&key(id)) {
             let _ = waiter.send(frame);
             return;
         }
-        let Some((up, theirs)) = lock(&self.asked).remove(&key(id)) else {
+        let Some((up, theirs)) = lock(&self.asks).asked.remove(&key(id)) else {
             return;
         };
         frame["id"] = theirs;
@@ -584,7 +606,8 @@ impl Hub {
     async fn server_request(&self, from: &Arc<Upstream>, theirs: Value, mut frame: Value) {
         let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
         let full = {
-            let mut asked = lock(&self.asked);
+            let mut asks = lock(&self.asks);
+            let asked = &mut asks.asked;
             let full = asked.len() >= MAX_ASKED;
             if !full {
                 asked.insert(key(&ours), (from.clone(), theirs.clone()));
@@ -618,7 +641,8 @@ impl Hub {
                 let Some(token) = frame.pointer("/params/progressToken") else {
                     return;
                 };
-                let theirs = lock(&self.tokens)
+                let theirs = lock(&self.requests)
+                    .tokens
                     .get(&(from.target.clone(), key(token)))
                     .cloned();
                 if let Some(client_token) = theirs {
@@ -655,16 +679,23 @@ impl Hub {
         let Some(request) = frame.pointer("/params/requestId").cloned() else {
             return;
         };
-        let ours = lock(&self.asked)
-            .iter()
-            .find(|(_, (up, id))| Arc::ptr_eq(up, from) && *id == request)
-            .map(|(k, _)| k.clone());
-        if let Some(ours) = ours {
-            lock(&self.asked).remove(&ours);
-            if let Ok(id) = serde_json::from_str::<Value>(&ours) {
-                frame["params"]["requestId"] = id;
-                self.send(line(&frame)).await;
+        let ours = {
+            let mut asks = lock(&self.asks);
+            let ours = asks
+                .asked
+                .iter()
+                .find(|(_, (up, id))| Arc::ptr_eq(up, from) && *id == request)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = &ours {
+                asks.asked.remove(k);
             }
+            ours
+        };
+        if let Some(ours) = ours
+            && let Ok(id) = serde_json::from_str::<Value>(&ours)
+        {
+            frame["params"]["requestId"] = id;
+            self.send(line(&frame)).await;
         }
     }
 

@@ -129,7 +129,7 @@ impl Hub {
         if let Some(error) = &view.error {
             return rpc_error(id, -32603, error.clone());
         }
-        let reach = lock(&self.reach).clone();
+        let reach = lock(&self.presented).reach.clone();
         let reachable = |t: &Target| reach.get(&t.peer) != Some(&false);
         let (field, all): (&str, Vec<Value>) = match method {
             "tools/list" => (
