@@ -7,7 +7,8 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 
-use super::{Gateway, plain};
+use super::Gateway;
+use super::answer::plain;
 use crate::http_checks::{bearer_token, constant_time_eq, foreign_host_or_origin};
 
 /// Host, Origin and bearer checks, before any handler.
