@@ -29,22 +29,15 @@ pub fn civil(at_ms: u64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
-/// Parses `30s`, `15m`, `24h`, `7d` (or a bare number of seconds).
+/// Parses a duration as people write one, in `humantime`'s syntax (`30s`, `15m`, `24h`, `7d`,
+/// `2w`, `1h30m`), or a bare number of seconds, which every flag that takes a duration has
+/// accepted from the start.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let text = text.trim();
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number.parse().ok()?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n.checked_mul(60)?,
-        "h" => n.checked_mul(3600)?,
-        "d" => n.checked_mul(86_400)?,
-        _ => return None,
-    };
-    Some(std::time::Duration::from_secs(secs))
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok().map(std::time::Duration::from_secs);
+    }
+    humantime::parse_duration(text).ok()
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -72,8 +65,19 @@ mod tests {
             parse_duration("7d"),
             Some(std::time::Duration::from_secs(604_800))
         );
-        assert_eq!(parse_duration("7w"), None);
+        assert_eq!(
+            parse_duration("1h30m"),
+            Some(std::time::Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_duration(" 2w "),
+            Some(std::time::Duration::from_secs(1_209_600))
+        );
         assert_eq!(parse_duration("m"), None);
+        assert_eq!(parse_duration("7x"), None);
+        assert_eq!(parse_duration("-5s"), None);
+        assert_eq!(parse_duration(""), None);
+        assert_eq!(parse_duration("99999999999999999999"), None);
     }
 
     #[test]
