@@ -213,8 +213,18 @@ impl Core {
         &self,
         job: impl FnOnce(&Core) -> T + Send + 'static,
     ) -> Option<T> {
-        let core = self.me.upgrade()?;
-        self.disk.run(move || job(&core)).await
+        self.on_disk_as(&self.me, job).await
+    }
+
+    /// Runs `job` on the node's writer with a service's own handle (`service`, which a
+    /// service keeps of itself): how a service makes its writes.
+    pub(super) async fn on_disk_as<S: Send + Sync + 'static, T: Send + 'static>(
+        &self,
+        service: &Weak<S>,
+        job: impl FnOnce(&S) -> T + Send + 'static,
+    ) -> Option<T> {
+        let service = service.upgrade()?;
+        self.disk.run(move || job(&service)).await
     }
 
     /// Edits config.toml (validated, atomic) and applies the result; returns how many live

@@ -120,8 +120,7 @@ impl Trust {
         &self,
         job: impl FnOnce(&Trust) -> T + Send + 'static,
     ) -> Option<T> {
-        let trust = self.me.upgrade()?;
-        self.core.disk.run(move || job(&trust)).await
+        self.core.on_disk_as(&self.me, job).await
     }
 
     /// A name for `id`: its current one if known, else `wanted` or the first free one of

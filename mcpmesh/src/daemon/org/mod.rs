@@ -201,8 +201,7 @@ impl Org {
         &self,
         job: impl FnOnce(&Org) -> T + Send + 'static,
     ) -> Option<T> {
-        let org = self.me.upgrade()?;
-        self.core.disk.run(move || job(&org)).await
+        self.core.on_disk_as(&self.me, job).await
     }
 
     /// Whether `peer` has a seat in the roster held (expired or not) and is not revoked.
