@@ -263,7 +263,7 @@ impl Catalog {
 
     /// Whether `peer` ever answered this node's ask for its catalog.
     pub(super) fn has_answered(&self, peer: &EndpointId) -> bool {
-        self.catalogs.of(peer).is_some()
+        self.catalogs.known().contains_key(peer)
     }
 
     /// The services `peer`'s last catalog answer lists, by name (`None`: never answered).
