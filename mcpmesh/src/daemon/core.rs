@@ -43,7 +43,8 @@ pub(super) struct Core {
     pub(super) config_file: ConfigFile,
     /// The one writer of the store and config file; no write happens on the runtime thread.
     pub(super) disk: crate::disk::Disk,
-    settings: RwLock<Settings>,
+    /// The running configuration, read as a snapshot (see [`Current`]).
+    settings: Current<Settings>,
     pub(super) store: Arc<Store>,
     pub(super) endpoint: Endpoint,
     pub(super) gate: Arc<PeerGate>,
@@ -76,6 +77,27 @@ pub(super) struct Parts {
     pub(super) shutdown: CancellationToken,
     pub(super) audit: AuditSink,
     pub(super) settings: Settings,
+}
+
+/// A value read as a snapshot and replaced whole. A reader holds no lock while it reads, so
+/// it may read again while a replacement is waiting: with a read guard instead, that second
+/// read waits behind the writer, which waits for the first guard, and both hang (the status
+/// verb read the settings twice while a roster install applied new ones).
+#[derive(Debug)]
+pub(super) struct Current<T>(RwLock<Arc<T>>);
+
+impl<T> Current<T> {
+    pub(super) fn new(value: T) -> Self {
+        Current(RwLock::new(Arc::new(value)))
+    }
+
+    pub(super) fn get(&self) -> Arc<T> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn set(&self, value: T) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(value);
+    }
 }
 
 /// The org roster this node holds, or why the stored one could not be loaded.
@@ -114,7 +136,7 @@ impl Core {
         Arc::new_cyclic(|me| Core {
             config_file: parts.config_file,
             disk: parts.disk,
-            settings: RwLock::new(parts.settings),
+            settings: Current::new(parts.settings),
             store: parts.store,
             endpoint: parts.endpoint,
             gate: parts.gate,
@@ -180,7 +202,7 @@ impl Core {
         if services_changed {
             self.services_changed.notify_one();
         }
-        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = settings;
+        self.settings.set(settings);
         let severed = self.host.sever_where(|s| {
             let caller = self.gate.principals_of(&s.peer);
             match (caller, table.get(&s.service)) {
@@ -195,12 +217,13 @@ impl Core {
 
     /// Re-applies the current settings (after the store or the roster changed).
     pub(super) fn refresh(&self) {
-        let settings = self.settings().clone();
+        let settings = Settings::clone(&self.settings());
         self.apply(settings);
     }
 
-    pub(super) fn settings(&self) -> std::sync::RwLockReadGuard<'_, Settings> {
-        self.settings.read().unwrap_or_else(|p| p.into_inner())
+    /// The running configuration now: a snapshot, so no lock is held while it is read.
+    pub(super) fn settings(&self) -> Arc<Settings> {
+        self.settings.get()
     }
 
     /// The roster this node holds.
@@ -435,4 +458,33 @@ pub(super) fn stopping() -> ControlError {
         codes::NODE_UNAVAILABLE,
         "the node is stopping; nothing was changed",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::Current;
+
+    #[test]
+    fn a_reader_holding_the_settings_does_not_hold_back_a_replacement_or_its_own_next_read() {
+        let current = Arc::new(Current::new(1));
+        let held = current.get();
+        let (done, replaced) = mpsc::channel();
+        let writer = {
+            let current = current.clone();
+            std::thread::spawn(move || {
+                current.set(2);
+                let _ = done.send(());
+            })
+        };
+        replaced
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the replacement does not wait for a reader's snapshot");
+        assert_eq!(*held, 1, "a snapshot stays what it was");
+        assert_eq!(*current.get(), 2, "the next read sees the replacement");
+        writer.join().expect("the writer ends");
+    }
 }
