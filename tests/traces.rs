@@ -38,6 +38,8 @@ struct Received {
     parent: String,
     attributes: HashMap<String, String>,
     error: bool,
+    /// The post's `x-api-key` header (`OTEL_EXPORTER_OTLP_HEADERS`).
+    api_key: Option<String>,
 }
 
 impl Received {
@@ -78,36 +80,46 @@ impl Collector {
         let kept = spans.clone();
         let app = axum::Router::new().route(
             "/v1/traces",
-            axum::routing::post(move |body: axum::body::Bytes| {
-                let kept = kept.clone();
-                async move {
-                    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
-                        return axum::http::StatusCode::BAD_REQUEST;
-                    };
-                    let mut kept = kept.lock().unwrap();
-                    for rs in request.resource_spans {
-                        let resource =
-                            attributes(&rs.resource.map(|r| r.attributes).unwrap_or_default());
-                        for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
-                            kept.push(Received {
-                                service: resource.get("service.name").cloned().unwrap_or_default(),
-                                instance: resource
-                                    .get("service.instance.id")
-                                    .cloned()
-                                    .unwrap_or_default(),
-                                name: span.name,
-                                kind: span.kind,
-                                trace_id: hex(&span.trace_id),
-                                span_id: hex(&span.span_id),
-                                parent: hex(&span.parent_span_id),
-                                attributes: attributes(&span.attributes),
-                                error: span.status.is_some_and(|s| s.code == ERROR),
-                            });
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let kept = kept.clone();
+                    let api_key = headers
+                        .get("x-api-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    async move {
+                        let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                            return axum::http::StatusCode::BAD_REQUEST;
+                        };
+                        let mut kept = kept.lock().unwrap();
+                        for rs in request.resource_spans {
+                            let resource =
+                                attributes(&rs.resource.map(|r| r.attributes).unwrap_or_default());
+                            for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                                kept.push(Received {
+                                    service: resource
+                                        .get("service.name")
+                                        .cloned()
+                                        .unwrap_or_default(),
+                                    instance: resource
+                                        .get("service.instance.id")
+                                        .cloned()
+                                        .unwrap_or_default(),
+                                    name: span.name,
+                                    kind: span.kind,
+                                    trace_id: hex(&span.trace_id),
+                                    span_id: hex(&span.span_id),
+                                    parent: hex(&span.parent_span_id),
+                                    attributes: attributes(&span.attributes),
+                                    error: span.status.is_some_and(|s| s.code == ERROR),
+                                    api_key: api_key.clone(),
+                                });
+                            }
                         }
+                        axum::http::StatusCode::OK
                     }
-                    axum::http::StatusCode::OK
-                }
-            }),
+                },
+            ),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -135,8 +147,12 @@ fn traced_script() -> String {
         .to_string()
 }
 
-/// Spans leave a node a tenth of a second after they end (the SDK's standard variable).
-const QUICK_EXPORT: [(&str, &str); 1] = [("OTEL_BSP_SCHEDULE_DELAY", "100")];
+/// Spans leave a node a tenth of a second after they end, with a collector's key (the standard
+/// variables; the key's value percent-encoded, as they write it).
+const QUICK_EXPORT: [(&str, &str); 2] = [
+    ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=team%20key"),
+];
 
 /// alice serving `svc` (its server started by `run`, a TOML array) to bob, both sending
 /// traces to `otlp`, each trusting the other.
@@ -319,6 +335,11 @@ async fn a_request_without_a_traceparent_starts_a_new_trace_on_each_node() {
         assert!(span.parent.is_empty(), "a root span: {span:#?}");
         assert_eq!(span.attr("jsonrpc.request.id"), Some("call-1"));
         assert!(!span.error, "{span:#?}");
+        assert_eq!(
+            span.api_key.as_deref(),
+            Some("team key"),
+            "the collector's key was sent"
+        );
     }
     assert_ne!(
         serving.trace_id, dialing.trace_id,

@@ -15,8 +15,11 @@
 //! are told here by the code that knows them. Nothing here waits or holds a lock across an
 //! await.
 
+mod export;
 pub mod names;
+mod otlp;
 mod serve;
+mod span;
 pub mod traces;
 
 use std::collections::HashSet;
@@ -34,7 +37,8 @@ use prometheus_client::registry::{Registry, Unit};
 use serde_json::value::RawValue;
 
 pub use serve::{MetricsListener, serve};
-pub use traces::{Side, TraceParent, Traced, Traces};
+pub use span::{Side, TraceParent, Traced};
+pub use traces::Traces;
 
 use names::ToolNames;
 

@@ -71,11 +71,19 @@ pub fn clock_ticks_per_sec() -> f64 {
 /// calls of tens of microseconds are a handful of ticks); a thread that ended meanwhile is not
 /// counted, so it is for short phases of long-lived threads.
 pub fn cpu_ns_of(pid: u32) -> u64 {
+    threads_cpu_ns_of(pid, |_| true)
+}
+
+/// [`cpu_ns_of`], of the threads whose name (`comm`) `keep` keeps.
+pub fn threads_cpu_ns_of(pid: u32, keep: impl Fn(&str) -> bool) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
     tasks
         .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| keep(c.trim_end()))
+        })
         .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
         .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
         .sum()

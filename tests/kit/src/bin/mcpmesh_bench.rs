@@ -82,6 +82,11 @@ fn main() -> anyhow::Result<()> {
     if let [(_, Some(a)), (_, Some(b))] = mesh.pids()[..] {
         eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
     }
+    if let Some(m) = &metered
+        && let [(_, Some(a)), (_, Some(b))] = m.pids()[..]
+    {
+        eprintln!("metered nodes: alice pid {a} (serving), bob pid {b} (dialing)");
+    }
     let direct_cmd = vec![stub.display().to_string()];
     // The same server behind two processes that only copy bytes: the mesh's two process hops
     // without anything else the mesh does.
@@ -350,12 +355,12 @@ fn main() -> anyhow::Result<()> {
                 collector.posts(),
                 collector.bytes() as f64 / 1e6
             );
-            let ticks: u64 = metered
+            let ns: u64 = metered
                 .pids()
                 .into_iter()
-                .filter_map(|(_, pid)| pid.map(export_ticks_of))
+                .filter_map(|(_, pid)| pid.map(export_ns_of))
                 .sum();
-            let ms = ticks as f64 / bench::clock_ticks_per_sec() * 1e3;
+            let ms = ns as f64 / 1e6;
             println!(
                 "  sending them took {ms:.0} ms of CPU on the nodes' exporter threads: {:.1} µs per span",
                 ms * 1e3 / sent.max(1) as f64
@@ -628,20 +633,15 @@ fn measure(
     })
 }
 
-/// utime + stime of `pid`'s threads that send spans (the batch processor's, and the HTTP
-/// client's runtime), in clock ticks.
-fn export_ticks_of(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("OpenTelemetry") || c.starts_with("reqwest-"))
-        })
-        .map(|t| bench::ticks_in(&t.path().join("stat").display().to_string()))
-        .sum()
+/// The CPU time of `pid`'s threads that send spans, in nanoseconds: the node's own sender
+/// (`mcpmesh-traces`) and its HTTP client's runtime, or in builds before it the SDK's batch
+/// processor.
+fn export_ns_of(pid: u32) -> u64 {
+    bench::threads_cpu_ns_of(pid, |c| {
+        c.starts_with("mcpmesh-traces")
+            || c.starts_with("OpenTelemetry")
+            || c.starts_with("reqwest-")
+    })
 }
 
 struct Client {
