@@ -995,8 +995,11 @@ fn hub(
         idle,
         naming,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread, as the node's: a request crosses the hub as a few wakeups of tasks that hand
+    // it on to each other, and across two worker threads each of those was a thread wakeup
+    // (the hub's call p50 1.45-1.62x connect's with two workers, 1.37x with one; 16 in flight
+    // 0.50-0.61x against 0.65-0.71x). What blocks (the cache's file) runs on blocking threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -153,31 +153,67 @@ impl Cache {
         self.entries.get(&target.key())
     }
 
-    /// Keeps `listing` for `target` and writes the cache out. The file is re-read first, so
-    /// what another hub of this profile wrote meanwhile survives.
+    /// Keeps `listing` for `target` and writes the cache out (blocking). The file is re-read
+    /// first, so what another hub of this profile wrote meanwhile survives.
     pub fn put(&mut self, target: &Target, listing: Listing) {
-        let mut on_disk = read(&self.path).unwrap_or_default();
-        on_disk.insert(target.key(), listing.clone());
+        self.keep(target, listing);
+        let learned = self.to_write().write();
+        self.learn(learned);
+    }
+
+    /// Keeps `listing` for `target`, in memory; [`Cache::to_write`] is what to write out.
+    pub fn keep(&mut self, target: &Target, listing: Listing) {
         self.entries.insert(target.key(), listing);
-        for (key, value) in on_disk {
-            self.entries.entry(key).or_insert(value);
-        }
-        if let Err(e) = self.save() {
-            tracing::warn!("cannot write the hub cache {}: {e}", self.path.display());
+    }
+
+    /// Every listing kept now, for [`ToWrite::write`] off the runtime.
+    pub fn to_write(&self) -> ToWrite {
+        ToWrite {
+            path: self.path.clone(),
+            entries: self.entries.clone(),
         }
     }
 
-    fn save(&self) -> std::io::Result<()> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
+    /// Takes in the listings another hub wrote that this one has none of.
+    pub fn learn(&mut self, others: BTreeMap<String, Listing>) {
+        for (key, value) in others {
+            self.entries.entry(key).or_insert(value);
         }
-        let file = File {
-            version: VERSION,
-            services: self.entries.clone(),
-        };
-        let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
-        crate::files::write_atomically(&self.path, &bytes)
     }
+}
+
+/// The cache as it is to be written.
+#[derive(Debug)]
+pub struct ToWrite {
+    path: PathBuf,
+    entries: BTreeMap<String, Listing>,
+}
+
+impl ToWrite {
+    /// Writes the listings out, with those another hub of this profile wrote meanwhile (the
+    /// file is re-read first); returns those others. Blocking: file reads, writes and a sync.
+    pub fn write(self) -> BTreeMap<String, Listing> {
+        let mut others = read(&self.path).unwrap_or_default();
+        others.retain(|key, _| !self.entries.contains_key(key));
+        let mut all = self.entries;
+        all.extend(others.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Err(e) = save(&self.path, all) {
+            tracing::warn!("cannot write the hub cache {}: {e}", self.path.display());
+        }
+        others
+    }
+}
+
+fn save(path: &Path, services: BTreeMap<String, Listing>) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = File {
+        version: VERSION,
+        services,
+    };
+    let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+    crate::files::write_atomically(path, &bytes)
 }
 
 fn read(path: &Path) -> Option<BTreeMap<String, Listing>> {

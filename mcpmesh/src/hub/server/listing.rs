@@ -157,11 +157,23 @@ impl Hub {
         let before = lock(&self.cache).get(target).cloned();
         listing.era = listing.era.or(before.as_ref().and_then(|b| b.era));
         let changed = before.as_ref().is_none_or(|b| !same_items(b, &listing));
-        lock(&self.cache).put(target, listing);
+        self.cache_put(target, listing).await;
         if changed && let Err(c) = self.rebuild() {
             tracing::error!("{c}");
         }
         changed
+    }
+
+    /// Keeps `listing` for `target` and writes the cache out on a blocking thread: the hub's
+    /// runtime is one thread, which a slow disk must not hold up. One write at a time, each of
+    /// everything kept by then, so a later write never carries less than an earlier one.
+    async fn cache_put(&self, target: &Target, listing: Listing) {
+        lock(&self.cache).keep(target, listing);
+        let _one_at_a_time = self.cache_writes.lock().await;
+        let to_write = lock(&self.cache).to_write();
+        if let Ok(others) = tokio::task::spawn_blocking(move || to_write.write()).await {
+            lock(&self.cache).learn(others);
+        }
     }
 
     /// Says what went wrong with `target`'s listing on stderr and, unless it asked for fewer

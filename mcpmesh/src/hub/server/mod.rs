@@ -81,6 +81,8 @@ pub(super) struct Hub {
     inbound: mpsc::Sender<Inbound>,
     pool: Pool,
     cache: StdMutex<Cache>,
+    /// Held while the cache is written out ([`listing`]'s `cache_put`).
+    cache_writes: tokio::sync::Mutex<()>,
     view: StdMutex<View>,
     /// What the hub knows of its client: its era, envelope, `initialize` params, log level.
     client: StdMutex<Client>,
@@ -244,6 +246,7 @@ impl Hub {
             out,
             inbound,
             cache: StdMutex::new(cache),
+            cache_writes: tokio::sync::Mutex::new(()),
             view: StdMutex::new(View::default()),
             client: StdMutex::new(Client::default()),
             listens: StdMutex::new(HashMap::new()),
