@@ -25,7 +25,7 @@ mod view;
 mod wire;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -109,7 +109,7 @@ pub(super) struct Hub {
     next: AtomicU64,
     tasks: TaskTracker,
     /// Requests of the client not answered yet, listen streams aside.
-    owed: watch::Sender<usize>,
+    owed: Arc<OwedCount>,
     stop: CancellationToken,
     /// Cancelled when the client's input ends (what is on its way gets [`DRAIN`] then).
     input_ended: CancellationToken,
@@ -143,8 +143,7 @@ where
     // Answers still on their way get a moment; then every session is closed.
     hub.input_ended.cancel();
     hub.tasks.close();
-    let mut owed = hub.owed.subscribe();
-    let _ = tokio::time::timeout(OWED, owed.wait_for(|n| *n == 0)).await;
+    let _ = tokio::time::timeout(OWED, hub.owed.none_left()).await;
     let _ = tokio::time::timeout(DRAIN, hub.tasks.wait()).await;
     hub.stop.cancel();
     lock(&hub.task_leases).clear();
@@ -260,7 +259,7 @@ impl Hub {
             early_warnings: tokio::sync::Mutex::new(Some(Vec::new())),
             next: AtomicU64::new(1),
             tasks: TaskTracker::new(),
-            owed: watch::channel(0).0,
+            owed: Arc::default(),
             stop: CancellationToken::new(),
             input_ended: CancellationToken::new(),
             config,
@@ -852,19 +851,45 @@ fn cut(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// How many requests the client is owed answers to. Counted with an atomic, and told only when
+/// the count reaches zero: a `watch` channel woke its receivers' notifiers on every request.
+#[derive(Debug, Default)]
+struct OwedCount {
+    n: AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+impl OwedCount {
+    /// Until no request is owed an answer.
+    async fn none_left(&self) {
+        loop {
+            let told = self.none_left.notified();
+            tokio::pin!(told);
+            // Registered before the count is read, so a last answer in between still tells it.
+            told.as_mut().enable();
+            if self.n.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            told.await;
+        }
+    }
+}
+
 /// One request the client is owed an answer to, counted while it lives.
-struct Owed(watch::Sender<usize>);
+struct Owed(Arc<OwedCount>);
 
 impl Owed {
-    fn new(count: &watch::Sender<usize>) -> Self {
-        count.send_modify(|n| *n += 1);
+    fn new(count: &Arc<OwedCount>) -> Self {
+        count.n.fetch_add(1, Ordering::AcqRel);
         Owed(count.clone())
     }
 }
 
 impl Drop for Owed {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        if self.0.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_left.notify_waiters();
+        }
     }
 }
 
@@ -885,6 +910,26 @@ fn server_info() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_wait_for_owed_answers_ends_when_the_last_is_answered_not_before() {
+        let count = Arc::new(OwedCount::default());
+        count.none_left().await; // none owed: at once
+        let (first, second) = (Owed::new(&count), Owed::new(&count));
+        let waiting = tokio::spawn({
+            let count = count.clone();
+            async move { count.none_left().await }
+        });
+        tokio::task::yield_now().await;
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "one answer is still owed");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("told when none is owed")
+            .unwrap();
+    }
 
     #[test]
     fn the_presented_services_come_from_the_nodes_catalog() {
