@@ -46,6 +46,12 @@ impl Batching {
         )
     }
 
+    /// Spans the queue makes room for ahead: a batch, up to a bound (the variables are the
+    /// user's, and a huge one must not be allocated before any span is).
+    fn room(&self) -> usize {
+        self.batch.min(4096)
+    }
+
     /// A batch is at most the queue, and both hold at least one span.
     pub fn new(delay: Duration, max_queue: usize, batch: usize) -> Self {
         let max_queue = max_queue.max(1);
@@ -126,7 +132,7 @@ pub(super) enum Pushed {
 impl Queue {
     pub fn new(batching: Batching) -> Self {
         Queue {
-            spans: Mutex::new(Vec::new()),
+            spans: Mutex::new(Vec::with_capacity(batching.room())),
             batching,
             dropped: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
@@ -156,8 +162,10 @@ impl Queue {
         self.stopping.store(true, Ordering::Release);
     }
 
+    /// What waits, leaving room for a batch (so the request path does not grow it).
     fn take(&self) -> Vec<Ended> {
-        std::mem::take(&mut *self.lock())
+        let room = Vec::with_capacity(self.batching.room());
+        std::mem::replace(&mut *self.lock(), room)
     }
 }
 

@@ -22,7 +22,7 @@ mod serve;
 mod span;
 pub mod traces;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -194,6 +194,64 @@ pub struct Metrics {
     tools: ToolNames,
     /// Service and peer names, interned (both are names this node configured or paired).
     names: Mutex<HashSet<Arc<str>>>,
+    /// The series each kind of served request counts in, once found ([`Metrics::served`]).
+    served_series: Mutex<SeriesCache<ServedSeries>>,
+    /// The same for the requests this node's clients sent ([`Metrics::asked`]).
+    asked_series: Mutex<SeriesCache<Histogram>>,
+}
+
+/// The series a kind of request counts in, by a key of its label values: found by hashing one
+/// short key, where finding them in their families hashed four label sets and interned the
+/// names, under as many locks, on every request.
+#[derive(Debug)]
+struct SeriesCache<S> {
+    series: HashMap<String, S>,
+    /// The key being looked up, kept to be written again without allocating.
+    key: String,
+}
+
+impl<S> Default for SeriesCache<S> {
+    fn default() -> Self {
+        SeriesCache {
+            series: HashMap::new(),
+            key: String::new(),
+        }
+    }
+}
+
+impl<S: Clone> SeriesCache<S> {
+    /// The series of `parts`, if kept.
+    fn get(&mut self, parts: [&str; 5]) -> Option<S> {
+        self.key(parts);
+        self.series.get(self.key.as_str()).cloned()
+    }
+
+    /// Keeps `series` for `parts`.
+    fn keep(&mut self, parts: [&str; 5], series: S) {
+        let key = self.key(parts).to_owned();
+        self.series.insert(key, series);
+    }
+
+    /// The label values of a kind of request are names this node configured or paired,
+    /// bounded names of methods and outcomes, and a tool name last: joined with a byte none
+    /// of the first can hold, they key it.
+    fn key(&mut self, parts: [&str; 5]) -> &str {
+        self.key.clear();
+        for part in parts {
+            self.key.push_str(part);
+            self.key.push('\0');
+        }
+        &self.key
+    }
+}
+
+/// A served request's series: its duration, its count, its bytes in and out.
+#[derive(Debug, Clone)]
+struct ServedSeries {
+    duration: Histogram,
+    count: Counter,
+    bytes_in: Counter,
+    bytes_out: Counter,
 }
 
 impl Default for Metrics {
@@ -222,6 +280,8 @@ impl Metrics {
             peer_rtt: Family::default(),
             tools: ToolNames::default(),
             names: Mutex::default(),
+            served_series: Mutex::default(),
+            asked_series: Mutex::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::default();
@@ -309,15 +369,9 @@ impl Metrics {
 
     /// A request a served session finished (answered, refused, or left unanswered).
     pub fn served(&self, r: &Served<'_>) {
-        let peer = self.name(if r.peer.is_empty() { LOCAL } else { r.peer });
-        let service = self.name(r.service);
+        let peer = if r.peer.is_empty() { LOCAL } else { r.peer };
         let outcome = names::outcome(r.outcome);
         let method = names::method(r.method);
-        let tool = (method == "tools/call").then(|| {
-            let accepted = matches!(outcome, "ok" | "tool_error");
-            self.tools
-                .label(r.service, r.tool.unwrap_or(names::OTHER), accepted)
-        });
         let refusal = match outcome {
             "rate_limited" => Some(Refusal::Rate),
             "refused" => Some(Refusal::InFlight),
@@ -327,29 +381,63 @@ impl Metrics {
         if let Some(reason) = refusal {
             self.refused(reason, Some(r.service));
         }
-        self.server_ops
-            .get_or_create(&Operation {
-                method,
-                tool,
-                service: service.clone(),
-                peer: peer.clone(),
-                outcome,
-            })
-            .observe(r.latency.as_secs_f64());
-        self.requests
-            .get_or_create(&Outcome {
-                service: service.clone(),
-                peer,
-                outcome,
-            })
-            .inc();
-        for (direction, n) in [("in", r.bytes_in), ("out", r.bytes_out)] {
-            let series = Direction {
+        let tool = (method == "tools/call").then(|| r.tool.unwrap_or(names::OTHER));
+        let parts = [r.service, peer, method, outcome, tool.unwrap_or_default()];
+        let cached = lock(&self.served_series).get(parts);
+        let series = match cached {
+            Some(series) => series,
+            None => self.served_series_of(r.service, peer, method, outcome, tool),
+        };
+        series.duration.observe(r.latency.as_secs_f64());
+        series.count.inc();
+        series.bytes_in.inc_by(r.bytes_in);
+        series.bytes_out.inc_by(r.bytes_out);
+    }
+
+    /// The series of a kind of served request, found in their families; kept for the next
+    /// request of its kind once its labels are final (a tool not accepted yet is `other` only
+    /// until it is).
+    fn served_series_of(
+        &self,
+        service: &str,
+        peer: &str,
+        method: &'static str,
+        outcome: &'static str,
+        tool: Option<&str>,
+    ) -> ServedSeries {
+        let accepted = matches!(outcome, "ok" | "tool_error");
+        let label = tool.map(|tool| self.tools.label(service, tool, accepted));
+        let fin = tool.is_none_or(|tool| label.as_deref() == Some(tool));
+        let (service, peer) = (self.name(service), self.name(peer));
+        let duration = self.server_ops.get_or_create_owned(&Operation {
+            method,
+            tool: label,
+            service: service.clone(),
+            peer: peer.clone(),
+            outcome,
+        });
+        let count = self.requests.get_or_create_owned(&Outcome {
+            service: service.clone(),
+            peer: peer.clone(),
+            outcome,
+        });
+        let bytes = |direction| {
+            self.bytes.get_or_create_owned(&Direction {
                 service: service.clone(),
                 direction,
-            };
-            self.bytes.get_or_create(&series).inc_by(n);
+            })
+        };
+        let series = ServedSeries {
+            duration,
+            count,
+            bytes_in: bytes("in"),
+            bytes_out: bytes("out"),
+        };
+        if fin {
+            let parts = [&*service, &*peer, method, outcome, tool.unwrap_or_default()];
+            lock(&self.served_series).keep(parts, series.clone());
         }
+        series
     }
 
     /// Something refused for `reason`, on `service` when one was named.
@@ -390,19 +478,31 @@ impl Metrics {
             .name
             .as_deref()
             .filter(|_| asked.method == "tools/call");
-        let tool = tool.map(|tool| {
+        let parts = [
+            &*dialed.service,
+            &*dialed.peer,
+            asked.method,
+            outcome,
+            tool.unwrap_or_default(),
+        ];
+        let cached = lock(&self.asked_series).get(parts);
+        let duration = cached.unwrap_or_else(|| {
             let accepted = matches!(outcome, "ok" | "tool_error");
-            self.tools.label(&dialed.service, tool, accepted)
-        });
-        self.client_ops
-            .get_or_create(&Operation {
+            let label = tool.map(|tool| self.tools.label(&dialed.service, tool, accepted));
+            let fin = tool.is_none_or(|tool| label.as_deref() == Some(tool));
+            let duration = self.client_ops.get_or_create_owned(&Operation {
                 method: asked.method,
-                tool,
+                tool: label,
                 service: dialed.service.clone(),
                 peer: dialed.peer.clone(),
                 outcome,
-            })
-            .observe(asked.at.elapsed().as_secs_f64());
+            });
+            if fin {
+                lock(&self.asked_series).keep(parts, duration.clone());
+            }
+            duration
+        });
+        duration.observe(asked.at.elapsed().as_secs_f64());
     }
 
     /// A server process started; it counts as alive until the guard is dropped.
@@ -546,6 +646,10 @@ struct TracedAsk {
     parent: Option<TraceParent>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,6 +685,52 @@ mod tests {
         ] {
             assert!(page.contains(line), "{line} not in\n{page}");
         }
+    }
+
+    #[test]
+    fn a_kind_of_request_counted_again_lands_in_the_same_series_and_a_tool_is_named_once_accepted()
+    {
+        let m = Metrics::new();
+        let served = |outcome, bytes_in| Served {
+            service: "files",
+            peer: "bob",
+            method: "tools/call",
+            tool: Some("echo"),
+            outcome,
+            latency: Duration::from_millis(3),
+            bytes_in,
+            bytes_out: 1,
+        };
+        // Refused before it was ever accepted: `other`, and not kept as such.
+        m.served(&served("error", 1));
+        m.served(&served("ok", 10));
+        m.served(&served("ok", 100));
+        m.served(&served("error", 1000));
+        let dialed = Dialed::new(Some(&Arc::new(Metrics::new())), None, "alice", "", "svc");
+        let dialed = dialed.unwrap();
+        let id = serde_json::value::RawValue::from_string("1".into()).unwrap();
+        let params = serde_json::value::RawValue::from_string(r#"{"name":"echo"}"#.into()).unwrap();
+        for _ in 0..3 {
+            dialed.answered(&id, &dialed.asking("tools/call", Some(&params)), "ok", None);
+        }
+        let page = m.render();
+        let op = |tool: &str, outcome: &str| {
+            format!(
+                r#"mcp_server_operation_duration_seconds_count{{mcp_method_name="tools/call",gen_ai_tool_name="{tool}",service="files",peer="bob",outcome="{outcome}"}}"#
+            )
+        };
+        for line in [
+            format!("{} 1", op("other", "error")),
+            format!("{} 2", op("echo", "ok")),
+            format!("{} 1", op("echo", "error")),
+            r#"mcpmesh_requests_total{service="files",peer="bob",outcome="ok"} 2"#.to_owned(),
+            r#"mcpmesh_request_bytes_total{service="files",direction="in"} 1111"#.to_owned(),
+        ] {
+            assert!(page.contains(&line), "{line} not in\n{page}");
+        }
+        let dialed_page = dialed.metrics.as_ref().unwrap().render();
+        let line = r#"mcp_client_operation_duration_seconds_count{mcp_method_name="tools/call",gen_ai_tool_name="echo",service="svc",peer="alice",outcome="ok"} 3"#;
+        assert!(dialed_page.contains(line), "{line} not in\n{dialed_page}");
     }
 
     #[test]

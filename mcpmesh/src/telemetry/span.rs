@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use opentelemetry::Context;
@@ -27,7 +28,9 @@ impl TraceParent {
     pub fn of(params: Option<&serde_json::value::RawValue>) -> Option<Self> {
         // Most requests carry none, and `_meta` often comes after megabytes of arguments: a
         // byte search, far cheaper than a parse, rules those out.
-        memchr::memmem::find(params?.get().as_bytes(), b"traceparent")?;
+        static TRACEPARENT: LazyLock<memchr::memmem::Finder<'static>> =
+            LazyLock::new(|| memchr::memmem::Finder::new(b"traceparent"));
+        TRACEPARENT.find(params?.get().as_bytes())?;
         let meta = mcpmesh_net::jsonrpc::meta(params);
         Some(TraceParent {
             traceparent: meta.traceparent?,
