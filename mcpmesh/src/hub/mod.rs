@@ -11,6 +11,7 @@
 pub mod cache;
 mod era;
 pub mod names;
+mod outlet;
 mod pool;
 mod server;
 mod upstream;

@@ -16,14 +16,13 @@ use std::time::Duration;
 use mcpmesh_net::errors::{self, ErrorCode};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::Target;
 use super::era::{self, Envelope, Era};
+use super::outlet;
 use crate::control::Attach;
 use crate::control::client::ControlClient;
 use crate::paths::Profile;
@@ -32,6 +31,8 @@ use crate::paths::Profile;
 const HANDSHAKE: Duration = Duration::from_secs(30);
 /// How long a closed session's reader may take to see its end.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// Lines queued for a session's writer before a sender waits.
+const LINES_QUEUED: usize = 64;
 
 /// What a server sent, in the order it sent it; `Ended` follows its last frame.
 #[derive(Debug)]
@@ -178,7 +179,10 @@ pub(crate) struct Upstream {
     probed: AtomicBool,
     /// The envelope a stateless server's requests carry when the client's own gives none.
     envelope: Option<Envelope>,
-    writer: Mutex<Option<OwnedWriteHalf>>,
+    /// Lines to the node's socket, written by the session's writer ([`outlet::write_out`]).
+    lines: mpsc::Sender<Vec<u8>>,
+    /// Tells the writer to write what is queued and shut the socket's write half.
+    closing: CancellationToken,
     next_id: AtomicU64,
     waiting: StdMutex<HashMap<u64, oneshot::Sender<Answer>>>,
     /// Fires when the session has ended (either side).
@@ -240,6 +244,7 @@ impl Upstream {
                 message: e.to_string(),
             })?;
         let (reader, writer) = stream.into_split();
+        let (lines, queued) = mpsc::channel(LINES_QUEUED);
         let probe = hello.stateless.clone().filter(|_| probe);
         let probing = probe.is_some();
         let up = Arc::new(Upstream {
@@ -248,13 +253,15 @@ impl Upstream {
             stateless: AtomicBool::new(probe.is_some()),
             probed: AtomicBool::new(probe.is_some()),
             envelope: hello.stateless.clone().or_else(|| hello.fallback.clone()),
-            writer: Mutex::new(Some(writer)),
+            lines,
+            closing: CancellationToken::new(),
             next_id: AtomicU64::new(1),
             waiting: StdMutex::new(HashMap::new()),
             ended: CancellationToken::new(),
             init: StdMutex::new(Value::Null),
         });
         tokio::spawn(read_loop(up.clone(), reader, inbound));
+        up.spawn_writer(queued, writer);
 
         if let Some(envelope) = probe {
             if up.discover(&envelope).await {
@@ -379,6 +386,20 @@ impl Upstream {
             .map_err(|_| UpstreamError::Lost)
     }
 
+    /// Writes what the session queues to the node's socket; a failed write ends the session.
+    fn spawn_writer(
+        &self,
+        queued: mpsc::Receiver<Vec<u8>>,
+        writer: tokio::net::unix::OwnedWriteHalf,
+    ) {
+        let (closing, ended) = (self.closing.clone(), self.ended.clone());
+        tokio::spawn(async move {
+            if outlet::write_out(queued, writer, closing).await == outlet::Ended::Failed {
+                ended.cancel();
+            }
+        });
+    }
+
     /// Sends a request and returns its id and where its answer will arrive. A stateless
     /// server's request carries the client's envelope (or, for the hub's own requests, the one
     /// the session was opened with); a handshake-era server's carries none.
@@ -434,30 +455,23 @@ impl Upstream {
         self.send(&frame).await
     }
 
-    /// Writes one frame; `false` when the session is gone.
+    /// Queues one frame for the session's writer; `false` when the session is gone. A write
+    /// that fails later ends the session, and what waits on it is told so.
     pub async fn send(&self, frame: &Value) -> bool {
         let Ok(mut line) = serde_json::to_vec(frame) else {
             return false;
         };
         line.push(b'\n');
-        let mut writer = self.writer.lock().await;
-        let Some(w) = writer.as_mut() else {
-            return false;
-        };
-        if w.write_all(&line).await.is_err() {
-            *writer = None;
-            self.ended.cancel();
+        if self.ended.is_cancelled() || self.closing.is_cancelled() {
             return false;
         }
-        true
+        self.lines.send(line).await.is_ok()
     }
 
     /// Ends the session: the node then ends the remote one (and its child). Waits briefly for
     /// the end to come back.
     pub async fn close(&self) {
-        if let Some(mut w) = self.writer.lock().await.take() {
-            let _ = w.shutdown().await;
-        }
+        self.closing.cancel();
         let _ = tokio::time::timeout(CLOSE_WAIT, self.ended.cancelled()).await;
         self.ended.cancel();
     }
@@ -517,7 +531,7 @@ async fn read_loop(
         }
     }
     up.ended.cancel();
-    *up.writer.lock().await = None;
+    up.closing.cancel();
     if inbound.send(Inbound::Ended(up.clone())).await.is_err() {
         up.abandon_waiting();
     }

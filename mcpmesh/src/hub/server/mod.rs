@@ -38,9 +38,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::view::View;
-use self::wire::{answer, line, lock, rpc_error, valid_id, write_out};
+use self::wire::{answer, line, lock, rpc_error, valid_id};
 use super::cache::{Cache, Listing};
 use super::era::{self, Envelope, Era};
+use super::outlet::write_out;
 use super::pool::Pool;
 use super::upstream::{Hello, Inbound, NodeAccess, Upstream, UpstreamError};
 use super::{HubConfig, HubError, Target};

@@ -1,45 +1,11 @@
-//! Lines to the hub's client: the one writer that batches what is queued, the shapes of the
-//! answers and errors the hub makes itself, and the small helpers every part of the hub shares.
+//! Lines to the hub's client: the shapes of the answers and errors the hub makes itself, and
+//! the small helpers every part of the hub shares.
 
 use std::sync::Mutex as StdMutex;
 
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-
-/// Bytes of queued lines written to the client at once.
-const BATCH: usize = 256 * 1024;
-
-pub(super) async fn write_out<W: AsyncWrite + Unpin>(
-    mut rx: mpsc::Receiver<Vec<u8>>,
-    mut output: W,
-    stop: CancellationToken,
-) {
-    loop {
-        // What is queued goes out before a stop is heard: the last answers are queued just
-        // before the hub stops, and an unbiased pick could drop them.
-        let line = tokio::select! {
-            biased;
-            line = rx.recv() => line,
-            _ = stop.cancelled() => None,
-        };
-        let Some(mut batch) = line else { break };
-        // What is already queued goes out in the same write.
-        while batch.len() < BATCH
-            && let Ok(more) = rx.try_recv()
-        {
-            batch.extend_from_slice(&more);
-        }
-        if output.write_all(&batch).await.is_err() || output.flush().await.is_err() {
-            stop.cancel();
-            break;
-        }
-    }
-    let _ = output.shutdown().await;
-}
 
 pub(super) fn key(id: &Value) -> String {
     id.to_string()
