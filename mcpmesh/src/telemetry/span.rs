@@ -118,19 +118,6 @@ pub(super) struct Ended {
     pub parent: Option<TraceParent>,
 }
 
-/// The outcomes the node itself names, kept without a copy.
-const OUTCOMES: [&str; 9] = [
-    "ok",
-    "error",
-    "tool_error",
-    "rate_limited",
-    "denied",
-    "unanswered",
-    "cancelled",
-    "invalid",
-    "duplicate",
-];
-
 impl Ended {
     pub fn of(r: &Traced<'_>) -> Self {
         let ended = Instant::now();
@@ -139,11 +126,11 @@ impl Ended {
             names::OTHER => "",
             known => known,
         };
-        let known_outcome = OUTCOMES
-            .iter()
-            .find(|o| **o == r.outcome)
-            .copied()
-            .unwrap_or_default();
+        // The outcomes the metrics name are kept without a copy; any other is copied as it is.
+        let known_outcome = match names::outcome(r.outcome) {
+            names::OTHER if r.outcome != names::OTHER => "",
+            known => known,
+        };
         let parts = [
             if known_method.is_empty() {
                 bounded(r.method)
