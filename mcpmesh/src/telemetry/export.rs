@@ -17,6 +17,9 @@ use opentelemetry_sdk::trace::{Config, SamplingDecision};
 use super::otlp::{self, Attr, Batch, SpanOut};
 use super::span::{Ended, Side, TraceParent};
 
+/// The shortest and the longest wait between two looks at the queue.
+const MIN_DELAY: Duration = Duration::from_millis(1);
+const MAX_DELAY: Duration = Duration::from_secs(86_400);
 /// How long a collector may take to accept one batch.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,11 +55,13 @@ impl Batching {
         self.batch.min(4096)
     }
 
-    /// A batch is at most the queue, and both hold at least one span.
+    /// A batch is at most the queue, and both hold at least one span. The delay is at least a
+    /// millisecond (at zero the thread would wake again at once, for ever) and at most a day
+    /// (the variable is the user's; a wait past the clock's range would not be a wait).
     pub fn new(delay: Duration, max_queue: usize, batch: usize) -> Self {
         let max_queue = max_queue.max(1);
         Batching {
-            delay,
+            delay: delay.clamp(MIN_DELAY, MAX_DELAY),
             max_queue,
             batch: batch.clamp(1, max_queue),
         }
@@ -378,7 +383,9 @@ mod tests {
         assert_eq!(q.push(span()), Pushed::Queued);
         // A batch is never larger than the queue, and never empty.
         let b = Batching::new(Duration::ZERO, 0, 512);
-        assert_eq!((b.max_queue, b.batch), (1, 1));
+        assert_eq!((b.max_queue, b.batch, b.delay), (1, 1, MIN_DELAY));
+        let b = Batching::new(Duration::from_millis(u64::MAX), 2048, 512);
+        assert_eq!(b.delay, MAX_DELAY, "a delay the clock can add");
     }
 
     #[test]
