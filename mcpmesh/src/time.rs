@@ -53,26 +53,16 @@ mod tests {
 
     #[test]
     fn durations_read_like_people_write_them() {
-        assert_eq!(
-            parse_duration("90"),
-            Some(std::time::Duration::from_secs(90))
-        );
-        assert_eq!(
-            parse_duration("15m"),
-            Some(std::time::Duration::from_secs(900))
-        );
-        assert_eq!(
-            parse_duration("7d"),
-            Some(std::time::Duration::from_secs(604_800))
-        );
-        assert_eq!(
-            parse_duration("1h30m"),
-            Some(std::time::Duration::from_secs(5400))
-        );
-        assert_eq!(
-            parse_duration(" 2w "),
-            Some(std::time::Duration::from_secs(1_209_600))
-        );
+        for (written, seconds) in [
+            ("90", 90),
+            ("15m", 900),
+            ("7d", 604_800),
+            ("1h30m", 5400),
+            (" 2w ", 1_209_600),
+        ] {
+            let expected = Some(std::time::Duration::from_secs(seconds));
+            assert_eq!(parse_duration(written), expected, "{written:?}");
+        }
         assert_eq!(parse_duration("m"), None);
         assert_eq!(parse_duration("7x"), None);
         assert_eq!(parse_duration("-5s"), None);
