@@ -153,14 +153,6 @@ impl Cache {
         self.entries.get(&target.key())
     }
 
-    /// Keeps `listing` for `target` and writes the cache out (blocking). The file is re-read
-    /// first, so what another hub of this profile wrote meanwhile survives.
-    pub fn put(&mut self, target: &Target, listing: Listing) {
-        self.keep(target, listing);
-        let learned = self.to_write().write();
-        self.learn(learned);
-    }
-
     /// Keeps `listing` for `target`, in memory; [`Cache::to_write`] is what to write out.
     pub fn keep(&mut self, target: &Target, listing: Listing) {
         self.entries.insert(target.key(), listing);
@@ -267,8 +259,20 @@ mod tests {
         };
         let mut one = Cache::load(path.clone());
         let mut two = Cache::load(path.clone());
-        one.put(&target("alice", "notes"), listing.clone());
-        two.put(&target("bob", "files"), listing.clone());
+        // As the hub writes: kept at once, written off the runtime, the other's listings
+        // learned from the file.
+        let put = |cache: &mut Cache, t: Target| {
+            cache.keep(&t, listing.clone());
+            let others = cache.to_write().write();
+            cache.learn(others);
+        };
+        put(&mut one, target("alice", "notes"));
+        put(&mut two, target("bob", "files"));
+        assert_eq!(
+            two.get(&target("alice", "notes")),
+            Some(&listing),
+            "what the other hub wrote is learned"
+        );
         let again = Cache::load(path);
         assert_eq!(again.get(&target("alice", "notes")), Some(&listing));
         assert_eq!(again.get(&target("bob", "files")), Some(&listing));
