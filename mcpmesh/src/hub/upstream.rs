@@ -427,15 +427,59 @@ impl Upstream {
             }
             _ => era::strip(&mut params),
         }
+        self.start_line(noted, |id| {
+            let mut frame = json!({"jsonrpc": "2.0", "id": id, "method": method});
+            if !params.is_null() {
+                frame["params"] = params;
+            }
+            serde_json::to_vec(&frame).ok()
+        })
+        .await
+    }
+
+    /// Sends a request whose params are JSON text already, written into the line by
+    /// `write_params`, and returns its id and where its answer will arrive. For a session whose
+    /// server speaks the handshake era, with params that carry no envelope: nothing in them is
+    /// the session's to stamp or strip.
+    pub async fn start_written(
+        &self,
+        method: &str,
+        params_len: usize,
+        write_params: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
+        self.start_line(
+            |_| {},
+            |id| {
+                let mut line = Vec::with_capacity(params_len + method.len() + 64);
+                line.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+                line.extend_from_slice(id.to_string().as_bytes());
+                line.extend_from_slice(b",\"method\":");
+                serde_json::to_writer(&mut line, method).ok()?;
+                line.extend_from_slice(b",\"params\":");
+                write_params(&mut line);
+                line.push(b'}');
+                Some(line)
+            },
+        )
+        .await
+    }
+
+    /// Sends the request `frame` makes of its id (a line without its newline), with `noted`
+    /// told the id first.
+    async fn start_line(
+        &self,
+        noted: impl FnOnce(u64),
+        frame: impl FnOnce(u64) -> Option<Vec<u8>>,
+    ) -> Result<(u64, oneshot::Receiver<Answer>), UpstreamError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiting().insert(id, tx);
         noted(id);
-        let mut frame = json!({"jsonrpc": "2.0", "id": id, "method": method});
-        if !params.is_null() {
-            frame["params"] = params;
-        }
-        if !self.send(&frame).await {
+        let sent = match frame(id) {
+            Some(line) => self.queue(line).await,
+            None => false,
+        };
+        if !sent {
             self.waiting().remove(&id);
             return Err(UpstreamError::Lost);
         }
@@ -458,9 +502,14 @@ impl Upstream {
     /// Queues one frame for the session's writer; `false` when the session is gone. A write
     /// that fails later ends the session, and what waits on it is told so.
     pub async fn send(&self, frame: &Value) -> bool {
-        let Ok(mut line) = serde_json::to_vec(frame) else {
-            return false;
-        };
+        match serde_json::to_vec(frame) {
+            Ok(line) => self.queue(line).await,
+            Err(_) => false,
+        }
+    }
+
+    /// Queues one line (without its newline) for the session's writer; as [`Upstream::send`].
+    async fn queue(&self, mut line: Vec<u8>) -> bool {
         line.push(b'\n');
         if self.ended.is_cancelled() || self.closing.is_cancelled() {
             return false;

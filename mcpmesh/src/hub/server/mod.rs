@@ -17,6 +17,7 @@ mod bridge;
 mod call;
 mod listen;
 mod listing;
+mod plain;
 mod routing;
 mod skills;
 mod tasks;
@@ -29,6 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, TransportError};
 use serde_json::{Map, Value, json};
@@ -37,6 +40,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::plain::PlainCall;
 use self::view::View;
 use self::wire::{answer, line, lock, rpc_error, valid_id};
 use super::cache::{Cache, Listing};
@@ -298,7 +302,16 @@ impl Hub {
     }
 
     /// One frame from the client.
-    async fn client_frame(self: Arc<Self>, line: &[u8]) {
+    async fn client_frame(self: Arc<Self>, line: &Bytes) {
+        // A call with nothing in it to map but its id and name goes without a tree.
+        if let Some(call) = PlainCall::read(line) {
+            let (hub, owed) = (self.clone(), Owed::new(&self.owed));
+            self.tasks.spawn(async move {
+                hub.plain_call(call).await;
+                drop(owed);
+            });
+            return;
+        }
         let frame: Value = match serde_json::from_slice(line) {
             Ok(Value::Object(frame)) => Value::Object(frame),
             Ok(_) => {
@@ -344,7 +357,7 @@ impl Hub {
         }
     }
 
-    async fn request(self: Arc<Self>, id: Value, method: &str, mut frame: Value) {
+    pub(super) async fn request(self: Arc<Self>, id: Value, method: &str, mut frame: Value) {
         // Taken, not copied: an 8 MiB request is not held twice.
         let params = frame.get_mut("params").map_or(Value::Null, Value::take);
         if let Err(refusal) = self.client_era(method, &params) {

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Hub;
 use super::bridge;
 use super::call::{Ask, Call};
+use super::plain::PlainCall;
 use super::skills;
 use super::tasks;
 use super::uris::{present_uri, present_uris};
@@ -125,26 +126,16 @@ impl Hub {
                 .ok_or_else(|| format!("unknown {kind}: {name}"))
         };
         match method {
-            "tools/call" | "prompts/get" => {
-                let (routes, kind) = if method == "tools/call" {
-                    (&view.tool_routes, "tool")
-                } else {
-                    (&view.prompt_routes, "prompt")
-                };
+            "tools/call" => {
+                drop(view);
+                let name = params["name"].as_str().unwrap_or_default();
+                let (target, tool) = self.tool_destination(name)?;
+                params["name"] = json!(tool);
+                Ok(target)
+            }
+            "prompts/get" => {
                 let name = params["name"].as_str().unwrap_or_default().to_owned();
-                let origin = match by_name(routes, &name, kind) {
-                    Ok(origin) => origin,
-                    // A tool the listing does not show (the caller may not use it, or it is
-                    // new) under its full name goes to its service, whose node decides and
-                    // records the attempt.
-                    Err(unknown) => match self.unlisted_tool(method, &name) {
-                        Some((target, tool)) => {
-                            params["name"] = json!(tool);
-                            return Ok(target);
-                        }
-                        None => return Err(unknown),
-                    },
-                };
+                let origin = by_name(&view.prompt_routes, &name, "prompt")?;
                 params["name"] = json!(origin.name);
                 Ok(target_of(&origin))
             }
@@ -172,6 +163,19 @@ impl Hub {
                 Ok(target)
             }
         }
+    }
+
+    /// The service a `tools/call` of `name` goes to, and the tool's own name there. A tool the
+    /// listing does not show (the caller may not use it, or it is new) under its full name goes
+    /// to its service, whose node decides and records the attempt.
+    fn tool_destination(&self, name: &str) -> Result<(Target, String), String> {
+        let listed = lock(&self.view)
+            .tool_routes
+            .route(name)
+            .map(|origin| (target_of(origin), origin.name.clone()));
+        listed
+            .or_else(|| self.unlisted_tool("tools/call", name))
+            .ok_or_else(|| format!("unknown tool: {name}"))
     }
 
     /// For a `tools/call` of `name` no listing shows: the service it points to and the tool's
@@ -230,15 +234,8 @@ impl Hub {
         method: &str,
         mut params: Value,
     ) -> Vec<u8> {
-        if !self.in_reach(&target) {
-            return mesh_error(
-                id,
-                ErrorCode::Unreachable,
-                format!(
-                    "{target}: peer {} is not reachable now (its node's last check); try again when it is",
-                    target.peer
-                ),
-            );
+        if let Some(refusal) = self.out_of_reach(id, &target) {
+            return refusal;
         }
         let lease = match self.lease(&target).await {
             Ok(lease) => lease,
@@ -298,6 +295,85 @@ impl Hub {
             declared,
         };
         self.await_call(id, call, asks).await
+    }
+
+    /// Sends a [`PlainCall`] to its tool's service and answers it: the ordinary way
+    /// ([`Hub::request`]) for a client or a server of the stateless era, whose frames the hub
+    /// must read.
+    pub(super) async fn plain_call(self: Arc<Self>, call: PlainCall) {
+        if self.client_era_is(Era::Stateless) {
+            return self
+                .request(call.id.clone(), "tools/call", call.frame())
+                .await;
+        }
+        let mut routed = self.tool_destination(&call.name);
+        if routed.is_err() {
+            // A name the cache does not know yet may be in a listing on its way.
+            self.clone().first_listings();
+            self.wait_for_first_listings().await;
+            routed = self.tool_destination(&call.name);
+        }
+        let reply = match routed {
+            Ok((target, tool)) => self.forward_plain(&call, target, &tool).await,
+            Err(message) => rpc_error(&call.id, -32602, message),
+        };
+        if !reply.is_empty() {
+            let _ = self.out.send(reply).await;
+        }
+    }
+
+    async fn forward_plain(&self, call: &PlainCall, target: Target, tool: &str) -> Vec<u8> {
+        let id = &call.id;
+        if let Some(refusal) = self.out_of_reach(id, &target) {
+            return refusal;
+        }
+        let lease = match self.lease(&target).await {
+            Ok(lease) => lease,
+            Err(e) => return open_failed(id, &target, &e),
+        };
+        let up = lease.up.clone();
+        if up.era() != Era::Handshake {
+            drop(lease);
+            return self
+                .forward(id, target, "tools/call", call.params(tool))
+                .await;
+        }
+        let started = up
+            .start_written("tools/call", call.params_len(), |out| {
+                call.write_params(tool, out)
+            })
+            .await;
+        let Ok((upstream_id, rx)) = started else {
+            return lost(id, &target);
+        };
+        let call = Call {
+            lease,
+            rx,
+            asked: None,
+            upstream_id,
+            target,
+            method: "tools/call".to_owned(),
+            bound: String::new(),
+            token_key: None,
+            retry: None,
+            declared: Value::Null,
+        };
+        self.await_call(id, call, None).await
+    }
+
+    /// The answer to request `id` when `target`'s peer was not reachable at its node's last
+    /// check.
+    fn out_of_reach(&self, id: &Value, target: &Target) -> Option<Vec<u8>> {
+        (!self.in_reach(target)).then(|| {
+            mesh_error(
+                id,
+                ErrorCode::Unreachable,
+                format!(
+                    "{target}: peer {} is not reachable now (its node's last check); try again when it is",
+                    target.peer
+                ),
+            )
+        })
     }
 
     /// Gives the request the hub's own progress token in place of the client's (when it names
