@@ -6,8 +6,10 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -65,7 +67,8 @@ impl PlainCall {
     /// `line` as a plain `tools/call`, or `None` when it is anything else or needs more than
     /// an id and a name mapped.
     pub(super) fn read(line: &Bytes) -> Option<PlainCall> {
-        memchr::memmem::find(line, b"tools/call")?;
+        static METHOD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("tools/call"));
+        METHOD.find(line)?;
         let head: Head = serde_json::from_slice(line).ok()?;
         if head.method? != "tools/call" {
             return None;
