@@ -1,8 +1,9 @@
 //! A client's `tools/call` passed on without a JSON tree: read once for its id, tool name and
-//! members, and written upstream as the bytes it came as, but for the hub's id and the tool's
-//! own name. Only a call with nothing else in it for the hub to map qualifies (no `_meta`: no
-//! progress token, envelope or trace; no `task`); anything else, and anything this reading
-//! does not take in plainly (an escaped key, a repeated member), goes the ordinary way.
+//! members, and written upstream as the bytes it came as, but for the hub's id, the tool's own
+//! name and (when it names one) the hub's progress token in its `_meta`. A call with anything
+//! else for the hub to map (a stateless envelope in its `_meta`, a `task`), and anything this
+//! reading does not take in plainly (an escaped key, a repeated member), goes the ordinary
+//! way.
 
 use std::fmt;
 use std::ops::Range;
@@ -12,10 +13,13 @@ use bytes::Bytes;
 use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
-use serde_json::Value;
 use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use super::wire::valid_id;
+
+/// What the keys of the stateless era's envelope in `_meta` start with.
+const ERA_KEYS: &str = "io.modelcontextprotocol/";
 
 /// A `tools/call` read without a tree.
 pub(super) struct PlainCall {
@@ -23,9 +27,13 @@ pub(super) struct PlainCall {
     pub(super) id: Value,
     /// The tool's name as the client called it.
     pub(super) name: String,
-    /// Every member of `params` but `name`, in the client's order: its key (quotes included)
-    /// and its value, as ranges of `line`.
+    /// Every member of `params` but `name` and `_meta`, in the client's order: its key (quotes
+    /// included) and its value, as ranges of `line`.
     rest: Vec<(Range<usize>, Range<usize>)>,
+    /// `params._meta`, read (it is small, and may name a progress token the hub maps).
+    pub(super) meta: Option<Value>,
+    /// Where `_meta` stood among `rest`: before the member of this index.
+    meta_at: usize,
 }
 
 /// The members of a request the hub reads.
@@ -77,13 +85,22 @@ impl PlainCall {
         if !valid_id(&id) {
             return None;
         }
-        let mut name = None;
+        let (mut name, mut meta, mut meta_at) = (None, None, 0);
         let mut rest: Vec<(Range<usize>, Range<usize>)> = Vec::new();
         for (key, value) in head.params?.0 {
             match key {
-                "_meta" | "task" => return None,
+                "task" => return None,
                 "name" if name.is_some() => return None,
+                "_meta" if meta.is_some() => return None,
                 "name" => name = Some(serde_json::from_str::<String>(value.get()).ok()?),
+                "_meta" => {
+                    let members: Map<String, Value> = serde_json::from_str(value.get()).ok()?;
+                    // The stateless era's envelope: the client's era to learn or check.
+                    if members.keys().any(|k| k.starts_with(ERA_KEYS)) {
+                        return None;
+                    }
+                    (meta, meta_at) = (Some(Value::Object(members)), rest.len());
+                }
                 _ => {
                     let key = quoted(line, key)?;
                     if rest
@@ -101,6 +118,8 @@ impl PlainCall {
             id,
             name: name?,
             rest,
+            meta,
+            meta_at,
         })
     }
 
@@ -110,16 +129,28 @@ impl PlainCall {
     }
 
     /// Writes the params as the server must see them: `name` (the tool's own) first, then the
-    /// client's other members as they came.
-    pub(super) fn write_params(&self, name: &str, out: &mut Vec<u8>) {
+    /// client's other members as they came, `meta` in its `_meta`'s place (when it had one).
+    pub(super) fn write_params(&self, name: &str, meta: Option<&Value>, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"name\":");
-        // A `&str` always serializes.
+        // A `&str` and a tree always serialize.
         let _ = serde_json::to_writer(&mut *out, name);
-        for (key, value) in &self.rest {
+        let write_meta = |out: &mut Vec<u8>| {
+            if let Some(meta) = meta.filter(|_| self.meta.is_some()) {
+                out.extend_from_slice(b",\"_meta\":");
+                let _ = serde_json::to_writer(&mut *out, meta);
+            }
+        };
+        for (at, (key, value)) in self.rest.iter().enumerate() {
+            if at == self.meta_at {
+                write_meta(out);
+            }
             out.push(b',');
             out.extend_from_slice(&self.line[key.clone()]);
             out.push(b':');
             out.extend_from_slice(&self.line[value.clone()]);
+        }
+        if self.meta_at == self.rest.len() {
+            write_meta(out);
         }
         out.push(b'}');
     }
@@ -127,7 +158,7 @@ impl PlainCall {
     /// The params as a tree with the tool's own `name`, for the ordinary way.
     pub(super) fn params(&self, name: &str) -> Value {
         let mut out = Vec::with_capacity(self.params_len());
-        self.write_params(name, &mut out);
+        self.write_params(name, self.meta.as_ref(), &mut out);
         serde_json::from_slice(&out).unwrap_or(Value::Null)
     }
 
@@ -162,7 +193,7 @@ mod tests {
 
     fn written(call: &PlainCall, name: &str) -> String {
         let mut out = Vec::new();
-        call.write_params(name, &mut out);
+        call.write_params(name, call.meta.as_ref(), &mut out);
         String::from_utf8(out).unwrap()
     }
 
@@ -191,6 +222,34 @@ mod tests {
     }
 
     #[test]
+    fn a_calls_meta_is_read_and_written_in_its_place_with_what_the_hub_puts_there() {
+        let line = r#"{"id":3,"method":"tools/call","params":{"name":"a","_meta":{"progressToken":"p-1","traceparent":"00-x"},"arguments":{"big":"yy"}}}"#;
+        let call = read(line).unwrap();
+        assert_eq!(
+            call.meta,
+            Some(serde_json::json!({"progressToken": "p-1", "traceparent": "00-x"}))
+        );
+        assert_eq!(
+            written(&call, "b"),
+            r#"{"name":"b","_meta":{"progressToken":"p-1","traceparent":"00-x"},"arguments":{"big":"yy"}}"#
+        );
+        let ours = serde_json::json!({"progressToken": "hub-9"});
+        let mut out = Vec::new();
+        call.write_params("b", Some(&ours), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"name":"b","_meta":{"progressToken":"hub-9"},"arguments":{"big":"yy"}}"#
+        );
+        let last =
+            read(r#"{"id":3,"method":"tools/call","params":{"name":"a","_meta":{}}}"#).unwrap();
+        assert_eq!(written(&last, "b"), r#"{"name":"b","_meta":{}}"#);
+        assert_eq!(
+            last.params("b"),
+            serde_json::json!({"name": "b", "_meta": {}})
+        );
+    }
+
+    #[test]
     fn anything_the_hub_must_map_or_cannot_read_plainly_goes_the_ordinary_way() {
         for line in [
             // Not a tools/call, or not a request.
@@ -202,7 +261,9 @@ mod tests {
             r#"{"id":1.5,"method":"tools/call","params":{"name":"a"}}"#,
             r#"{"id":1,"id":2,"method":"tools/call","params":{"name":"a"}}"#,
             // Something in the params for the hub to map or to refuse.
-            r#"{"id":1,"method":"tools/call","params":{"name":"a","_meta":{"progressToken":1}}}"#,
+            r#"{"id":1,"method":"tools/call","params":{"name":"a","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+            r#"{"id":1,"method":"tools/call","params":{"name":"a","_meta":[1]}}"#,
+            r#"{"id":1,"method":"tools/call","params":{"name":"a","_meta":{},"_meta":{}}}"#,
             r#"{"id":1,"method":"tools/call","params":{"name":"a","task":{"ttl":1000}}}"#,
             r#"{"id":1,"method":"tools/call","params":{"arguments":{}}}"#,
             r#"{"id":1,"method":"tools/call","params":{"name":5}}"#,

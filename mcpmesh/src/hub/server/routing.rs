@@ -338,12 +338,23 @@ impl Hub {
                 .forward(id, target, "tools/call", call.params(tool))
                 .await;
         }
+        // The client's progress token becomes one of the hub's, as on the ordinary way.
+        let mut meta = call.meta.clone();
+        let token_key = meta.as_mut().and_then(|meta| {
+            let mut params = json!({"_meta": meta.take()});
+            let k = self.own_progress_token(&target, &mut params);
+            *meta = params["_meta"].take();
+            k
+        });
         let started = up
             .start_written("tools/call", call.params_len(), |out| {
-                call.write_params(tool, out)
+                call.write_params(tool, meta.as_ref(), out)
             })
             .await;
         let Ok((upstream_id, rx)) = started else {
+            if let Some(k) = token_key {
+                lock(&self.requests).tokens.remove(&k);
+            }
             return lost(id, &target);
         };
         let call = Call {
@@ -354,7 +365,7 @@ impl Hub {
             target,
             method: "tools/call".to_owned(),
             bound: String::new(),
-            token_key: None,
+            token_key,
             retry: None,
             declared: Value::Null,
         };
