@@ -303,8 +303,11 @@ impl Hub {
 
     /// One frame from the client.
     async fn client_frame(self: Arc<Self>, line: &Bytes) {
-        // A call with nothing in it to map but its id and name goes without a tree.
-        if let Some(call) = PlainCall::read(line) {
+        // A call with nothing in it to map but its id, name and progress token goes without a
+        // tree (a stateless client's never: its envelope is the hub's to check).
+        if !self.client_era_is(Era::Stateless)
+            && let Some(call) = PlainCall::read(line)
+        {
             let (hub, owed) = (self.clone(), Owed::new(&self.owed));
             self.tasks.spawn(async move {
                 hub.plain_call(call).await;
