@@ -22,6 +22,7 @@ use super::wire::{key, line, lock, mesh_error, rpc_error};
 use crate::hub::Target;
 use crate::hub::era::{self, Era};
 use crate::hub::names::{self, Origin, Routes};
+use crate::hub::pool::Lease;
 use crate::hub::upstream::{Answer, Inbound, Upstream, UpstreamError};
 
 /// Server requests to the client awaiting the client's answer, at most.
@@ -234,12 +235,9 @@ impl Hub {
         method: &str,
         mut params: Value,
     ) -> Vec<u8> {
-        if let Some(refusal) = self.out_of_reach(id, &target) {
-            return refusal;
-        }
-        let lease = match self.lease(&target).await {
+        let lease = match self.reach(id, &target).await {
             Ok(lease) => lease,
-            Err(e) => return open_failed(id, &target, &e),
+            Err(refusal) => return refusal,
         };
         let up = lease.up.clone();
         // A task the client could not reach is never made: a task call to a service that
@@ -324,12 +322,9 @@ impl Hub {
 
     async fn forward_plain(&self, call: &PlainCall, target: Target, tool: &str) -> Vec<u8> {
         let id = &call.id;
-        if let Some(refusal) = self.out_of_reach(id, &target) {
-            return refusal;
-        }
-        let lease = match self.lease(&target).await {
+        let lease = match self.reach(id, &target).await {
             Ok(lease) => lease,
-            Err(e) => return open_failed(id, &target, &e),
+            Err(refusal) => return refusal,
         };
         let up = lease.up.clone();
         if up.era() != Era::Handshake {
@@ -372,19 +367,23 @@ impl Hub {
         self.await_call(id, call, None).await
     }
 
-    /// The answer to request `id` when `target`'s peer was not reachable at its node's last
-    /// check.
-    fn out_of_reach(&self, id: &Value, target: &Target) -> Option<Vec<u8>> {
-        (!self.in_reach(target)).then(|| {
-            mesh_error(
+    /// `target`'s session for request `id` (opened when needed), or the line that answers
+    /// the request when its peer was not reachable at its node's last check or the session
+    /// did not open.
+    async fn reach(&self, id: &Value, target: &Target) -> Result<Lease, Vec<u8>> {
+        if !self.in_reach(target) {
+            return Err(mesh_error(
                 id,
                 ErrorCode::Unreachable,
                 format!(
                     "{target}: peer {} is not reachable now (its node's last check); try again when it is",
                     target.peer
                 ),
-            )
-        })
+            ));
+        }
+        self.lease(target)
+            .await
+            .map_err(|e| open_failed(id, target, &e))
     }
 
     /// Gives the request the hub's own progress token in place of the client's (when it names
