@@ -1139,7 +1139,7 @@ fn daemon(profile: Profile, notify: bool, json: bool) -> Result<(), Failure> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let launcher = crate::launcher::launcher();
+    let launcher = crate::exec_shim::launcher();
     let result = runtime.block_on(mcpmesh::daemon::run(profile, launcher, |ready| {
         // One line on stdout once ready; logs go to stderr.
         let id = ready.id.to_string();

@@ -1,19 +1,31 @@
-//! How the node starts a session's server so that the server dies with the node: the shim asks
-//! the kernel for SIGKILL when its parent dies, checks that its parent is still the node (which
-//! may have died before the request took hold), and then becomes CMD; the request outlives the
-//! exec. (The kernel watches the thread that spawned the shim: the node spawns from its one
-//! runtime thread, which lives as long as the node.)
-//!
-//! The shim is its own small program, `mcpmesh-exec --parent PID -- CMD…`, installed beside
-//! `mcpmesh`: starting it costs a session's open about half a millisecond less than starting
-//! the whole `mcpmesh` binary. Where it is missing, the node runs `mcpmesh __exec` (a hidden
-//! verb) instead, which does the same. This file is a module of both programs.
+//! `mcpmesh __exec --parent PID -- CMD…`: how the node starts a session's server so that the
+//! server dies with the node. It asks the kernel for SIGKILL when its parent dies, checks that
+//! its parent is still the node (which may have died before the request took hold), and then
+//! becomes CMD; the request outlives the exec. (The kernel watches the thread that spawned the
+//! shim: the node spawns from its one runtime thread, which lives as long as the node.)
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
+use mcpmesh::backends::spawn::Launcher;
 use rustix::process::{Signal, getppid, set_parent_process_death_signal};
+
+/// The hidden verb.
+pub const VERB: &str = "__exec";
+
+/// The launcher the node hands its service host: this very binary, naming the node as parent.
+pub fn launcher() -> Option<Launcher> {
+    let program = std::env::current_exe().ok()?;
+    Some(Launcher {
+        program,
+        args: vec![
+            VERB.to_owned(),
+            "--parent".to_owned(),
+            std::process::id().to_string(),
+        ],
+    })
+}
 
 /// Runs the shim with the arguments after the verb; returns only when it could not exec.
 pub fn run(args: &[OsString]) -> ExitCode {
@@ -22,7 +34,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
             (pid.to_str().and_then(|p| p.parse::<i32>().ok()), cmd)
         }
         _ => {
-            eprintln!("usage: mcpmesh-exec --parent PID -- CMD [ARGS…] (used by the node)");
+            eprintln!("usage: mcpmesh {VERB} --parent PID -- CMD [ARGS…] (used by the node)");
             return ExitCode::from(2);
         }
     };

@@ -12,7 +12,6 @@ mod ctx;
 mod demo_server;
 mod doctor;
 mod exec_shim;
-mod launcher;
 mod mount;
 mod org;
 mod output;
@@ -22,7 +21,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    if args.first().is_some_and(|verb| verb == launcher::VERB) {
+    if args.first().is_some_and(|verb| verb == exec_shim::VERB) {
         return exec_shim::run(&args[1..]);
     }
     // Whatever the user's umask, nothing this process (or the node it starts) creates is
