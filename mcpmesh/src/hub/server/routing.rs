@@ -315,9 +315,7 @@ impl Hub {
             Ok((target, tool)) => self.forward_plain(&call, target, &tool).await,
             Err(message) => rpc_error(&call.id, -32602, message),
         };
-        if !reply.is_empty() {
-            let _ = self.out.send(reply).await;
-        }
+        self.send(reply).await;
     }
 
     async fn forward_plain(&self, call: &PlainCall, target: Target, tool: &str) -> Vec<u8> {
