@@ -261,7 +261,7 @@ impl Hub {
         {
             params.remove("task");
         }
-        let token_key = self.own_progress_token(&target, &mut params);
+        let token_key = self.own_progress_token(&target, params.get_mut("_meta"));
         // Which way a call may need bridging is known before it goes: the client's era against
         // the server's.
         let bridged = stateless && up.era() == Era::Handshake;
@@ -333,12 +333,7 @@ impl Hub {
         }
         // The client's progress token becomes one of the hub's, as on the ordinary way.
         let mut meta = call.meta.clone();
-        let token_key = meta.as_mut().and_then(|meta| {
-            let mut params = json!({"_meta": meta.take()});
-            let k = self.own_progress_token(&target, &mut params);
-            *meta = params["_meta"].take();
-            k
-        });
+        let token_key = self.own_progress_token(&target, meta.as_mut());
         let started = up
             .start_written("tools/call", call.params_len(), |out| {
                 call.write_params(tool, meta.as_ref(), out)
@@ -384,12 +379,17 @@ impl Hub {
             .map_err(|e| open_failed(id, target, &e))
     }
 
-    /// Gives the request the hub's own progress token in place of the client's (when it names
-    /// one), remembered to map the server's progress back; the key it is remembered under.
-    fn own_progress_token(&self, target: &Target, params: &mut Value) -> Option<(Target, String)> {
-        let token = params.pointer("/_meta/progressToken").cloned()?;
+    /// Gives the request the hub's own progress token in place of the client's (when its
+    /// `_meta` names one), remembered to map the server's progress back; the key it is
+    /// remembered under.
+    fn own_progress_token(
+        &self,
+        target: &Target,
+        meta: Option<&mut Value>,
+    ) -> Option<(Target, String)> {
+        let slot = meta?.get_mut("progressToken")?;
         let ours = json!(format!("hub-{}", self.next.fetch_add(1, Ordering::Relaxed)));
-        params["_meta"]["progressToken"] = ours.clone();
+        let token = std::mem::replace(slot, ours.clone());
         let k = (target.clone(), key(&ours));
         lock(&self.requests).tokens.insert(k.clone(), token);
         Some(k)
