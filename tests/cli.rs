@@ -1430,3 +1430,77 @@ fn doctor_finds_a_command_where_the_node_runs_it_on_the_services_own_path() {
         "{check}"
     );
 }
+
+/// The launcher a node starts servers through (`mcpmesh __exec`), run by hand.
+fn launcher(parent: u32, input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(MCPMESH)
+        .args(["__exec", "--parent", &parent.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn the_launcher_becomes_what_its_stdin_names_and_leaves_the_bytes_after_it_to_that() {
+    use mcpmesh::backends::launcher::Launch;
+    let launch = Launch {
+        program: "/bin/sh".into(),
+        args: vec![
+            "-c".into(),
+            "printf '%s|%s|' \"$GREETING\" \"$PWD\"; cat".into(),
+        ],
+        env: vec![
+            ("GREETING".into(), "overridden".into()),
+            ("GREETING".into(), "hi".into()),
+        ],
+        cwd: Some("/".into()),
+    };
+    let mut input = launch.encode().unwrap();
+    input.extend(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+    let out = launcher(std::process::id(), &input);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hi|/|{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n"
+    );
+
+    // Let go unused (its input ends before a launch): it ends quietly.
+    let out = launcher(std::process::id(), b"");
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    // Garbled or cut off: it starts nothing and says why.
+    for bad in [
+        &b"\0\0\0\x03{{{"[..],
+        &b"\0\0\0\x40{"[..],
+        &b"\xff\xff\xff\xff"[..],
+    ] {
+        let out = launcher(std::process::id(), bad);
+        assert_eq!(out.status.code(), Some(126), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cannot read what to start"),
+            "{out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+    // A parent that is not the one named: the node is gone, so nothing is started.
+    let out = launcher(1, &input);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    // A program that is not there: it says so.
+    let missing = Launch {
+        program: "/nonexistent/server".into(),
+        ..launch
+    };
+    let out = launcher(std::process::id(), &missing.encode().unwrap());
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot start /nonexistent/server"),
+        "{out:?}"
+    );
+}

@@ -196,6 +196,13 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
     // The server has the call (it said so) and sleeps on it, reading nothing.
     s.start_long_call(json!("pending"), 60_000).await;
     let daemon = alice.daemon_pid();
+    // The server's first word started a spare launcher for the next session.
+    assert!(
+        eventually(ANSWER_TIMEOUT, || spare_launchers(daemon).len() == 1).await,
+        "no spare launcher: {:?}",
+        spare_launchers(daemon)
+    );
+    let spare = spare_launchers(daemon)[0];
     let killed = std::time::Instant::now();
     alice.signal(rustix::process::Signal::KILL);
     // The killed node's child dies with it, though it reads nothing (it sleeps for a minute).
@@ -203,6 +210,11 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
         wait_exit(child, ANSWER_TIMEOUT).await && wait_exit(daemon, ANSWER_TIMEOUT).await,
         "the killed node's server outlived it: {:?}",
         procs_with(&m)
+    );
+    // So does the launcher it kept waiting, which no session had yet.
+    assert!(
+        wait_exit(spare, ANSWER_TIMEOUT).await,
+        "the killed node's spare launcher {spare} outlived it"
     );
     eprintln!(
         "the orphaned server was gone {:?} after the kill",
@@ -232,6 +244,37 @@ async fn killing_the_serving_node_mid_call_answers_32055_and_a_restart_keeps_tru
         killed.elapsed()
     );
     s.wait_eof().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spare_launcher_killed_while_it_waits_leaves_the_next_session_to_one_started_then() {
+    let m = marker("spare-killed");
+    let (alice, bob) = pair(&m);
+    let daemon = alice.daemon_pid();
+    let mut first = bob.connect("alice/svc");
+    first.initialize().await;
+    assert!(
+        eventually(ANSWER_TIMEOUT, || spare_launchers(daemon).len() == 1).await,
+        "no spare launcher: {:?}",
+        spare_launchers(daemon)
+    );
+    let spare = spare_launchers(daemon)[0];
+    let pid = rustix::process::Pid::from_raw(spare as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    assert!(
+        wait_exit(spare, ANSWER_TIMEOUT).await,
+        "{spare} survived -9"
+    );
+
+    let mut second = bob.connect("alice/svc");
+    let init = second.initialize().await;
+    assert_eq!(init["result"]["serverInfo"]["name"], "echo-stub", "{init}");
+    let who = second.call("whoami", json!({})).await["result"]["structuredContent"].clone();
+    assert_eq!(who["MCPMESH_PEER_NAME"], "bob", "{who}");
+    assert_ne!(who["pid"], spare, "{who}");
+    // The first session is untouched by it.
+    let echoed = first.call("echo", json!({ "text": "still here" })).await;
+    assert_eq!(echoed["result"]["content"][0]["text"], "still here");
 }
 
 #[tokio::test(flavor = "multi_thread")]

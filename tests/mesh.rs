@@ -253,6 +253,72 @@ async fn six_sessions_on_a_two_session_service_spawn_two_and_refuse_four() {
     assert_eq!(alive.len(), 2, "exactly two children alive: {alive:?}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_session_starts_from_a_spare_launcher_that_knows_nothing_of_the_last_caller() {
+    let m = marker("spare");
+    let (alice, bob, carol) = three_nodes_with("");
+    alice.serve_stub("svc", &["bob", "carol"], None, &m);
+    let daemon = alice.daemon_pid();
+    assert_eq!(
+        spare_launchers(daemon),
+        Vec::<u32>::new(),
+        "a spare before any session"
+    );
+
+    let mut first = bob.connect("alice/svc");
+    first.initialize().await;
+    assert_eq!(whoami(&mut first).await["MCPMESH_PEER_NAME"], "bob");
+    // Once the first server has said its first word, one launcher waits for the next session.
+    assert!(
+        eventually(ANSWER_TIMEOUT, || spare_launchers(daemon).len() == 1).await,
+        "{:?}",
+        spare_launchers(daemon)
+    );
+    let spare = spare_launchers(daemon)[0];
+
+    let mut second = carol.connect("alice/svc");
+    second.initialize().await;
+    let who = whoami(&mut second).await;
+    assert_eq!(who["pid"], spare, "the spare became carol's server: {who}");
+    assert_eq!(who["MCPMESH_PEER_NAME"], "carol", "{who}");
+    assert_eq!(who["MCPMESH_SERVICE"], "svc", "{who}");
+    assert_eq!(
+        who["MCPMESH_PEER_EID"],
+        format!("eid:{}", carol.id),
+        "{who}"
+    );
+    let mut servers: Vec<u32> = procs_with(&m)
+        .into_iter()
+        .filter(|(_, state)| *state != 'Z')
+        .map(|(pid, _)| pid)
+        .collect();
+    servers.sort();
+    let mut expected = vec![
+        spare,
+        whoami(&mut first).await["pid"].as_u64().unwrap() as u32,
+    ];
+    expected.sort();
+    assert_eq!(servers, expected, "one server per session");
+    // Another one waits now, and only one.
+    assert!(
+        eventually(ANSWER_TIMEOUT, || {
+            let now = spare_launchers(daemon);
+            now.len() == 1 && now[0] != spare
+        })
+        .await,
+        "{:?}",
+        spare_launchers(daemon)
+    );
+    let next = spare_launchers(daemon)[0];
+    // Stopping the node ends the launcher it kept waiting.
+    let audit = alice.stop_and_audit();
+    assert!(!audit.is_empty());
+    assert!(
+        wait_exit(next, ANSWER_TIMEOUT).await,
+        "the stopped node's spare launcher {next} outlived it"
+    );
+}
+
 async fn whoami(s: &mut McpSession) -> Value {
     s.call("whoami", json!({})).await["result"]["structuredContent"].clone()
 }

@@ -562,6 +562,21 @@ pub fn procs_with(marker: &str) -> Vec<(u32, char)> {
         .collect()
 }
 
+/// The node `daemon`'s spare launchers: live `mcpmesh __exec --parent DAEMON` processes, each
+/// waiting to become the next session's server.
+pub fn spare_launchers(daemon: u32) -> Vec<u32> {
+    let parent = daemon.to_string();
+    processes()
+        .into_iter()
+        .filter(|(_, state, _, args)| {
+            *state != 'Z'
+                && args.get(1).is_some_and(|a| a == b"__exec")
+                && args.get(3).is_some_and(|a| a == parent.as_bytes())
+        })
+        .map(|(pid, _, _, _)| pid)
+        .collect()
+}
+
 /// Live (non-zombie) processes whose process group is `pgid`.
 pub fn procs_in_group(pgid: u32) -> Vec<u32> {
     processes()

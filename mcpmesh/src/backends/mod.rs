@@ -4,6 +4,7 @@
 //! `url` is the HTTP client of a Streamable HTTP server.
 //! All share the session machinery in `session`: admission, the pump, the ledger, audit.
 
+pub mod launcher;
 pub mod ledger;
 pub mod preflight;
 pub mod session;

@@ -6,19 +6,23 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::{Batch, FrameReader, NdjsonTransport};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{Child, ChildStderr, Command};
 use tokio::sync::Semaphore;
 
 use crate::audit::AuditSink;
 use crate::backends::BackendError;
+use crate::backends::launcher::Launch;
+pub use crate::backends::launcher::Launcher;
 use crate::backends::preflight::PreflightError;
 use crate::backends::session::{GRACE, ServiceCtx, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
@@ -47,15 +51,6 @@ pub struct SpawnOptions {
     pub session: SessionOptions,
     /// Starts the child through this program, when set; else the command is run directly.
     pub launcher: Option<Launcher>,
-}
-
-/// A program that starts a server for the node, run as `PROGRAM ARGS… -- CMD…`: it ties the
-/// server's life to the node's (the kernel kills it when the node dies, even by SIGKILL, which
-/// no teardown of the node's own can see) and then becomes CMD, same pid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Launcher {
-    pub program: PathBuf,
-    pub args: Vec<String>,
 }
 
 impl SpawnBackend {
@@ -104,7 +99,7 @@ impl SpawnBackend {
         let Some(_permit) = host.admit(&who, first_frame.as_ref(), &mut transport).await else {
             return Ok(());
         };
-        let mut child = match self.spawn(identity.as_ref(), options) {
+        let mut child = match self.spawn(identity.as_ref(), options).await {
             Ok(child) => child,
             Err(e) => {
                 return ctx
@@ -121,6 +116,16 @@ impl SpawnBackend {
             return Ok(());
         };
         let teardown = |patience| async move { stop_child(&mut child, patience).await };
+        // The next session's launcher starts once this one's server is under way.
+        let launcher = options.launcher.clone();
+        let stdout = FirstWord {
+            inner: stdout,
+            then: Some(move || {
+                if let Some(launcher) = launcher {
+                    launcher.replenish();
+                }
+            }),
+        };
         host.pump(
             who,
             first_frame,
@@ -135,73 +140,107 @@ impl SpawnBackend {
         Ok(())
     }
 
-    fn spawn(
+    async fn spawn(
         &self,
         identity: Option<&PeerIdentity>,
         options: &SpawnOptions,
     ) -> Result<Child, BackendError> {
         let (program, args) = self.cmd.split_first().ok_or(BackendError::NoCommand)?;
-        let mut cmd = match &options.launcher {
-            Some(launcher) => {
-                // The launcher starts whatever it is given; a command that is not there fails
-                // here, as it would without it, not inside the launcher.
-                let runnable = crate::backends::preflight::check(
-                    &crate::config::BackendSpec::Run(self.cmd.clone()),
-                    &options.env,
-                    options.cwd.as_deref(),
-                );
-                if let Err(e) = runnable {
-                    let kind = match e {
-                        PreflightError::NotExecutable(_) => std::io::ErrorKind::PermissionDenied,
-                        _ => std::io::ErrorKind::NotFound,
-                    };
-                    return Err(BackendError::Spawn {
-                        cmd: program.clone(),
-                        source: std::io::Error::new(kind, e.to_string()),
-                    });
-                }
-                let mut cmd = Command::new(&launcher.program);
-                cmd.args(&launcher.args).arg("--").arg(program);
-                cmd
-            }
-            None => Command::new(program),
-        };
-        cmd.args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        // The node's own MCPMESH_* variables are not the child's business, nor is the
-        // allocator setting the node was started with.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
-                cmd.env_remove(key);
-            }
-        }
-        crate::memory::untune_child(&mut cmd);
-        for (key, value) in &options.env {
-            if !key.starts_with(RESERVED_ENV_PREFIX) {
-                cmd.env(key, value);
-            }
-        }
-        // Set last: neither the service's env nor anything the caller sends can override them.
-        if let Some(id) = identity {
-            cmd.env("MCPMESH_PEER_EID", id.principal())
-                .env("MCPMESH_PEER_NAME", &id.name)
-                .env("MCPMESH_PEER_GROUPS", id.groups.join(","));
-            if let Some(user) = &id.user_id {
-                cmd.env("MCPMESH_PEER_USER", user);
-            }
-        }
-        cmd.env("MCPMESH_SERVICE", &self.service);
-        if let Some(cwd) = &options.cwd {
-            cmd.current_dir(cwd);
-        }
-        cmd.spawn().map_err(|source| BackendError::Spawn {
+        let failed = |source| BackendError::Spawn {
             cmd: program.clone(),
             source,
-        })
+        };
+        // Set last: neither the service's env nor anything the caller sends can override them.
+        let mut env: Vec<(String, String)> = options
+            .env
+            .iter()
+            .filter(|(key, _)| !key.starts_with(RESERVED_ENV_PREFIX))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        if let Some(id) = identity {
+            env.push(("MCPMESH_PEER_EID".into(), id.principal()));
+            env.push(("MCPMESH_PEER_NAME".into(), id.name.clone()));
+            env.push(("MCPMESH_PEER_GROUPS".into(), id.groups.join(",")));
+            if let Some(user) = &id.user_id {
+                env.push(("MCPMESH_PEER_USER".into(), user.clone()));
+            }
+        }
+        env.push(("MCPMESH_SERVICE".into(), self.service.clone()));
+        let Some(launcher) = &options.launcher else {
+            let mut cmd = Command::new(program);
+            cmd.args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            // The node's own MCPMESH_* variables are not the child's business, nor is the
+            // allocator setting the node was started with.
+            for (key, _) in std::env::vars_os() {
+                if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
+                    cmd.env_remove(key);
+                }
+            }
+            crate::memory::untune_child(&mut cmd);
+            cmd.envs(env);
+            if let Some(cwd) = &options.cwd {
+                cmd.current_dir(cwd);
+            }
+            return cmd.spawn().map_err(failed);
+        };
+        // The launcher starts whatever it is given; a command that is not there fails here, as
+        // it would without it, not inside the launcher.
+        let runnable = crate::backends::preflight::check(
+            &crate::config::BackendSpec::Run(self.cmd.clone()),
+            &options.env,
+            options.cwd.as_deref(),
+        );
+        if let Err(e) = runnable {
+            let kind = match e {
+                PreflightError::NotExecutable(_) => std::io::ErrorKind::PermissionDenied,
+                _ => std::io::ErrorKind::NotFound,
+            };
+            return Err(failed(std::io::Error::new(kind, e.to_string())));
+        }
+        let cwd = match &options.cwd {
+            Some(cwd) => Some(cwd.to_str().map(str::to_owned).ok_or_else(|| {
+                failed(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("the working directory {} is not UTF-8", cwd.display()),
+                ))
+            })?),
+            None => None,
+        };
+        let launch = Launch {
+            program: program.clone(),
+            args: args.to_vec(),
+            env,
+            cwd,
+        };
+        launcher.start(&launch).await.map_err(failed)
+    }
+}
+
+/// A server's stdout that calls `then` once its first read completes (a line, or its end).
+struct FirstWord<R, F> {
+    inner: R,
+    then: Option<F>,
+}
+
+impl<R: AsyncRead + Unpin, F: FnOnce() + Unpin> AsyncRead for FirstWord<R, F> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if polled.is_ready()
+            && let Some(then) = this.then.take()
+        {
+            then();
+        }
+        polled
     }
 }
 
