@@ -223,8 +223,12 @@ pub fn open_append(path: &Path, rule: Rule) -> Result<File, Untrusted> {
 /// Checks that what `meta` describes (the file at `path`) is the running user's (or root's)
 /// and not writable by its group or others.
 pub fn check_trusted(path: &Path, meta: &Metadata) -> Result<(), Untrusted> {
+    check_trusted_as(rustix::process::geteuid().as_raw(), path, meta)
+}
+
+/// [`check_trusted`] for the user `me`.
+fn check_trusted_as(me: u32, path: &Path, meta: &Metadata) -> Result<(), Untrusted> {
     let shown = || path.display().to_string();
-    let me = rustix::process::geteuid().as_raw();
     if meta.uid() != me && meta.uid() != 0 {
         return Err(Untrusted::Owner {
             path: shown(),
@@ -250,6 +254,13 @@ pub fn check_trusted(path: &Path, meta: &Metadata) -> Result<(), Untrusted> {
 /// Checks `dir` and everything in it, `depth` levels down, with [`check_trusted`]; a link is
 /// checked and so is what it points to. A `dir` that does not exist passes.
 pub fn check_trusted_tree(dir: &Path, depth: usize) -> Result<(), Untrusted> {
+    check_tree_as(rustix::process::geteuid().as_raw(), dir, depth)
+}
+
+/// [`check_trusted_tree`] for the user `me`. Each entry is looked at from its directory's open
+/// handle (`fstatat`), not by its whole path again: every verb checks its profile, so this is
+/// on the path of each `connect`'s start.
+fn check_tree_as(me: u32, dir: &Path, depth: usize) -> Result<(), Untrusted> {
     let io = |path: &Path| {
         let path = path.display().to_string();
         move |source| Untrusted::Io { path, source }
@@ -259,25 +270,27 @@ pub fn check_trusted_tree(dir: &Path, depth: usize) -> Result<(), Untrusted> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io(dir)(e)),
     };
-    check_trusted(dir, &meta)?;
+    check_trusted_as(me, dir, &meta)?;
     if !meta.is_dir() {
         return Ok(());
     }
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-        let path = entry.map_err(io(dir))?.path();
-        let meta = match std::fs::symlink_metadata(&path) {
+        let entry = entry.map_err(io(dir))?;
+        let path = entry.path();
+        // Of the entry itself, a link not followed.
+        let meta = match entry.metadata() {
             Ok(meta) => meta,
             // Gone between the listing and the look (a draft renamed into place).
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io(&path)(e)),
         };
-        check_trusted(&path, &meta)?;
+        check_trusted_as(me, &path, &meta)?;
         if meta.file_type().is_symlink() {
             if let Ok(target) = std::fs::metadata(&path) {
-                check_trusted(&path, &target)?;
+                check_trusted_as(me, &path, &target)?;
             }
         } else if meta.is_dir() && depth > 0 {
-            check_trusted_tree(&path, depth - 1)?;
+            check_tree_as(me, &path, depth - 1)?;
         }
     }
     Ok(())
@@ -380,6 +393,49 @@ mod tests {
             .permissions()
             .mode()
             & 0o777
+    }
+
+    #[test]
+    fn a_tree_is_refused_for_what_others_may_write_down_to_its_depth_links_followed() {
+        let base = tempfile::tempdir().unwrap();
+        let top = base.path().join("profile");
+        let deep = top.join("state").join("audit");
+        std::fs::create_dir_all(&deep).unwrap();
+        for dir in [&top, &top.join("state"), &deep] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let file = deep.join("audit.jsonl");
+        std::fs::write(&file, b"").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(check_trusted_tree(&top, 2).is_ok());
+        assert!(check_trusted_tree(&base.path().join("absent"), 2).is_ok());
+
+        // Two levels down: seen with depth 2, not with depth 1.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o620)).unwrap();
+        match check_trusted_tree(&top, 2) {
+            Err(Untrusted::Writable { path, who, .. }) => {
+                assert_eq!(path, file.display().to_string());
+                assert_eq!(who, "its group");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(check_trusted_tree(&top, 1).is_ok());
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+        // A link is fine as a link, and refused for what it leads to.
+        let outside = base.path().join("shared.toml");
+        std::fs::write(&outside, b"").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::os::unix::fs::symlink(&outside, top.join("config.toml")).unwrap();
+        match check_trusted_tree(&top, 2) {
+            Err(Untrusted::Writable { path, who, .. }) => {
+                assert_eq!(path, top.join("config.toml").display().to_string());
+                assert_eq!(who, "others");
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(check_trusted_tree(&top, 2).is_ok());
     }
 
     #[test]

@@ -119,8 +119,12 @@ impl Profile {
     /// that nobody else may write them: a profile another user made or can change would run
     /// that user's config (its services' commands) as this one.
     pub fn check_trusted(&self) -> Result<(), crate::files::Untrusted> {
-        for dir in [&self.config_dir, &self.state_dir, &self.runtime_dir] {
-            crate::files::check_trusted_tree(dir, 2)?;
+        let dirs = [&self.config_dir, &self.state_dir, &self.runtime_dir];
+        for (i, dir) in dirs.iter().enumerate() {
+            // A `--home` profile's config and runtime directories are one: checked once.
+            if !dirs[..i].contains(dir) {
+                crate::files::check_trusted_tree(dir, 2)?;
+            }
         }
         Ok(())
     }
