@@ -175,23 +175,27 @@ impl Launcher {
 
     /// A launcher, waiting for its [`Launch`].
     fn launcher(&self) -> io::Result<Child> {
-        let mut cmd = Command::new(&self.program);
-        cmd.args(&self.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        // The node's own MCPMESH_* variables are not the server's business, nor is the
-        // allocator setting the node was started with.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
-                cmd.env_remove(key);
-            }
-        }
-        crate::memory::untune_child(&mut cmd);
-        cmd.spawn()
+        server_command(&self.program).args(&self.args).spawn()
     }
+}
+
+/// A command for a session's server, or for the launcher that becomes one: its stdin, stdout
+/// and stderr piped, a process group of its own, killed when dropped, and none of the node's
+/// own `MCPMESH_*` variables nor the allocator setting the node was started with.
+pub(crate) fn server_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
+            cmd.env_remove(key);
+        }
+    }
+    crate::memory::untune_child(&mut cmd);
+    cmd
 }
 
 async fn tell(child: &mut Child, bytes: &[u8]) -> io::Result<()> {

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,13 +15,13 @@ use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::transport::{Batch, FrameReader, NdjsonTransport};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, ChildStderr};
 use tokio::sync::Semaphore;
 
 use crate::audit::AuditSink;
 use crate::backends::BackendError;
-use crate::backends::launcher::Launch;
 pub use crate::backends::launcher::Launcher;
+use crate::backends::launcher::{Launch, server_command};
 use crate::backends::preflight::PreflightError;
 use crate::backends::session::{GRACE, ServiceCtx, SessionOptions, Who};
 use crate::config::RESERVED_ENV_PREFIX;
@@ -167,22 +166,8 @@ impl SpawnBackend {
         }
         env.push(("MCPMESH_SERVICE".into(), self.service.clone()));
         let Some(launcher) = &options.launcher else {
-            let mut cmd = Command::new(program);
-            cmd.args(args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true);
-            // The node's own MCPMESH_* variables are not the child's business, nor is the
-            // allocator setting the node was started with.
-            for (key, _) in std::env::vars_os() {
-                if key.to_string_lossy().starts_with(RESERVED_ENV_PREFIX) {
-                    cmd.env_remove(key);
-                }
-            }
-            crate::memory::untune_child(&mut cmd);
-            cmd.envs(env);
+            let mut cmd = server_command(program);
+            cmd.args(args).envs(env);
             if let Some(cwd) = &options.cwd {
                 cmd.current_dir(cwd);
             }
