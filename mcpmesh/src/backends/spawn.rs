@@ -149,7 +149,8 @@ impl SpawnBackend {
             cmd: program.clone(),
             source,
         };
-        // Set last: neither the service's env nor anything the caller sends can override them.
+        // The service's env first; the caller's identity after it, so that neither the
+        // service's env nor anything the caller sends can override it.
         let mut env: Vec<(String, String)> = options
             .env
             .iter()
