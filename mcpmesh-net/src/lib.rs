@@ -23,6 +23,7 @@ pub mod path;
 pub mod ping;
 pub mod pump;
 pub mod registry;
+pub mod scan;
 pub mod session;
 pub mod skeleton;
 pub mod transport;
