@@ -925,3 +925,74 @@ async fn the_oauth_test_bed_does_what_the_authorization_spec_says_for_the_sdks_o
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_megabyte_call_reaches_real_servers_of_both_eras_whole_with_input_closed_at_once() {
+    // Longer than a node holds whole: the call passes both nodes in parts, decided on as it
+    // goes. server-everything (2025-06-18) and the Python SDK's server (2026-07-28, its
+    // `_meta` after the arguments, where a decision still reads it) each echo it back.
+    let text = format!("start-{}-end", "m".repeat(1 << 20));
+    let index = deps().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let everything = [
+        "node".to_owned(),
+        index.display().to_string(),
+        "stdio".into(),
+    ];
+    let sdk = [
+        python().display().to_string(),
+        interop_script("modern_server.py"),
+    ];
+    let (alice, bob) = two_nodes();
+    for (service, cmd) in [("everything", &everything[..]), ("sdk", &sdk[..])] {
+        let backend = cmd.iter().fold(vec!["--"], |mut v, a| {
+            v.push(a);
+            v
+        });
+        alice.serve(service, &["bob"], &backend);
+    }
+    let legacy = format!(
+        "{}\n{}\n{}\n",
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"pipe","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": { "name": "echo", "arguments": { "message": text } } }),
+    );
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"pipe","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let modern = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server/discover\",\"params\":{{{meta}}}}}\n\
+         {{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"{text}\"}},{meta}}}}}\n"
+    );
+    let connect = |service: &str| {
+        vec![
+            MCPMESH.to_owned(),
+            "--home".into(),
+            bob.home().display().to_string(),
+            "connect".into(),
+            format!("alice/{service}"),
+        ]
+    };
+    for (service, script) in [("everything", &legacy), ("sdk", &modern)] {
+        let frames = piped(&connect(service), script).await;
+        assert_eq!(answered(&frames), [json!(1), json!(2)], "{service}");
+        let call = frames
+            .iter()
+            .find(|f| f["id"] == 2 && f.get("result").is_some());
+        let echoed = call.and_then(|f| f["result"]["content"][0]["text"].as_str());
+        let echoed = echoed.unwrap_or_default();
+        assert!(
+            echoed.ends_with(&text) && echoed.len() < text.len() + 64,
+            "{service}: {} bytes echoed",
+            echoed.len()
+        );
+    }
+    let records = alice.stop_and_audit();
+    let calls: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 2, "{records:?}");
+    for call in calls {
+        assert_eq!(call["outcome"], "ok", "{call}");
+        assert!(call["bytes_in"].as_u64().unwrap() > 1 << 20, "{call}");
+    }
+}

@@ -621,7 +621,7 @@ async fn a_line_over_16_mib_is_refused_and_the_session_survives_the_strike() {
     s.send_raw(&huge).await;
     let refusal = s.recv().await.unwrap();
     band_error(&refusal, -32051);
-    assert_eq!(refusal["id"], Value::Null);
+    assert_eq!(refusal["id"], 9, "answered as the request it was");
     let echo = s.call("echo", json!({ "text": "still here" })).await;
     assert_eq!(echo["result"]["content"][0]["text"], "still here");
 }

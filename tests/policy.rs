@@ -238,3 +238,85 @@ fn a_malformed_rule_is_reported_naming_the_service_and_the_rule() {
     assert_eq!(check["status"], "error", "{report}");
     assert!(says(check["message"].as_str().unwrap()), "{report}");
 }
+
+/// alice serves the stub as a spawned server behind `tee`, which keeps every byte the server
+/// is given in `received`, under `rules`.
+fn run_with_rules(rules: &str, received: &std::path::Path) -> (TestNode, TestNode) {
+    let bob = TestNode::start("bob");
+    let run = format!("tee -a '{}' | '{}'", received.display(), stub());
+    let config = format!(
+        "[services.tools]\nrun = [\"/bin/sh\", \"-c\", {run:?}]\nallow = [\"bob\"]\n\n{rules}"
+    );
+    let alice = TestNode::start_with("alice", &config, &[]);
+    alice.trust(&bob);
+    bob.trust(&alice);
+    (alice, bob)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_server_as_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let received = dir.path().join("received");
+    let (alice, bob) = run_with_rules(
+        "[[services.tools.tools]]\nwho = [\"peer:bob\"]\ndeny = [\"echo\"]\n",
+        &received,
+    );
+    let mut s = bob.connect("alice/tools");
+    s.initialize().await;
+    // Past the length a node holds whole: these go on in parts.
+    let text = |mark: &str| format!("{mark}{}", "y".repeat(1 << 20));
+
+    let allowed = s.call("size", json!({ "text": text("first-") })).await;
+    assert_eq!(
+        allowed["result"]["content"][0]["text"],
+        ((1 << 20) + 6).to_string()
+    );
+    let denied = s.call("echo", json!({ "text": text("streamed-") })).await;
+    assert!(refused(&denied, "echo"), "{denied}");
+    // Right after a refusal the next long line is held whole, and refused before any of it
+    // reaches the server.
+    let again = s.call("echo", json!({ "text": text("held-") })).await;
+    assert!(refused(&again, "echo"), "{again}");
+    let last = s.call("whoami", json!({})).await;
+    assert!(last["result"].is_object(), "{last}");
+
+    // The whoami answer means every byte before it went through `tee`.
+    let bytes = std::fs::read(&received).unwrap();
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    let with = |mark: &str| {
+        let mark = mark.as_bytes();
+        let found = lines
+            .iter()
+            .find(|l| l.windows(mark.len()).any(|w| w == mark));
+        found.copied()
+    };
+    let first = with("first-").expect("the allowed call reached the server");
+    assert!(serde_json::from_slice::<Value>(first).is_ok());
+    // The refused call went on as it arrived, and ended without its closing bracket: no
+    // parser reads it as a message.
+    let cut = with("streamed-").expect("the first refused call went on in parts");
+    assert!(serde_json::from_slice::<Value>(cut).is_err());
+    assert!(with("held-").is_none(), "the held call reached the server");
+    // If the server answered the fragment, it answered a parse error, not a call.
+    let stray: Vec<&Value> = s
+        .skipped
+        .iter()
+        .filter(|m| m["error"]["code"] != -32700)
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+    s.close_stdin();
+    s.wait_eof().await;
+
+    // The audit record of a call that went on in parts hashes its params as written.
+    let records = alice.stop_and_audit();
+    let size = records.iter().find(|r| r["name"] == "size").expect("size");
+    let params = json!({ "name": "size", "arguments": { "text": text("first-") } });
+    let raw = serde_json::to_string(&params).unwrap();
+    assert_eq!(
+        size["params_hash"],
+        blake3::hash(raw.as_bytes()).to_hex().as_str()
+    );
+    assert_eq!(size["outcome"], "ok", "{size}");
+    let denials = records.iter().filter(|r| r["outcome"] == "denied").count();
+    assert_eq!(denials, 2, "{records:?}");
+}

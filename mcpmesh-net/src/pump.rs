@@ -2,10 +2,11 @@
 //!
 //! One direction per call; a session runs two of them under a `select!`. Each run is written
 //! as one `write_all` of the bytes as they were read. An oversized line is dropped and answered
-//! on the client-facing writer; the third such strike ends the direction. The checked variant
-//! lets the node refuse single lines (limits) without touching the ones it passes, and so
-//! holds each line whole; the plain one passes a long line on as it arrives (cut-through), so
-//! an 8 MiB answer is never held whole by a node and every hop works on it at once.
+//! on the client-facing writer; the third such strike ends the direction. A long line goes on
+//! as it arrives (cut-through), so an 8 MiB message is never held whole by a node and every
+//! hop works on it at once. The checked variant lets the node refuse single lines (limits)
+//! without touching the ones it passes: it decides on a long line from a strict scan of it
+//! ([`crate::scan`]) and holds back only its closing bracket until then.
 //!
 //! An observer may ask the plain pump to hold lines whole while it waits for an answer it
 //! edits (the serving node filtering a `tools/list` answer): while it says so, a long line is
@@ -25,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Mutex;
 
 use crate::errors::{ErrorCode, ErrorFrame};
+use crate::scan::{Scan, Scanned};
 use crate::skeleton::Skeleton;
 use crate::transport::{Batch, FrameReader, Part, Piece};
 
@@ -132,10 +134,11 @@ pub enum LongLines {
     /// Passes it on in parts as it arrives (cut-through): no node holds a long answer whole,
     /// and every hop works on it at once.
     PassOn,
-    /// Holds it whole: for the direction that carries the MCP client's own frames, which the
-    /// serving node must read whole anyway. An oversized request is then refused once, by the
-    /// node it entered, instead of reaching the next hop cut off.
-    Whole,
+    /// Passes it on in parts as it arrives, from the client: a line that runs past the cap is
+    /// ended there and answered on `client` as the request it was (its id, when it went by).
+    /// The next hop gets a line that ends inside its value, which no parser takes for a
+    /// message and which the serving node does not answer again.
+    FromClient,
 }
 
 /// Forwards every line from `reader` to `dest` until EOF (`Ok`) or a failure.
@@ -148,12 +151,13 @@ pub enum LongLines {
 /// alter. Oversized lines are answered with
 /// `-32051` on `client`, the writer facing the MCP client; for the direction that carries the
 /// client's own frames that is the reverse direction's writer. A long line that runs past the
-/// cap after its first parts went on (only with [`LongLines::PassOn`], the direction towards
-/// the client, where `dest` is `client`) is ended there with a newline — the reader downstream
-/// gets one unparsable line no longer than the cap, never a line glued to the next — and
-/// followed by a `-32051` that answers the request the line was answering, when the part that
-/// went on named it (else id null; [`forward_observed`] can name it in more cases). `observe`
-/// sees that answer like any line, so whoever keeps account of requests sees the request end.
+/// cap after its first parts went on is ended there with a newline — the reader downstream
+/// gets one unparsable line no longer than the cap, never a line glued to the next. With
+/// [`LongLines::PassOn`] (towards the client, where `dest` is `client`) it is followed by a
+/// `-32051` that answers the request the line was answering, when the part that went on named
+/// it (else id null; [`forward_observed`] can name it in more cases), and `observe` sees that
+/// answer like any line, so whoever keeps account of requests sees the request end. With
+/// [`LongLines::FromClient`] the `-32051` answers the cut request itself, on `client`.
 pub async fn forward<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
@@ -189,12 +193,7 @@ where
     let too_large = || ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
     let mut stop = std::pin::pin!(stop);
     loop {
-        let piece = async {
-            match long {
-                LongLines::PassOn => reader.next_piece().await,
-                LongLines::Whole => reader.next_batch().await.map(|b| b.map(Piece::from)),
-            }
-        };
+        let piece = async { reader.next_piece().await };
         let piece = tokio::select! {
             piece = piece => piece,
             () = &mut stop => return Ok(()),
@@ -233,7 +232,8 @@ where
                 }
             }
             Some(Piece::LongStart(head)) => {
-                match pass_long_line(reader, dest, head, &mut stop, observe).await? {
+                let to = (long, client);
+                match pass_long_line(reader, dest, head, &mut stop, observe, to).await? {
                     LineEnd::Whole => {}
                     LineEnd::Cut => count_strike(&mut strikes)?,
                     LineEnd::Stopped => return Ok(()),
@@ -318,16 +318,18 @@ enum LineEnd {
 
 /// Passes one long line on part by part, holding `dest` so that nothing is written into its
 /// middle, until it ends, runs past the cap, or `stop` resolves.
-async fn pass_long_line<R, W>(
+async fn pass_long_line<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     head: Bytes,
     stop: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     observe: &mut impl Observer,
+    (long, client): (LongLines, &Mutex<C>),
 ) -> Result<LineEnd, PumpError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
 {
     let mut w = dest.lock().await;
     let mut skeleton = Skeleton::default();
@@ -372,6 +374,16 @@ where
                     skeleton: None,
                     len,
                 });
+                if long == LongLines::FromClient {
+                    w.write_all(b"\n").await.map_err(PumpError::Write)?;
+                    w.flush().await.map_err(PumpError::Write)?;
+                    drop(w);
+                    let refusal = cut_request(skeleton.so_far());
+                    write_run(client, &refusal)
+                        .await
+                        .map_err(PumpError::Write)?;
+                    return Ok(LineEnd::Cut);
+                }
                 let id = cut_answers(&skeleton, observe);
                 let mut refusal = b"\n".to_vec();
                 refusal.extend(
@@ -446,14 +458,36 @@ pub enum Verdict {
     Replace(Vec<u8>),
 }
 
+/// How [`forward_checked`] decides on lines too long to hold ([`crate::transport::PASS_AT`]),
+/// which it passes on as they arrive.
+pub trait DecideLong: Send {
+    /// Whether the long line just starting may go on before it is decided on. When not (a
+    /// caller just refused, or at its in-flight cap), it is held whole and given to `check`
+    /// like any line, so that what would be refused never reaches the server.
+    fn may_pass(&mut self) -> bool;
+
+    /// The verdict on a line that went on, from how it ended ([`Scanned`], which holds what a
+    /// decision reads of it) and its length on the wire.
+    fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict;
+}
+
 /// Like [`forward`], with a decision per line: each line of a run is forwarded, dropped and
 /// answered, or replaced. Forwarded lines still go out as whole slices of the bytes read,
 /// unchanged.
+///
+/// With `long`, a line still without its newline after [`crate::transport::PASS_AT`] bytes
+/// goes on in parts as it arrives, scanned ([`Scan`]) on the way, and only its top-level
+/// closing bracket (and what follows it) waits for `long`'s verdict: forwarded, it follows;
+/// refused, the line is ended without it, so the server reads no message in it, and the
+/// answer goes to the client. `Replace` cannot be done to a line already on its way and is
+/// a refusal without an answer: a checker that replaces lines passes no `long`, and every
+/// line is then held whole and given to `check`.
 pub async fn forward_checked<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
     mut check: impl FnMut(&[u8]) -> Verdict,
+    mut long: Option<&mut dyn DecideLong>,
 ) -> Result<(), PumpError>
 where
     R: AsyncRead + Unpin,
@@ -461,51 +495,235 @@ where
     C: AsyncWrite + Unpin,
 {
     let mut strikes = 0u8;
-    while let Some(run) = next_run(reader, client, &mut strikes).await? {
-        let (mut kept_from, mut answers, mut struck) = (0, Vec::new(), 0u8);
-        let mut start = 0;
-        while start < run.len() {
-            let end = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |i| start + i + 1);
-            let line = &run[start..end];
-            let body = line.strip_suffix(b"\n").unwrap_or(line);
-            let body = body.strip_suffix(b"\r").unwrap_or(body);
-            let verdict = if body.iter().all(u8::is_ascii_whitespace) {
-                Verdict::Forward
-            } else {
-                check(body)
-            };
-            let (answer, strike) = match verdict {
-                Verdict::Forward => (None, false),
-                Verdict::Answer(bytes) => (Some(bytes), false),
-                Verdict::Strike(bytes) => (Some(bytes), true),
-                Verdict::Replace(bytes) => {
-                    write_slice(dest, &run[kept_from..start]).await?;
-                    write_slice(dest, &bytes).await?;
-                    kept_from = end;
-                    (None, false)
+    loop {
+        let run = match long.as_deref_mut() {
+            None => match next_run(reader, client, &mut strikes).await? {
+                None => return Ok(()),
+                Some(run) => run,
+            },
+            Some(decide) => match reader.next_piece().await.map_err(PumpError::Read)? {
+                None => return Ok(()),
+                Some(Piece::Lines(run)) => run,
+                Some(Piece::Oversize) => {
+                    let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+                    strike(&mut strikes, client, &line).await?;
+                    continue;
                 }
-            };
-            if let Some(bytes) = answer {
-                // Everything kept before this line goes out first, as one slice.
+                Some(Piece::LongStart(head)) if decide.may_pass() => {
+                    pass_checked_line(reader, dest, client, head, decide, &mut strikes).await?;
+                    continue;
+                }
+                Some(Piece::LongStart(head)) => match hold_line(reader, head).await? {
+                    Some(line) => Bytes::from(line),
+                    None => {
+                        let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+                        strike(&mut strikes, client, &line).await?;
+                        continue;
+                    }
+                },
+            },
+        };
+        check_run(&run, dest, client, &mut check, &mut strikes).await?;
+    }
+}
+
+/// Decides on each line of one run: kept lines go out as whole slices of it.
+async fn check_run<W, C>(
+    run: &[u8],
+    dest: &Mutex<W>,
+    client: &Mutex<C>,
+    check: &mut impl FnMut(&[u8]) -> Verdict,
+    strikes: &mut u8,
+) -> Result<(), PumpError>
+where
+    W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    let (mut kept_from, mut answers, mut struck) = (0, Vec::new(), 0u8);
+    let mut start = 0;
+    while start < run.len() {
+        let end = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |i| start + i + 1);
+        let line = &run[start..end];
+        let body = line.strip_suffix(b"\n").unwrap_or(line);
+        let body = body.strip_suffix(b"\r").unwrap_or(body);
+        let verdict = if body.iter().all(u8::is_ascii_whitespace) {
+            Verdict::Forward
+        } else {
+            check(body)
+        };
+        let (answer, strike) = match verdict {
+            Verdict::Forward => (None, false),
+            Verdict::Answer(bytes) => (Some(bytes), false),
+            Verdict::Strike(bytes) => (Some(bytes), true),
+            Verdict::Replace(bytes) => {
                 write_slice(dest, &run[kept_from..start]).await?;
-                answers.extend(bytes);
+                write_slice(dest, &bytes).await?;
                 kept_from = end;
-                struck += u8::from(strike);
+                (None, false)
             }
-            start = end;
+        };
+        if let Some(bytes) = answer {
+            // Everything kept before this line goes out first, as one slice.
+            write_slice(dest, &run[kept_from..start]).await?;
+            answers.extend(bytes);
+            kept_from = end;
+            struck += u8::from(strike);
         }
-        write_slice(dest, &run[kept_from..]).await?;
-        if !answers.is_empty() {
-            write_run(client, &answers)
-                .await
-                .map_err(PumpError::Write)?;
-        }
-        strikes = strikes.saturating_add(struck);
-        if strikes >= MAX_STRIKES {
-            return Err(PumpError::TooManyStrikes);
-        }
+        start = end;
+    }
+    write_slice(dest, &run[kept_from..]).await?;
+    if !answers.is_empty() {
+        write_run(client, &answers)
+            .await
+            .map_err(PumpError::Write)?;
+    }
+    *strikes = strikes.saturating_add(struck);
+    if *strikes >= MAX_STRIKES {
+        return Err(PumpError::TooManyStrikes);
     }
     Ok(())
+}
+
+/// One long line from the client, passed on in parts under `dest`'s lock with its closing
+/// bracket held back, then decided on (see [`forward_checked`]).
+async fn pass_checked_line<R, W, C>(
+    reader: &mut FrameReader<R>,
+    dest: &Mutex<W>,
+    client: &Mutex<C>,
+    head: Bytes,
+    decide: &mut dyn DecideLong,
+    strikes: &mut u8,
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    C: AsyncWrite + Unpin,
+{
+    let mut line = Passing::default();
+    let mut w = dest.lock().await;
+    let mut part = head;
+    let ended = loop {
+        line.pass(&part, &mut *w).await?;
+        match reader.next_part().await.map_err(PumpError::Read)? {
+            Part::More(bytes) => part = bytes,
+            Part::Last(bytes) => {
+                line.pass(&bytes, &mut *w).await?;
+                break true;
+            }
+            Part::Cut => break false,
+        }
+    };
+    let (verdict, len) = if ended {
+        let len = line.len;
+        (decide.decide(line.scan.finish(), len), len)
+    } else {
+        tracing::debug!(
+            len = line.len,
+            "a request ran past the frame cap and was cut off"
+        );
+        (
+            Verdict::Strike(cut_request(Some(line.scan.so_far()))),
+            line.len,
+        )
+    };
+    let answer = match verdict {
+        Verdict::Forward => {
+            w.write_all(&line.held).await.map_err(PumpError::Write)?;
+            None
+        }
+        Verdict::Answer(answer) => Some((answer, false)),
+        Verdict::Strike(answer) => Some((answer, true)),
+        Verdict::Replace(_) => Some((Vec::new(), false)),
+    };
+    if answer.is_some() && line.last != Some(b'\n') {
+        w.write_all(b"\n").await.map_err(PumpError::Write)?;
+    }
+    w.flush().await.map_err(PumpError::Write)?;
+    drop(w);
+    tracing::trace!(len, "a long line from the client was decided on");
+    match answer {
+        Some((answer, struck)) => {
+            if !answer.is_empty() {
+                write_run(client, &answer).await.map_err(PumpError::Write)?;
+            }
+            if struck {
+                count_strike(strikes)?;
+            }
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// The rest of the long line `head` started, whole; `None` when it ran past the cap.
+async fn hold_line<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    head: Bytes,
+) -> Result<Option<Vec<u8>>, PumpError> {
+    let mut line = head.to_vec();
+    loop {
+        match reader.next_part().await.map_err(PumpError::Read)? {
+            Part::More(bytes) => line.extend_from_slice(&bytes),
+            Part::Last(bytes) => {
+                line.extend_from_slice(&bytes);
+                return Ok(Some(line));
+            }
+            Part::Cut => return Ok(None),
+        }
+    }
+}
+
+/// The refusal of a request cut off at the cap (`so_far`: the members that went by), naming it
+/// when its id went by.
+fn cut_request(so_far: Option<Vec<u8>>) -> Vec<u8> {
+    let so_far = so_far.unwrap_or_default();
+    let peek = crate::jsonrpc::peek(&so_far);
+    let id = peek
+        .as_ref()
+        .filter(|p| p.method.is_some())
+        .and_then(|p| p.id);
+    ErrorFrame::new(ErrorCode::FrameTooLarge)
+        .id(id)
+        .message("the request ran past the frame cap and was cut off there")
+        .to_line()
+}
+
+/// A long line on its way: what went on, what is held back.
+#[derive(Default)]
+struct Passing {
+    scan: Scan,
+    /// From the top-level closing bracket on.
+    held: Vec<u8>,
+    len: usize,
+    /// The last byte written.
+    last: Option<u8>,
+}
+
+impl Passing {
+    async fn pass<W: AsyncWrite + Unpin>(
+        &mut self,
+        part: &[u8],
+        w: &mut W,
+    ) -> Result<(), PumpError> {
+        self.len += part.len();
+        if self.scan.broken() {
+            return Ok(());
+        }
+        let closed = self.scan.closed();
+        let at = self.scan.feed(part);
+        if self.scan.broken() {
+            // Nothing more goes on: the line ends unclosed.
+            self.held.clear();
+            return Ok(());
+        }
+        let at = if closed { 0 } else { at.unwrap_or(part.len()) };
+        self.held.extend_from_slice(&part[at..]);
+        if at > 0 {
+            w.write_all(&part[..at]).await.map_err(PumpError::Write)?;
+            self.last = Some(part[at - 1]);
+        }
+        Ok(())
+    }
 }
 
 async fn write_slice<W: AsyncWrite + Unpin>(
@@ -898,13 +1116,19 @@ mod tests {
         drop(src_w);
         let mut reader = FrameReader::new(src_r, 1024);
         let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
-        forward_checked(&mut reader, &dest, &client, |line| {
-            if line.starts_with(b"{\"no\"") {
-                Verdict::Answer(b"refused\n".to_vec())
-            } else {
-                Verdict::Forward
-            }
-        })
+        forward_checked(
+            &mut reader,
+            &dest,
+            &client,
+            |line| {
+                if line.starts_with(b"{\"no\"") {
+                    Verdict::Answer(b"refused\n".to_vec())
+                } else {
+                    Verdict::Forward
+                }
+            },
+            None,
+        )
         .await
         .unwrap();
         drop((dest, client));
@@ -933,11 +1157,186 @@ mod tests {
             &mut reader,
             &dest,
             &client,
-            LongLines::Whole,
+            LongLines::FromClient,
             std::future::pending(),
             |_| {},
         )
         .await;
         assert!(matches!(r, Err(PumpError::TooManyStrikes)));
+    }
+
+    /// A [`DecideLong`] from a closure, letting every long line pass.
+    struct Passes<F>(F);
+
+    impl<F: FnMut(Scanned, usize) -> Verdict + Send> DecideLong for Passes<F> {
+        fn may_pass(&mut self) -> bool {
+            true
+        }
+        fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict {
+            (self.0)(scanned, len)
+        }
+    }
+
+    /// A call whose arguments make it `size` bytes long (without its newline).
+    fn long_call(id: u32, tool: &str, size: usize) -> Vec<u8> {
+        let head = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"text":""#
+        );
+        let tail = br#""}}}"#;
+        let fill = size - head.len() - tail.len();
+        [head.as_bytes(), &vec![b'x'; fill], tail].concat()
+    }
+
+    /// Runs a checked pump over `input` with `decide` for long lines; what reached the server,
+    /// what the client was answered, and how each long line was seen.
+    async fn checked(
+        input: Vec<u8>,
+        max: usize,
+        verdict: impl Fn(&crate::scan::Gist) -> Verdict + Send + Sync,
+    ) -> (Vec<u8>, Vec<u8>, Vec<String>) {
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 16);
+        let (cli_w, mut cli_r) = duplex(1 << 16);
+        let feed = tokio::spawn(async move { src_w.write_all(&input).await.unwrap() });
+        let read = tokio::spawn(async move {
+            let mut out = Vec::new();
+            dst_r.read_to_end(&mut out).await.unwrap();
+            out
+        });
+        let mut reader = FrameReader::new(src_r, max);
+        let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
+        let mut seen = Vec::new();
+        let mut decide = Passes(|scanned: Scanned, len: usize| {
+            seen.push(format!("{len} {}", matches!(scanned, Scanned::Object(_))));
+            match scanned {
+                Scanned::Object(gist) => verdict(&gist),
+                _ => Verdict::Strike(b"bad\n".to_vec()),
+            }
+        });
+        let r = forward_checked(
+            &mut reader,
+            &dest,
+            &client,
+            |_| Verdict::Forward,
+            Some(&mut decide),
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        feed.await.unwrap();
+        drop((dest, client));
+        let mut answers = Vec::new();
+        cli_r.read_to_end(&mut answers).await.unwrap();
+        (read.await.unwrap(), answers, seen)
+    }
+
+    #[tokio::test]
+    async fn a_long_request_goes_on_as_it_arrives_and_only_its_close_waits_for_the_verdict() {
+        let (mut src_w, src_r) = duplex(1 << 16);
+        let (dst_w, mut dst_r) = duplex(1 << 20);
+        let line = long_call(1, "echo", 4 * crate::transport::PASS_AT);
+        let (head, rest) = line.split_at(line.len() - 10);
+        let mut reader = FrameReader::new(src_r, 1 << 20);
+        let (dest, client) = (Mutex::new(dst_w), Mutex::new(tokio::io::sink()));
+        let mut decided = Vec::new();
+        let mut decide = Passes(|scanned: Scanned, len: usize| {
+            decided.push((matches!(scanned, Scanned::Object(_)), len));
+            Verdict::Forward
+        });
+        let pump = forward_checked(
+            &mut reader,
+            &dest,
+            &client,
+            |_| Verdict::Forward,
+            Some(&mut decide),
+        );
+        let mut got = vec![0u8; head.len()];
+        let reading = async {
+            src_w.write_all(head).await.unwrap();
+            // All the line's bytes but its last ten are at the server before they were sent.
+            dst_r.read_exact(&mut got).await.unwrap();
+            src_w.write_all(rest).await.unwrap();
+            src_w.write_all(b"\n{\"id\":2}\n").await.unwrap();
+            drop(src_w);
+        };
+        let (r, ()) = tokio::join!(pump, reading);
+        assert!(r.is_ok());
+        drop(dest);
+        let mut tail = Vec::new();
+        dst_r.read_to_end(&mut tail).await.unwrap();
+        assert_eq!(got, head);
+        assert_eq!(tail, [rest, b"\n{\"id\":2}\n"].concat());
+        assert_eq!(decided, [(true, line.len() + 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_long_request_reaches_the_server_without_its_close() {
+        let size = 3 * crate::transport::PASS_AT;
+        let input = [
+            long_call(1, "no", size),
+            b"\n".to_vec(),
+            long_call(2, "ok", size),
+            b"\n{\"id\":3}\n".to_vec(),
+        ]
+        .concat();
+        let (out, answers, seen) = checked(input, 1 << 20, |gist| {
+            let peek = crate::jsonrpc::peek(&gist.object).unwrap();
+            match peek
+                .params
+                .and_then(crate::jsonrpc::subject_name)
+                .as_deref()
+            {
+                Some("ok") => Verdict::Forward,
+                _ => Verdict::Answer(b"refused\n".to_vec()),
+            }
+        })
+        .await;
+        let lines: Vec<&[u8]> = out.split(|b| *b == b'\n').collect();
+        assert_eq!(lines.len(), 4, "three lines and the end");
+        let refused = long_call(1, "no", size);
+        assert_eq!(
+            lines[0],
+            &refused[..refused.len() - 1],
+            "all of it but its last bracket"
+        );
+        assert!(serde_json::from_slice::<serde_json::Value>(lines[0]).is_err());
+        assert_eq!(lines[1], long_call(2, "ok", size));
+        assert_eq!(lines[2], b"{\"id\":3}");
+        assert_eq!(answers, b"refused\n");
+        assert_eq!(
+            seen,
+            [format!("{} true", size + 1), format!("{} true", size + 1)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_line_that_is_not_json_stops_where_it_breaks_and_is_struck() {
+        let size = 3 * crate::transport::PASS_AT;
+        let mut bad = long_call(1, "echo", size);
+        let at = 2 * crate::transport::PASS_AT;
+        bad.splice(at..at, *b"\"} /* \"");
+        let input = [bad.clone(), b"\n{\"id\":2}\n".to_vec()].concat();
+        let (out, answers, seen) = checked(input, 1 << 20, |_| Verdict::Forward).await;
+        let first = out.split(|b| *b == b'\n').next().unwrap();
+        assert!(
+            first.len() <= at + 3 && bad.starts_with(first),
+            "nothing past the break"
+        );
+        assert!(out.ends_with(b"\n{\"id\":2}\n"));
+        assert_eq!(answers, b"bad\n");
+        assert_eq!(seen, [format!("{} false", bad.len() + 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_long_request_past_the_cap_is_ended_there_and_answered_with_its_id() {
+        let max = 3 * crate::transport::PASS_AT;
+        let input = [long_call(9, "echo", 2 * max), b"\n{\"id\":2}\n".to_vec()].concat();
+        let (out, answers, seen) = checked(input, max, |_| Verdict::Forward).await;
+        let first = out.split(|b| *b == b'\n').next().unwrap();
+        assert!(first.len() <= max, "{}", first.len());
+        assert!(out.ends_with(b"\n{\"id\":2}\n"));
+        let answer: serde_json::Value = serde_json::from_slice(&answers).unwrap();
+        assert_eq!(answer["id"], 9);
+        assert_eq!(answer["error"]["code"], -32051);
+        assert!(seen.is_empty(), "the cut line is not decided on");
     }
 }

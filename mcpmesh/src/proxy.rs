@@ -325,7 +325,7 @@ pub async fn tunnel(
     ));
     let mut server_done = false;
     let end = tokio::select! {
-        r = forward(&mut local_r, &tunnel.mesh_w, &tunnel.local_w, LongLines::Whole, std::future::pending(), |seen| tunnel.track(&|o| o.client_sent(seen))) => match r {
+        r = forward(&mut local_r, &tunnel.mesh_w, &tunnel.local_w, LongLines::FromClient, std::future::pending(), |seen| tunnel.track(&|o| o.client_sent(seen))) => match r {
             Ok(()) => End::ClientClosed,
             Err(PumpError::Read(_)) => End::ClientGone,
             Err(PumpError::Write(_)) => tunnel.lost(),

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{Seen, Verdict};
+use mcpmesh_net::scan::Scanned;
 use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -30,6 +31,8 @@ const RETRY_IN_FLIGHT_MS: u64 = 100;
 const CANCEL_GRACE: Duration = Duration::from_secs(30);
 /// How long without a dropped notification ends a run of drops (one audit record a run).
 const THROTTLE_RUN_GAP: Duration = Duration::from_secs(1);
+/// How long after a refusal the caller's long lines are held whole (see [`Ledger::may_pass`]).
+const HOLD_AFTER_REFUSAL: Duration = Duration::from_secs(1);
 /// Notifications that are protocol plumbing rather than work are never throttled.
 const UNTHROTTLED: [&str; 2] = ["notifications/initialized", "notifications/cancelled"];
 
@@ -85,6 +88,22 @@ pub struct Ledger {
     lists_pending: usize,
     /// Whether the caller asked for the tool list in this session.
     listed_tools: bool,
+    /// When a request was last refused here.
+    refused_at: Option<Instant>,
+}
+
+/// The answer to a line that is JSON but not one JSON-RPC message.
+fn not_a_message() -> Vec<u8> {
+    ErrorFrame::new(ErrorCode::InvalidRequest)
+        .message("not a JSON-RPC message: one object per line (batches are not supported)")
+        .to_line()
+}
+
+/// The answer to a line that is not JSON.
+fn unparsable() -> Vec<u8> {
+    ErrorFrame::new(ErrorCode::Parse)
+        .message("parse error: the mesh could not read this frame as JSON")
+        .to_line()
 }
 
 /// Whether a request's `params` carry a `cursor` (a later page of a listing).
@@ -115,24 +134,58 @@ impl Ledger {
             cancel_grace: CANCEL_GRACE,
             lists_pending: 0,
             listed_tools: false,
+            refused_at: None,
         }
     }
 
     /// Decides on one line from the caller: forward it, or answer it here.
     pub fn client_line(&mut self, line: &[u8]) -> Verdict {
+        self.decide(line, line.len() as u64 + 1, None)
+    }
+
+    /// Whether the caller's next long line may go on to the server before it is decided on:
+    /// not while the session is at its in-flight cap, nor for a while after a refusal, so
+    /// that what is likely to be refused is held whole and never reaches the server.
+    pub fn may_pass(&self) -> bool {
+        self.pending.len() < self.max_in_flight
+            && self
+                .refused_at
+                .is_none_or(|at| at.elapsed() >= HOLD_AFTER_REFUSAL)
+    }
+
+    /// Decides on a long line from the caller that went on as it arrived, from what the scan
+    /// kept of it (see [`mcpmesh_net::scan`]) and its length on the wire.
+    pub fn client_streamed(&mut self, scanned: Scanned, len: usize) -> Verdict {
+        let gist = match scanned {
+            Scanned::Object(gist) => gist,
+            Scanned::NotAnObject => return Verdict::Strike(not_a_message()),
+            Scanned::Broken => return Verdict::Strike(unparsable()),
+            // Cut off at the cap by the node it came through, which answered it.
+            Scanned::Unclosed => return Verdict::Strike(Vec::new()),
+        };
+        let hash = gist.params_hash.map(|h| h.to_hex().to_string());
+        self.decide(&gist.object, len as u64, Some(hash))
+    }
+
+    /// Decides on `line` (or what a scan kept of a longer one, whose `params` hash is then
+    /// given), `bytes` long on the wire.
+    fn decide(&mut self, line: &[u8], bytes: u64, hash: Option<Option<String>>) -> Verdict {
         let Some(peek) = jsonrpc::peek(line) else {
             let frame = if jsonrpc::is_json(line) {
-                ErrorFrame::new(ErrorCode::InvalidRequest).message(
-                    "not a JSON-RPC message: one object per line (batches are not supported)",
-                )
+                not_a_message()
             } else {
-                ErrorFrame::new(ErrorCode::Parse)
-                    .message("parse error: the mesh could not read this frame as JSON")
+                unparsable()
             };
-            return Verdict::Strike(frame.to_line());
+            return Verdict::Strike(frame);
         };
         match (peek.kind(), peek.id) {
-            (Kind::Request, Some(id)) => self.request(line, id, &peek),
+            (Kind::Request, Some(id)) => {
+                let hash = peek.params.and_then(|p| match hash {
+                    Some(streamed) => streamed,
+                    None => Some(blake3::hash(p.get().as_bytes()).to_hex().to_string()),
+                });
+                self.request(id, &peek, bytes, hash)
+            }
             (Kind::Notification, _) => {
                 let method = peek.method.as_deref().unwrap_or_default();
                 if let Some(cancelled) = peek.cancelled_request()
@@ -178,16 +231,20 @@ impl Ledger {
         Verdict::Answer(Vec::new())
     }
 
-    fn request(&mut self, line: &[u8], id: &RawValue, peek: &jsonrpc::Peek<'_>) -> Verdict {
+    fn request(
+        &mut self,
+        id: &RawValue,
+        peek: &jsonrpc::Peek<'_>,
+        bytes_in: u64,
+        params_hash: Option<String>,
+    ) -> Verdict {
         let mut pending = Pending {
             id: id.get().to_owned(),
             started: Instant::now(),
             method: peek.method.as_deref().unwrap_or_default().to_owned(),
             name: peek.params.and_then(jsonrpc::subject_name),
-            params_hash: peek
-                .params
-                .map(|p| blake3::hash(p.get().as_bytes()).to_hex().to_string()),
-            bytes_in: line.len() as u64 + 1,
+            params_hash,
+            bytes_in,
             cancelled: None,
             filtered: false,
             first_page: peek.method.as_deref() != Some("tools/list")
@@ -230,6 +287,7 @@ impl Ledger {
         };
         match refusal {
             Some((outcome, frame, code)) => {
+                self.refused_at = Some(Instant::now());
                 self.record(pending, 0, outcome, code);
                 Verdict::Answer(frame.id(Some(id)).to_line())
             }
@@ -485,6 +543,44 @@ mod tests {
 
     fn refused(verdict: &Verdict) -> bool {
         matches!(verdict, Verdict::Answer(line) if String::from_utf8_lossy(line).contains("-32053"))
+    }
+
+    /// `line` as a scan of it in two parts gives it.
+    fn scanned(line: &[u8]) -> Scanned {
+        let mut scan = mcpmesh_net::scan::Scan::default();
+        scan.feed(&line[..line.len() / 2]);
+        scan.feed(&line[line.len() / 2..]);
+        scan.finish()
+    }
+
+    #[test]
+    fn a_long_line_is_decided_on_as_a_short_one_and_a_refusal_holds_the_next_ones_whole() {
+        let mut l = ledger(1);
+        assert!(l.may_pass());
+        assert!(matches!(
+            l.client_streamed(scanned(&call(1)), 70_000),
+            Verdict::Forward
+        ));
+        // At the cap: the next long line is held whole, and refused as a short one is.
+        assert!(!l.may_pass());
+        assert!(refused(&l.client_streamed(scanned(&call(2)), 70_000)));
+        assert!(refused(&l.client_line(&call(2))));
+        l.server_sent(Seen::Lines(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n",
+        ));
+        assert!(
+            !l.may_pass(),
+            "a refusal a moment ago still holds them whole"
+        );
+        l.refused_at = l.refused_at.map(|at| at - HOLD_AFTER_REFUSAL);
+        assert!(l.may_pass());
+        let answer = |v: Verdict| match v {
+            Verdict::Strike(answer) => String::from_utf8_lossy(&answer).into_owned(),
+            other => panic!("{other:?}"),
+        };
+        assert!(answer(l.client_streamed(scanned(b"{\"id\":3,"), 70_000)).is_empty());
+        assert!(answer(l.client_streamed(scanned(b"{\"id\":3 /* */}"), 70_000)).contains("-32700"));
+        assert!(answer(l.client_streamed(scanned(b"[{\"id\":3}]"), 70_000)).contains("-32600"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! teardown.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,10 @@ use mcpmesh_net::PeerIdentity;
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc;
 use mcpmesh_net::pump::{
-    LongLines, Observer, PumpError, Seen, Verdict, forward_checked, forward_observed, write_run,
+    DecideLong, LongLines, Observer, PumpError, Seen, Verdict, forward_checked, forward_observed,
+    write_run,
 };
+use mcpmesh_net::scan::Scanned;
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
@@ -303,8 +306,10 @@ impl Host<'_> {
         let server_w = Mutex::new(server_w);
         let mut server_r = FrameReader::new(server_r, MAX_FRAME);
         let ledger = StdMutex::new(self.ledger(&who, options));
+        // Both deciders count what the caller sent.
+        let bytes_in = AtomicU64::new(0);
         let mut check = |line: &[u8]| {
-            traffic.bytes_in += line.len() as u64 + 1;
+            bytes_in.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
             let verdict = account(&ledger).client_line(line);
             match (&stamp, verdict) {
                 (Some(stamp), Verdict::Forward) => stamped(stamp, line, |id, code| {
@@ -314,6 +319,12 @@ impl Host<'_> {
             }
         };
 
+        // A long request goes on to the server as it arrives, unless the node writes the
+        // caller's identity into requests (it must then hold each whole to rewrite it).
+        let mut long = stamp.is_none().then_some(Streamed {
+            ledger: &ledger,
+            bytes_in: &bytes_in,
+        });
         let mut ending = Ending::new(match &first_frame {
             Some(first) => forward_first(first, &mut check, &server_w, &mesh_w).await,
             None => End::ClientClosed,
@@ -340,7 +351,7 @@ impl Host<'_> {
         ));
         if matches!(ending.end, End::ClientClosed) {
             ending.end = tokio::select! {
-                r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check) => match r {
+                r = forward_checked(&mut mesh_r, &server_w, &mesh_w, &mut check, long.as_mut().map(|d| d as &mut dyn DecideLong)) => match r {
                     Ok(()) => End::ClientClosed,
                     Err(PumpError::Read(_)) => End::ClientGone,
                     Err(e) => End::Failed(e.to_string()),
@@ -372,6 +383,7 @@ impl Host<'_> {
         drop(server_r);
         teardown(ending.patience).await;
         account(&ledger).close();
+        traffic.bytes_in += bytes_in.into_inner();
         self.record_close(who, &ending.end, traffic);
     }
 
@@ -603,6 +615,23 @@ struct ServerSent<'a> {
 impl ServerSent<'_> {
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The caller's long lines, passed on as they arrive and decided on by the ledger.
+struct Streamed<'a> {
+    ledger: &'a StdMutex<Ledger>,
+    bytes_in: &'a AtomicU64,
+}
+
+impl DecideLong for Streamed<'_> {
+    fn may_pass(&mut self) -> bool {
+        account(self.ledger).may_pass()
+    }
+
+    fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict {
+        self.bytes_in.fetch_add(len as u64, Ordering::Relaxed);
+        account(self.ledger).client_streamed(scanned, len)
     }
 }
 
