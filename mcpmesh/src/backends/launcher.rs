@@ -98,14 +98,6 @@ struct Spare {
     starting: bool,
 }
 
-impl PartialEq for Launcher {
-    fn eq(&self, other: &Self) -> bool {
-        self.program == other.program && self.args == other.args
-    }
-}
-
-impl Eq for Launcher {}
-
 impl Launcher {
     pub fn new(program: PathBuf, args: Vec<String>) -> Self {
         Launcher {
