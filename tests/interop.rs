@@ -768,6 +768,17 @@ async fn piped(cmd: &[String], input: &str) -> Vec<Value> {
         .collect()
 }
 
+/// `mcpmesh connect target` as `node`'s user runs it, as an argument vector.
+fn connect_argv(node: &TestNode, target: &str) -> Vec<String> {
+    let home = node.home().display().to_string();
+    [MCPMESH, "--home", &home, "connect", target]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// The `_meta` members a 2026-07-28 client sends with each request.
+const STATELESS_META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"pipe","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+
 /// The ids of `frames` answered with a result, in order.
 fn answered(frames: &[Value]) -> Vec<Value> {
     frames
@@ -788,7 +799,7 @@ async fn a_client_that_closes_its_input_after_its_requests_gets_every_answer_as_
     ]
     .join("\n")
         + "\n";
-    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"pipe","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let meta = STATELESS_META;
     let modern = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server/discover\",\"params\":{{{meta}}}}}\n\
          {{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\",\"params\":{{{meta}}}}}\n"
@@ -816,15 +827,7 @@ async fn a_client_that_closes_its_input_after_its_requests_gets_every_answer_as_
             v
         }),
     );
-    let connect = |service: &str| {
-        vec![
-            MCPMESH.to_owned(),
-            "--home".into(),
-            bob.home().display().to_string(),
-            "connect".into(),
-            format!("alice/{service}"),
-        ]
-    };
+    let connect = |service: &str| connect_argv(&bob, &format!("alice/{service}"));
     let direct = answered(&piped(&everything, &legacy).await);
     assert_eq!(
         direct,
@@ -856,14 +859,7 @@ async fn a_long_call_whose_client_closes_its_input_still_gets_its_answer() {
     ]
     .join("\n")
         + "\n";
-    let connect = [
-        MCPMESH.to_owned(),
-        "--home".into(),
-        bob.home().display().to_string(),
-        "connect".into(),
-        "alice/stub".into(),
-    ];
-    let frames = piped(&connect, &script).await;
+    let frames = piped(&connect_argv(&bob, "alice/stub"), &script).await;
     assert_eq!(answered(&frames), [json!(1), json!(2)], "{frames:?}");
     assert_eq!(
         frames[1]["result"]["content"][0]["text"], "slept 4000 ms",
@@ -957,20 +953,12 @@ async fn a_megabyte_call_reaches_real_servers_of_both_eras_whole_with_input_clos
         json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
                 "params": { "name": "echo", "arguments": { "message": text } } }),
     );
-    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"pipe","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}"#;
+    let meta = STATELESS_META;
     let modern = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"server/discover\",\"params\":{{{meta}}}}}\n\
          {{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"{text}\"}},{meta}}}}}\n"
     );
-    let connect = |service: &str| {
-        vec![
-            MCPMESH.to_owned(),
-            "--home".into(),
-            bob.home().display().to_string(),
-            "connect".into(),
-            format!("alice/{service}"),
-        ]
-    };
+    let connect = |service: &str| connect_argv(&bob, &format!("alice/{service}"));
     for (service, script) in [("everything", &legacy), ("sdk", &modern)] {
         let frames = piped(&connect(service), script).await;
         assert_eq!(answered(&frames), [json!(1), json!(2)], "{service}");
