@@ -271,6 +271,8 @@ async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_ser
         allowed["result"]["content"][0]["text"],
         ((1 << 20) + 6).to_string()
     );
+    // serde_json writes `arguments` before `name`: the call's start does not name its tool,
+    // so it goes on as it arrives, and is decided on when it ends.
     let denied = s.call("echo", json!({ "text": text("streamed-") })).await;
     assert!(refused(&denied, "echo"), "{denied}");
     // Right after a refusal the next long line is held whole, and refused before any of it
@@ -319,4 +321,48 @@ async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_ser
     assert_eq!(size["outcome"], "ok", "{size}");
     let denials = records.iter().filter(|r| r["outcome"] == "denied").count();
     assert_eq!(denials, 2, "{records:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_long_call_that_names_its_tool_first_never_reaches_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let received = dir.path().join("received");
+    let (alice, bob) = run_with_rules(
+        "[[services.tools.tools]]\nwho = [\"peer:bob\"]\ndeny = [\"echo\"]\n",
+        &received,
+    );
+    let mut s = bob.connect("alice/tools");
+    s.initialize().await;
+    // As the SDKs write a call: its tool named before its arguments, here a megabyte long.
+    let fill = "z".repeat(1 << 20);
+    let line = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":41,\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"named-first-{fill}\"}}}}}}\n"
+    );
+    s.send_raw(line.as_bytes()).await;
+    let denied = loop {
+        let msg = s.recv().await.expect("an answer before EOF");
+        if msg["id"] == 41 {
+            break msg;
+        }
+        s.skipped.push(msg);
+    };
+    assert!(refused(&denied, "echo"), "{denied}");
+    let last = s.call("whoami", json!({})).await;
+    assert!(last["result"].is_object(), "{last}");
+    // The whoami answer means every byte before it went through `tee`.
+    let bytes = std::fs::read(&received).unwrap();
+    assert!(
+        !bytes.windows(12).any(|w| w == b"named-first-"),
+        "some of the refused call reached the server"
+    );
+    assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+    s.close_stdin();
+    s.wait_eof().await;
+    let records = alice.stop_and_audit();
+    let denial = records
+        .iter()
+        .find(|r| r["outcome"] == "denied")
+        .expect("the refusal is audited");
+    assert_eq!(denial["name"], "echo", "{denial}");
+    assert!(denial["bytes_in"].as_u64().unwrap() > 1 << 20, "{denial}");
 }

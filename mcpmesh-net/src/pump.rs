@@ -33,6 +33,10 @@ use crate::transport::{Batch, FrameReader, Part, Piece};
 /// Oversized frames tolerated per direction before the session is closed.
 pub const MAX_STRIKES: u8 = 3;
 
+/// How much of a long line from the client is read before it goes on undecided, when its
+/// start did not tell whether it may (see [`DecideLong::foresee`]).
+pub const LOOK_AHEAD: usize = 256 * 1024;
+
 /// How a forwarding direction ended.
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
@@ -466,6 +470,12 @@ pub trait DecideLong: Send {
     /// like any line, so that what would be refused never reaches the server.
     fn may_pass(&mut self) -> bool;
 
+    /// A look at the start of a long line that may pass, before any of it goes on: `Some(true)`
+    /// lets it go on, `Some(false)` holds it whole (it would be refused, as far as its start
+    /// tells: it is then given to `check` like any line and never reaches the server), `None`
+    /// asks for more of it. After [`LOOK_AHEAD`] bytes it goes on undecided.
+    fn foresee(&mut self, scan: &Scan) -> Option<bool>;
+
     /// The verdict on a line that went on, from how it ended ([`Scanned`], which holds what a
     /// decision reads of it) and its length on the wire.
     fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict;
@@ -509,18 +519,33 @@ where
                     strike(&mut strikes, client, &line).await?;
                     continue;
                 }
-                Some(Piece::LongStart(head)) if decide.may_pass() => {
-                    pass_checked_line(reader, dest, client, head, decide, &mut strikes).await?;
-                    continue;
-                }
-                Some(Piece::LongStart(head)) => match hold_line(reader, head).await? {
-                    Some(line) => Bytes::from(line),
-                    None => {
-                        let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
-                        strike(&mut strikes, client, &line).await?;
-                        continue;
+                Some(Piece::LongStart(head)) => {
+                    let ahead = match decide.may_pass() {
+                        true => look_ahead(reader, head, decide).await?,
+                        false => Ahead::Hold(vec![head]),
+                    };
+                    let held = match ahead {
+                        Ahead::Pass(start) => {
+                            pass_checked_line(reader, dest, client, start, decide, &mut strikes)
+                                .await?;
+                            continue;
+                        }
+                        Ahead::Hold(start) => hold_line(reader, start).await?,
+                        Ahead::Whole(line) => Some(line),
+                        Ahead::Cut(refusal) => {
+                            strike(&mut strikes, client, &refusal).await?;
+                            continue;
+                        }
+                    };
+                    match held {
+                        Some(line) => Bytes::from(line),
+                        None => {
+                            let line = ErrorFrame::new(ErrorCode::FrameTooLarge).to_line();
+                            strike(&mut strikes, client, &line).await?;
+                            continue;
+                        }
                     }
-                },
+                }
             },
         };
         check_run(&run, dest, client, &mut check, &mut strikes).await?;
@@ -584,13 +609,65 @@ where
     Ok(())
 }
 
-/// One long line from the client, passed on in parts under `dest`'s lock with its closing
-/// bracket held back, then decided on (see [`forward_checked`]).
+/// What a look at the start of a long line made of it.
+enum Ahead {
+    /// Its parts so far: it goes on.
+    Pass(Vec<Bytes>),
+    /// Its parts so far: it is held whole.
+    Hold(Vec<Bytes>),
+    /// It ended while being looked at.
+    Whole(Vec<u8>),
+    /// It ran past the cap while being looked at: its refusal.
+    Cut(Vec<u8>),
+}
+
+/// Reads the start of the long line `head` began until `decide` can tell whether it may go on
+/// (see [`DecideLong::foresee`]), for at most [`LOOK_AHEAD`] bytes.
+async fn look_ahead<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    head: Bytes,
+    decide: &mut dyn DecideLong,
+) -> Result<Ahead, PumpError> {
+    let mut scan = Scan::default();
+    let (mut start, mut len) = (Vec::new(), 0);
+    // Asked first with nothing read: a decider with nothing to look for lets it go at once.
+    let mut seen = decide.foresee(&scan);
+    let mut part = head;
+    loop {
+        if seen.is_none() {
+            scan.feed(&part);
+            len += part.len();
+            // A broken line goes on, to be stopped where it broke.
+            seen = match scan.broken() {
+                true => Some(true),
+                false => decide.foresee(&scan),
+            };
+        }
+        start.push(part);
+        match seen {
+            Some(true) => return Ok(Ahead::Pass(start)),
+            Some(false) => return Ok(Ahead::Hold(start)),
+            None if len >= LOOK_AHEAD => return Ok(Ahead::Pass(start)),
+            None => {}
+        }
+        part = match reader.next_part().await.map_err(PumpError::Read)? {
+            Part::More(bytes) => bytes,
+            Part::Last(bytes) => {
+                start.push(bytes);
+                return Ok(Ahead::Whole(start.concat()));
+            }
+            Part::Cut => return Ok(Ahead::Cut(cut_request(Some(scan.so_far())))),
+        };
+    }
+}
+
+/// One long line from the client, its first parts `start`, passed on in parts under `dest`'s
+/// lock with its closing bracket held back, then decided on (see [`forward_checked`]).
 async fn pass_checked_line<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
-    head: Bytes,
+    start: Vec<Bytes>,
     decide: &mut dyn DecideLong,
     strikes: &mut u8,
 ) -> Result<(), PumpError>
@@ -601,11 +678,12 @@ where
 {
     let mut line = Passing::default();
     let mut w = dest.lock().await;
-    let mut part = head;
+    for part in &start {
+        line.pass(part, &mut *w).await?;
+    }
     let ended = loop {
-        line.pass(&part, &mut *w).await?;
         match reader.next_part().await.map_err(PumpError::Read)? {
-            Part::More(bytes) => part = bytes,
+            Part::More(bytes) => line.pass(&bytes, &mut *w).await?,
             Part::Last(bytes) => {
                 line.pass(&bytes, &mut *w).await?;
                 break true;
@@ -655,12 +733,12 @@ where
     }
 }
 
-/// The rest of the long line `head` started, whole; `None` when it ran past the cap.
+/// The long line `start` began, whole; `None` when it ran past the cap.
 async fn hold_line<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    head: Bytes,
+    start: Vec<Bytes>,
 ) -> Result<Option<Vec<u8>>, PumpError> {
-    let mut line = head.to_vec();
+    let mut line = start.concat();
     loop {
         match reader.next_part().await.map_err(PumpError::Read)? {
             Part::More(bytes) => line.extend_from_slice(&bytes),
@@ -1172,6 +1250,9 @@ mod tests {
         fn may_pass(&mut self) -> bool {
             true
         }
+        fn foresee(&mut self, _: &Scan) -> Option<bool> {
+            Some(true)
+        }
         fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict {
             (self.0)(scanned, len)
         }
@@ -1194,6 +1275,26 @@ mod tests {
         max: usize,
         verdict: impl Fn(&crate::scan::Gist) -> Verdict + Send + Sync,
     ) -> (Vec<u8>, Vec<u8>, Vec<String>) {
+        let mut seen = Vec::new();
+        let mut decide = Passes(|scanned: Scanned, len: usize| {
+            seen.push(format!("{len} {}", matches!(scanned, Scanned::Object(_))));
+            match scanned {
+                Scanned::Object(gist) => verdict(&gist),
+                _ => Verdict::Strike(b"bad\n".to_vec()),
+            }
+        });
+        let (out, answers) = pumped(input, max, |_| Verdict::Forward, &mut decide).await;
+        (out, answers, seen)
+    }
+
+    /// Runs a checked pump over `input`; what reached the server and what the client was
+    /// answered.
+    async fn pumped(
+        input: Vec<u8>,
+        max: usize,
+        check: impl FnMut(&[u8]) -> Verdict,
+        decide: &mut dyn DecideLong,
+    ) -> (Vec<u8>, Vec<u8>) {
         let (mut src_w, src_r) = duplex(1 << 16);
         let (dst_w, mut dst_r) = duplex(1 << 16);
         let (cli_w, mut cli_r) = duplex(1 << 16);
@@ -1205,28 +1306,58 @@ mod tests {
         });
         let mut reader = FrameReader::new(src_r, max);
         let (dest, client) = (Mutex::new(dst_w), Mutex::new(cli_w));
-        let mut seen = Vec::new();
-        let mut decide = Passes(|scanned: Scanned, len: usize| {
-            seen.push(format!("{len} {}", matches!(scanned, Scanned::Object(_))));
-            match scanned {
-                Scanned::Object(gist) => verdict(&gist),
-                _ => Verdict::Strike(b"bad\n".to_vec()),
-            }
-        });
-        let r = forward_checked(
-            &mut reader,
-            &dest,
-            &client,
-            |_| Verdict::Forward,
-            Some(&mut decide),
-        )
-        .await;
+        let r = forward_checked(&mut reader, &dest, &client, check, Some(decide)).await;
         assert!(r.is_ok(), "{r:?}");
         feed.await.unwrap();
         drop((dest, client));
         let mut answers = Vec::new();
         cli_r.read_to_end(&mut answers).await.unwrap();
-        (read.await.unwrap(), answers, seen)
+        (read.await.unwrap(), answers)
+    }
+
+    /// A [`DecideLong`] whose look ahead holds a call of the tool `no` and cannot tell any
+    /// other start; it keeps the length of each line it decided on.
+    #[derive(Default)]
+    struct Looks(Vec<usize>);
+
+    impl DecideLong for Looks {
+        fn may_pass(&mut self) -> bool {
+            true
+        }
+        fn foresee(&mut self, scan: &Scan) -> Option<bool> {
+            let ahead = scan.ahead();
+            let peek = crate::jsonrpc::peek(&ahead)?;
+            let tool = peek.params.and_then(crate::jsonrpc::subject_name)?;
+            (tool == "no").then_some(false)
+        }
+        fn decide(&mut self, _: Scanned, len: usize) -> Verdict {
+            self.0.push(len);
+            Verdict::Forward
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_request_whose_start_would_be_refused_is_held_whole_and_never_reaches_the_server()
+     {
+        let size = 2 * LOOK_AHEAD;
+        let (no, ok) = (long_call(1, "no", size), long_call(2, "ok", size));
+        let input = [&no[..], b"\n", &ok, b"\n{\"id\":3}\n"].concat();
+        let mut checked = Vec::new();
+        let check = |line: &[u8]| {
+            checked.push(line.len());
+            match line.windows(5).any(|w| w == br#""no","#) {
+                true => Verdict::Answer(b"refused\n".to_vec()),
+                false => Verdict::Forward,
+            }
+        };
+        let mut looks = Looks::default();
+        let (out, answers) = pumped(input, 1 << 20, check, &mut looks).await;
+        // The held call was checked whole and answered; the other went on undecided after
+        // the look ahead, and was decided on when it ended.
+        assert_eq!(out, [&ok[..], b"\n{\"id\":3}\n"].concat());
+        assert_eq!(answers, b"refused\n");
+        assert_eq!(checked, [no.len(), b"{\"id\":3}".len()]);
+        assert_eq!(looks.0, [ok.len() + 1]);
     }
 
     #[tokio::test]

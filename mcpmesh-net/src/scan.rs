@@ -211,6 +211,18 @@ impl Scan {
         [&b"{"[..], &self.top, b"}"].concat()
     }
 
+    /// What the line has shown so far, as one JSON object: the members kept, and an open
+    /// object `params` closed after the members it kept so far. A member still to come may
+    /// change what a decision reads (a doubled key); a look ahead on this only sorts out what
+    /// is to be held whole and decided on as it ends.
+    pub fn ahead(&self) -> Vec<u8> {
+        let mut members = self.top.clone();
+        if let Some((key, inner)) = &self.params {
+            push_member(&mut members, &[&key[..], b":{", inner, b"}"].concat());
+        }
+        [&b"{"[..], &members, b"}"].concat()
+    }
+
     /// How the line ended, once all of it was fed.
     pub fn finish(self) -> Scanned {
         if self.broken {
@@ -748,6 +760,33 @@ mod tests {
             scan_in_parts(br#""a string""#, &[3]).0,
             Scanned::Broken
         ));
+    }
+
+    #[test]
+    fn a_look_ahead_reads_the_tool_named_before_the_arguments_end() {
+        let mut scan = Scan::default();
+        scan.feed(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"na"#);
+        assert_eq!(
+            scan.ahead(),
+            br#"{"id":7,"method":"tools/call","params":{}}"#
+        );
+        scan.feed(br#"me":"echo","arguments":{"text":"abc"#);
+        let ahead = scan.ahead();
+        assert_eq!(
+            ahead,
+            br#"{"id":7,"method":"tools/call","params":{"name":"echo"}}"#
+        );
+        let peek = jsonrpc::peek(&ahead).unwrap();
+        assert_eq!(
+            peek.params.and_then(jsonrpc::subject_name).as_deref(),
+            Some("echo")
+        );
+        let mut first = Scan::default();
+        first.feed(br#"{"params":{"name":"echo","arguments":{"#);
+        assert_eq!(first.ahead(), br#"{"params":{"name":"echo"}}"#);
+        // Once `params` has ended, the look ahead is what the line kept.
+        scan.feed(br#""}},"x":1"#);
+        assert_eq!(scan.ahead(), scan.so_far());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{Seen, Verdict};
-use mcpmesh_net::scan::Scanned;
+use mcpmesh_net::scan::{Scan, Scanned};
 use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -151,6 +151,32 @@ impl Ledger {
             && self
                 .refused_at
                 .is_none_or(|at| at.elapsed() >= HOLD_AFTER_REFUSAL)
+    }
+
+    /// Whether a long line whose start `scan` has read may go on before it is whole:
+    /// `Some(false)` for a call of a tool the caller may not use, so that it is held whole,
+    /// refused as a short line is, and never reaches the server; `None` while the start does
+    /// not name the method or the tool yet. Only read under tool rules: without them nothing
+    /// in a request's start refuses it. This decides nothing: [`Ledger::client_streamed`]
+    /// decides on the whole line (a later doubled `name` is still refused there).
+    pub fn foresee(&self, scan: &Scan) -> Option<bool> {
+        let rules = self.caller.tools.current();
+        if rules.is_empty() {
+            return Some(true);
+        }
+        let ahead = scan.ahead();
+        // What a peek cannot read is refused when the line ends.
+        let Some(peek) = jsonrpc::peek(&ahead) else {
+            return Some(false);
+        };
+        match peek.method.as_deref() {
+            None => None,
+            Some("tools/call") => {
+                let tool = peek.params.and_then(jsonrpc::subject_name)?;
+                Some(may_use(&rules, &self.caller.held.current(), &tool))
+            }
+            Some(_) => Some(true),
+        }
     }
 
     /// Decides on a long line from the caller that went on as it arrived, from what the scan
@@ -717,6 +743,39 @@ mod tests {
     fn tool_call(id: u64, tool: &str) -> Vec<u8> {
         format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"secret":1}}}}}}"#)
             .into_bytes()
+    }
+
+    #[test]
+    fn the_start_of_a_long_call_tells_whether_it_may_go_on_once_it_names_its_tool() {
+        let seen = |l: &Ledger, start: &str| {
+            let mut scan = Scan::default();
+            scan.feed(start.as_bytes());
+            l.foresee(&scan)
+        };
+        let start = |tool: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"{tool}","arguments":{{"text":"xx"#
+            )
+        };
+        let l = ruled(&[("peer:bob", &["read_*"], &[])], &["peer:bob"]);
+        assert_eq!(seen(&l, &start("read_file")), Some(true));
+        assert_eq!(seen(&l, &start("write_file")), Some(false));
+        // Not yet named: the arguments first, or the method after `params`.
+        let later = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"arguments":{"t"#;
+        assert_eq!(seen(&l, later), None);
+        assert_eq!(
+            seen(&l, r#"{"params":{"name":"write_file","arguments":{"#),
+            None
+        );
+        assert_eq!(
+            seen(&l, r#"{"id":4,"method":"resources/read","params":{"#),
+            Some(true)
+        );
+        assert_eq!(seen(&l, r#"{"id":4,"method":7,"params":{"#), Some(false));
+        // A look decides nothing: the whole line is still decided on when it ends.
+        assert!(l.pending.is_empty() && l.refused_at.is_none());
+        // Without tool rules nothing in a start refuses a request.
+        assert_eq!(seen(&ledger(1), &start("write_file")), Some(true));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use mcpmesh_net::pump::{
     DecideLong, LongLines, Observer, PumpError, Seen, Verdict, forward_checked, forward_observed,
     write_run,
 };
-use mcpmesh_net::scan::Scanned;
+use mcpmesh_net::scan::{Scan, Scanned};
 use mcpmesh_net::session::refuse;
 use mcpmesh_net::transport::{FrameReader, MAX_FRAME, NdjsonTransport};
 use serde_json::Value;
@@ -627,6 +627,10 @@ struct Streamed<'a> {
 impl DecideLong for Streamed<'_> {
     fn may_pass(&mut self) -> bool {
         account(self.ledger).may_pass()
+    }
+
+    fn foresee(&mut self, scan: &Scan) -> Option<bool> {
+        account(self.ledger).foresee(scan)
     }
 
     fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict {
