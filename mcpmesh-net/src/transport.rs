@@ -55,15 +55,6 @@ pub enum Piece {
     LongStart(Bytes),
 }
 
-impl From<Batch> for Piece {
-    fn from(batch: Batch) -> Self {
-        match batch {
-            Batch::Lines(run) => Piece::Lines(run),
-            Batch::Oversize => Piece::Oversize,
-        }
-    }
-}
-
 /// The next bytes of a long line (see [`Piece::LongStart`]).
 #[derive(Debug)]
 pub enum Part {
