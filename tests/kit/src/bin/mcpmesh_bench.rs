@@ -71,6 +71,7 @@ impl Args {
 fn main() -> anyhow::Result<()> {
     let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
+    bench::read_from_disk(&mcpmesh)?;
     let mesh = Mesh::start(&mcpmesh, &stub, "")?;
     // The same two nodes again, keeping metrics (each on a port of its own) and sending
     // traces to a collector of this binary's.

@@ -68,6 +68,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
+    bench::read_from_disk(&mcpmesh)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
