@@ -366,3 +366,52 @@ async fn a_refused_long_call_that_names_its_tool_first_never_reaches_the_server(
     assert_eq!(denial["name"], "echo", "{denial}");
     assert!(denial["bytes_in"].as_u64().unwrap() > 1 << 20, "{denial}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_with_a_member_spelled_like_one_mcp_reads_never_reaches_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let received = dir.path().join("received");
+    let (alice, bob) = run_with_rules(
+        "[[services.tools.tools]]\nwho = [\"peer:bob\"]\ndeny = [\"echo\"]\n",
+        &received,
+    );
+    let mut s = bob.connect("alice/tools");
+    s.initialize().await;
+    // A server whose parser ignores case (Go's encoding/json; CVE-2026-27896) reads the last
+    // of `name` and `Name` and calls `echo`, which bob may not use; the node read `size`.
+    let smuggled = |id: u64, mark: &str| {
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"size\",\"Name\":\"echo\",\"arguments\":{{\"text\":\"{mark}\"}}}}}}\n"
+        )
+    };
+    // Short, held whole; and past the length a node passes on in parts.
+    let long = format!("long-smuggled-{}", "q".repeat(1 << 20));
+    for (id, mark) in [(51, "short-smuggled"), (52, long.as_str())] {
+        s.send_raw(smuggled(id, mark).as_bytes()).await;
+        let answer = loop {
+            let msg = s.recv().await.expect("an answer before EOF");
+            if msg["id"] == id {
+                break msg;
+            }
+            s.skipped.push(msg);
+        };
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    }
+    let last = s.call("whoami", json!({})).await;
+    assert!(last["result"].is_object(), "{last}");
+    // The whoami answer means every byte before it went through `tee`.
+    let bytes = std::fs::read(&received).unwrap();
+    assert!(
+        !bytes.windows(9).any(|w| w == b"smuggled-"),
+        "a smuggled call reached the server"
+    );
+    s.close_stdin();
+    s.wait_eof().await;
+    let records = alice.stop_and_audit();
+    let invalid: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["outcome"] == "invalid")
+        .collect();
+    assert_eq!(invalid.len(), 2, "{records:?}");
+    assert!(invalid.iter().all(|r| r["code"] == -32600), "{invalid:?}");
+}

@@ -202,6 +202,150 @@ pub fn subject_name(params: &RawValue) -> Option<String> {
     named.name.or(named.uri)
 }
 
+/// The members a decision on a message reads at its top level.
+pub const TOP_KEYS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+/// The members a decision on a message reads of its `params`, or a server reads to act.
+pub const PARAMS_KEYS: &[&str] = &[
+    "name",
+    "uri",
+    "arguments",
+    "cursor",
+    "_meta",
+    "requestId",
+    "progressToken",
+];
+
+/// Whether `key`, not one of `keys` itself, is one of them to a parser that matches keys
+/// ignoring case — Go's `encoding/json` (CVE-2026-27896 in the Go MCP SDK), or a .NET or Java
+/// parser told to: ASCII case, and the four letters outside ASCII whose case mapping is an
+/// ASCII letter (`ſ` as s, the Kelvin sign as k, `ı` and `İ` as i).
+pub fn spelled_like(key: &str, keys: &[&str]) -> bool {
+    !keys.contains(&key) && keys.iter().any(|k| folds_to(key, k))
+}
+
+fn folds_to(key: &str, ascii: &str) -> bool {
+    let mut chars = key.chars();
+    ascii
+        .bytes()
+        .all(|a| chars.next().and_then(fold) == Some(a.to_ascii_lowercase()))
+        && chars.next().is_none()
+}
+
+/// The ASCII letter (lower case) a parser ignoring case may read `c` as.
+fn fold(c: char) -> Option<u8> {
+    match c {
+        '\u{17F}' => Some(b's'),
+        '\u{212A}' => Some(b'k'),
+        '\u{130}' | '\u{131}' => Some(b'i'),
+        c if c.is_ascii() => Some(c.to_ascii_lowercase() as u8),
+        _ => None,
+    }
+}
+
+/// Whether a member of `line`'s top level, or of its object `params`, is spelled like one
+/// MCP reads there without being it ([`spelled_like`]). A server whose parser ignores case
+/// reads such a line as another message than the one decided on (`"name":"allowed",
+/// "Name":"denied"` calls `denied` there), so such a line is refused, never passed on.
+pub fn smuggles(line: &[u8]) -> bool {
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let seed = Spelling {
+        keys: TOP_KEYS,
+        params: true,
+    };
+    serde::de::DeserializeSeed::deserialize(seed, &mut de).unwrap_or(false)
+}
+
+/// Reads an object's keys for [`smuggles`], and its `params` one level down.
+struct Spelling {
+    keys: &'static [&'static str],
+    params: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Spelling {
+    type Value = bool;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Spelling {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut found = false;
+        while let Some(Key(key)) = map.next_key()? {
+            found |= spelled_like(&key, self.keys);
+            found |= match self.params && key == "params" {
+                true => map.next_value_seed(Spelling {
+                    keys: PARAMS_KEYS,
+                    params: false,
+                })?,
+                false => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    false
+                }
+            };
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// An object's key, borrowed from the line when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
 /// Peeks at one frame (a JSON object); `None` if it is not one.
 pub fn peek(line: &[u8]) -> Option<Peek<'_>> {
     // serde would also build the struct from an array; only an object is a message.
@@ -248,6 +392,53 @@ fn spelled_as_key(id: &RawValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_spelled_as_one_mcp_reads_ignoring_case_is_told() {
+        for key in ["Name", "NAME", "nAme", "URI", "\u{131}d", "\u{130}D"] {
+            let keys = [TOP_KEYS, PARAMS_KEYS].concat();
+            assert!(spelled_like(key, &keys), "{key}");
+        }
+        assert!(spelled_like("param\u{17F}", TOP_KEYS));
+        assert!(spelled_like("requestid", PARAMS_KEYS));
+        assert!(spelled_like(
+            "PROGRE\u{17F}\u{17F}TO\u{212A}EN",
+            PARAMS_KEYS
+        ));
+        for key in [
+            "name",
+            "requestId",
+            "names",
+            "nam",
+            "text",
+            "n\u{e1}me",
+            "\u{ff4e}ame",
+        ] {
+            assert!(!spelled_like(key, PARAMS_KEYS), "{key}");
+        }
+        let smuggled = [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ok","Name":"no"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call"}"#,
+            br#"{"id":1,"method":"tools/call","params":{"name":"ok"},"PARAMS":{"name":"no"}}"#,
+            br#"{"id":1,"method":"m","params":{"_meta":{},"_Meta":{"mcpmesh/peer":"x"}}}"#,
+            br#"{"id":1,"method":"m","params":{"\u004eame":"no"}}"#,
+            br#"{"id":1,"method":"m","param\u017f":{}}"#,
+        ];
+        for line in smuggled {
+            assert!(smuggles(line), "{}", String::from_utf8_lossy(line));
+        }
+        let plain = [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ok","arguments":{"Name":"x","METHOD":1}}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","params":[{"Name":1}]}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"m","params":null,"extra":{"Params":1}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"result":{"Name":1}}"#,
+            br#"[{"Method":1}]"#,
+            b"not json",
+        ];
+        for line in plain {
+            assert!(!smuggles(line), "{}", String::from_utf8_lossy(line));
+        }
+    }
 
     #[test]
     fn kinds_are_told_apart() {

@@ -16,8 +16,11 @@
 //! where it is) until it has decided: a refused line ends without it, and no parser takes what
 //! went on for a message.
 
-/// No key a decision reads is longer than this, escaped (`"requestId"` in `\u` escapes).
-const MAX_KEY: usize = 64;
+use crate::jsonrpc;
+
+/// No key a decision reads, nor one spelled like it, is longer than this, escaped
+/// (`"progressToken"` in `\u` escapes).
+const MAX_KEY: usize = 80;
 
 /// How a line scanned in parts ended.
 #[derive(Debug)]
@@ -41,6 +44,9 @@ pub struct Gist {
     /// BLAKE3 of the `params` value as written, when it has one (`null` included, which a
     /// peek reads as no `params`).
     pub params_hash: Option<blake3::Hash>,
+    /// Whether a member at the top level or of an object `params` is spelled like one MCP
+    /// reads there without being it ([`crate::jsonrpc::smuggles`]).
+    pub smuggles: bool,
 }
 
 /// What becomes of the member whose key was just read.
@@ -133,6 +139,7 @@ pub struct Scan {
     hasher: Option<(blake3::Hasher, usize)>,
     params_hash: Option<blake3::Hash>,
     is_object: bool,
+    smuggles: bool,
 }
 
 impl Default for Scan {
@@ -152,6 +159,7 @@ impl Default for Scan {
             hasher: None,
             params_hash: None,
             is_object: false,
+            smuggles: false,
         }
     }
 }
@@ -200,6 +208,11 @@ impl Scan {
         self.broken
     }
 
+    /// Whether a member so far is spelled like one MCP reads without being it.
+    pub fn smuggles(&self) -> bool {
+        self.smuggles
+    }
+
     /// Whether the top-level value has ended.
     pub fn closed(&self) -> bool {
         self.expect == Expect::Done
@@ -235,6 +248,7 @@ impl Scan {
             Scanned::Object(Gist {
                 object: self.so_far(),
                 params_hash: self.params_hash,
+                smuggles: self.smuggles,
             })
         }
     }
@@ -511,6 +525,11 @@ impl Scan {
             self.broken = true;
             return;
         };
+        let read = match in_params {
+            true => jsonrpc::PARAMS_KEYS,
+            false => jsonrpc::TOP_KEYS,
+        };
+        self.smuggles |= jsonrpc::spelled_like(&key, read);
         self.interest = match (in_params, key.as_str()) {
             (false, "id" | "method") => Interest::Keep,
             (false, "params") => Interest::Params,
@@ -629,7 +648,7 @@ mod tests {
         /// A JSON value whose members are drawn, now and then, from the keys decisions read.
         fn value(&mut self, depth: u32) -> serde_json::Value {
             use serde_json::json;
-            const KEYS: [&str; 9] = [
+            const KEYS: [&str; 12] = [
                 "id",
                 "method",
                 "params",
@@ -639,6 +658,9 @@ mod tests {
                 "requestId",
                 "arguments",
                 "x\"y",
+                "Name",
+                "requestid",
+                "_\u{130}D",
             ];
             const STRINGS: [&str; 5] = ["", "tools/call", "é\u{1F600}\\\"", "line\nbreak", "}]{["];
             match self.below(if depth > 3 { 4 } else { 7 }) {
@@ -662,10 +684,17 @@ mod tests {
     #[test]
     fn generated_messages_are_read_as_a_peek_at_the_whole_line_reads_them() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut smuggled = 0;
         for _ in 0..3000 {
             let mut message = serde_json::json!({ "jsonrpc": "2.0" });
             for key in ["id", "method", "params"] {
                 if rng.below(4) > 0 {
+                    message[key] = rng.value(1);
+                }
+            }
+            // Now and then a member spelled as one of those, as a parser ignoring case reads.
+            for key in ["METHOD", "param\u{17F}"] {
+                if rng.below(8) == 0 {
                     message[key] = rng.value(1);
                 }
             }
@@ -680,13 +709,15 @@ mod tests {
             let mut cuts = cuts;
             cuts.sort_unstable();
             let gist = gist(scan_in_parts(&line, &cuts).0);
-            assert_eq!(
-                decision_of_gist(&gist),
-                decision(&line),
-                "{}",
-                String::from_utf8_lossy(&line)
-            );
+            let text = String::from_utf8_lossy(&line);
+            assert_eq!(decision_of_gist(&gist), decision(&line), "{text}");
+            assert_eq!(gist.smuggles, jsonrpc::smuggles(&line), "{text}");
+            smuggled += usize::from(gist.smuggles);
         }
+        assert!(
+            (300..2700).contains(&smuggled),
+            "{smuggled} of 3,000 smuggle a member"
+        );
     }
 
     #[test]

@@ -99,6 +99,17 @@ fn not_a_message() -> Vec<u8> {
         .to_line()
 }
 
+/// Why a message with a member spelled like one MCP reads is refused.
+const SMUGGLING: &str = "invalid request: a member's name differs only in case from one MCP \
+    reads, which a server ignoring case would read as that member";
+
+/// The answer to a notification with a member spelled like one MCP reads.
+fn smuggling() -> Vec<u8> {
+    ErrorFrame::new(ErrorCode::InvalidRequest)
+        .message(SMUGGLING)
+        .to_line()
+}
+
 /// The answer to a line that is not JSON.
 fn unparsable() -> Vec<u8> {
     ErrorFrame::new(ErrorCode::Parse)
@@ -140,7 +151,8 @@ impl Ledger {
 
     /// Decides on one line from the caller: forward it, or answer it here.
     pub fn client_line(&mut self, line: &[u8]) -> Verdict {
-        self.decide(line, line.len() as u64 + 1, None)
+        let smuggles = jsonrpc::smuggles(line);
+        self.decide(line, line.len() as u64 + 1, None, smuggles)
     }
 
     /// Whether the caller's next long line may go on to the server before it is decided on:
@@ -163,6 +175,9 @@ impl Ledger {
         let rules = self.caller.tools.current();
         if rules.is_empty() {
             return Some(true);
+        }
+        if scan.smuggles() {
+            return Some(false);
         }
         let ahead = scan.ahead();
         // What a peek cannot read is refused when the line ends.
@@ -190,12 +205,19 @@ impl Ledger {
             Scanned::Unclosed => return Verdict::Strike(Vec::new()),
         };
         let hash = gist.params_hash.map(|h| h.to_hex().to_string());
-        self.decide(&gist.object, len as u64, Some(hash))
+        self.decide(&gist.object, len as u64, Some(hash), gist.smuggles)
     }
 
     /// Decides on `line` (or what a scan kept of a longer one, whose `params` hash is then
-    /// given), `bytes` long on the wire.
-    fn decide(&mut self, line: &[u8], bytes: u64, hash: Option<Option<String>>) -> Verdict {
+    /// given), `bytes` long on the wire; `smuggles`: a member of it is spelled like one MCP
+    /// reads ([`jsonrpc::smuggles`]), and it is refused.
+    fn decide(
+        &mut self,
+        line: &[u8],
+        bytes: u64,
+        hash: Option<Option<String>>,
+        smuggles: bool,
+    ) -> Verdict {
         let Some(peek) = jsonrpc::peek(line) else {
             let frame = if jsonrpc::is_json(line) {
                 not_a_message()
@@ -210,8 +232,9 @@ impl Ledger {
                     Some(streamed) => streamed,
                     None => Some(blake3::hash(p.get().as_bytes()).to_hex().to_string()),
                 });
-                self.request(id, &peek, bytes, hash)
+                self.request(id, &peek, bytes, hash, smuggles)
             }
+            (Kind::Notification, _) if smuggles => Verdict::Strike(smuggling()),
             (Kind::Notification, _) => {
                 let method = peek.method.as_deref().unwrap_or_default();
                 if let Some(cancelled) = peek.cancelled_request()
@@ -263,6 +286,7 @@ impl Ledger {
         peek: &jsonrpc::Peek<'_>,
         bytes_in: u64,
         params_hash: Option<String>,
+        smuggles: bool,
     ) -> Verdict {
         let mut pending = Pending {
             id: id.get().to_owned(),
@@ -285,7 +309,10 @@ impl Ledger {
             self.expire_cancelled();
         }
         let key = jsonrpc::id_key(id);
-        let refusal = if !jsonrpc::valid_id(id) {
+        let refusal = if smuggles {
+            let frame = ErrorFrame::new(ErrorCode::InvalidRequest).message(SMUGGLING);
+            Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
+        } else if !jsonrpc::valid_id(id) {
             let frame = ErrorFrame::new(ErrorCode::InvalidRequest)
                 .message("invalid request: an id must be a string or an integer");
             Some(("invalid", frame, Some(ErrorCode::InvalidRequest.code())))
@@ -743,6 +770,37 @@ mod tests {
     fn tool_call(id: u64, tool: &str) -> Vec<u8> {
         format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"secret":1}}}}}}"#)
             .into_bytes()
+    }
+
+    #[test]
+    fn a_member_spelled_like_one_mcp_reads_is_refused_however_long_the_line() {
+        let mut l = ruled(&[("peer:bob", &["read_*"], &[])], &["peer:bob"]);
+        let answer = |v: Verdict| match v {
+            Verdict::Answer(a) | Verdict::Strike(a) => String::from_utf8_lossy(&a).into_owned(),
+            other => panic!("{other:?}"),
+        };
+        // A server ignoring case would call `write_file`: the node read `read_file`.
+        let call = br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"read_file","Name":"write_file"}}"#;
+        let refused = answer(l.client_line(call));
+        assert!(
+            refused.contains("-32600") && refused.contains(r#""id":5"#),
+            "{refused}"
+        );
+        assert!(answer(l.client_streamed(scanned(call), 70_000)).contains("-32600"));
+        let list = br#"{"jsonrpc":"2.0","id":6,"method":"tools/list","METHOD":"tools/call"}"#;
+        assert!(answer(l.client_line(list)).contains("-32600"));
+        let cancel =
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestid":1}}"#;
+        assert!(matches!(l.client_line(cancel), Verdict::Strike(_)));
+        assert!(l.pending.is_empty());
+        // Such a spelling inside the arguments is the tool's business.
+        let inner = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_file","arguments":{"Name":"x"}}}"#;
+        assert!(matches!(l.client_line(inner), Verdict::Forward));
+        // A long line's start that shows one is held whole, to be refused before the server
+        // reads any of it.
+        let mut scan = Scan::default();
+        scan.feed(br#"{"id":8,"method":"tools/call","params":{"Name":"x","arguments":{"#);
+        assert_eq!(l.foresee(&scan), Some(false));
     }
 
     #[test]
