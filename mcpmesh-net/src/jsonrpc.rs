@@ -242,110 +242,6 @@ fn fold(c: char) -> Option<u8> {
     }
 }
 
-/// Whether a member of `line`'s top level, or of its object `params`, is spelled like one
-/// MCP reads there without being it ([`spelled_like`]). A server whose parser ignores case
-/// reads such a line as another message than the one decided on (`"name":"allowed",
-/// "Name":"denied"` calls `denied` there), so such a line is refused, never passed on.
-pub fn smuggles(line: &[u8]) -> bool {
-    let mut de = serde_json::Deserializer::from_slice(line);
-    let seed = Spelling {
-        keys: TOP_KEYS,
-        params: true,
-    };
-    serde::de::DeserializeSeed::deserialize(seed, &mut de).unwrap_or(false)
-}
-
-/// Reads an object's keys for [`smuggles`], and its `params` one level down.
-struct Spelling {
-    keys: &'static [&'static str],
-    params: bool,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Spelling {
-    type Value = bool;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Spelling {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        let mut found = false;
-        while let Some(Key(key)) = map.next_key()? {
-            found |= spelled_like(&key, self.keys);
-            found |= match self.params && key == "params" {
-                true => map.next_value_seed(Spelling {
-                    keys: PARAMS_KEYS,
-                    params: false,
-                })?,
-                false => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                    false
-                }
-            };
-        }
-        Ok(found)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_unit<E>(self) -> Result<bool, E> {
-        Ok(false)
-    }
-}
-
-/// An object's key, borrowed from the line when it has no escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(s.to_owned())))
-            }
-        }
-        d.deserialize_str(Visit)
-    }
-}
-
 /// Peeks at one frame (a JSON object); `None` if it is not one.
 pub fn peek(line: &[u8]) -> Option<Peek<'_>> {
     // serde would also build the struct from an array; only an object is a message.
@@ -425,7 +321,11 @@ mod tests {
             br#"{"id":1,"method":"m","param\u017f":{}}"#,
         ];
         for line in smuggled {
-            assert!(smuggles(line), "{}", String::from_utf8_lossy(line));
+            assert!(
+                crate::scan::smuggles(line),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
         }
         let plain = [
             &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ok","arguments":{"Name":"x","METHOD":1}}}"#[..],
@@ -436,7 +336,11 @@ mod tests {
             b"not json",
         ];
         for line in plain {
-            assert!(!smuggles(line), "{}", String::from_utf8_lossy(line));
+            assert!(
+                !crate::scan::smuggles(line),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
         }
     }
 

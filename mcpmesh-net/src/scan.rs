@@ -18,10 +18,6 @@
 
 use crate::jsonrpc;
 
-/// No key a decision reads, nor one spelled like it, is longer than this, escaped
-/// (`"progressToken"` in `\u` escapes).
-const MAX_KEY: usize = 80;
-
 /// How a line scanned in parts ended.
 #[derive(Debug)]
 pub enum Scanned {
@@ -45,7 +41,7 @@ pub struct Gist {
     /// peek reads as no `params`).
     pub params_hash: Option<blake3::Hash>,
     /// Whether a member at the top level or of an object `params` is spelled like one MCP
-    /// reads there without being it ([`crate::jsonrpc::smuggles`]).
+    /// reads there without being it ([`smuggles`]).
     pub smuggles: bool,
 }
 
@@ -124,9 +120,9 @@ pub struct Scan {
     expect: Expect,
     token: Token,
     broken: bool,
-    /// The key being read, as written, while it is short enough to matter.
+    /// The key being read, as written, where a peek decodes keys: the top level and an
+    /// object `params` (bounded by the line, as the rest).
     key: Vec<u8>,
-    key_long: bool,
     /// What the key just read asks for its value.
     interest: Interest,
     /// The member being kept: its key and value so far.
@@ -140,6 +136,8 @@ pub struct Scan {
     params_hash: Option<blake3::Hash>,
     is_object: bool,
     smuggles: bool,
+    /// Reads only how keys are spelled ([`smuggles`]): keeps and hashes nothing.
+    spelling_only: bool,
 }
 
 impl Default for Scan {
@@ -150,7 +148,6 @@ impl Default for Scan {
             token: Token::None,
             broken: false,
             key: Vec::new(),
-            key_long: false,
             interest: Interest::Skip,
             member: Vec::new(),
             keeping: None,
@@ -160,8 +157,24 @@ impl Default for Scan {
             params_hash: None,
             is_object: false,
             smuggles: false,
+            spelling_only: false,
         }
     }
+}
+
+/// Whether a member of `line`'s top level, or of its object `params`, is spelled like one
+/// MCP reads there without being it ([`jsonrpc::spelled_like`]). A server whose parser ignores
+/// case reads such a line as another message than the one decided on (`"name":"allowed",
+/// "Name":"denied"` calls `denied` there), so a serving node refuses it. Read as a long line
+/// streaming by is ([`Gist::smuggles`]), so that both tell the same of any line; `false` for
+/// what is not a JSON object.
+pub fn smuggles(line: &[u8]) -> bool {
+    let mut scan = Scan {
+        spelling_only: true,
+        ..Scan::default()
+    };
+    scan.feed(line);
+    !scan.broken && scan.smuggles
 }
 
 impl Scan {
@@ -375,8 +388,7 @@ impl Scan {
             (Expect::Value | Expect::ValueOrEnd, _) => self.value_starts(part, i),
             (Expect::KeyOrEnd | Expect::Key, b'"') => {
                 self.key.clear();
-                self.key.push(b);
-                self.key_long = false;
+                self.key_push(&[b]);
                 self.token = Token::Str { key: true };
             }
             (Expect::Colon, b':') => self.expect = Expect::Value,
@@ -447,6 +459,13 @@ impl Scan {
         if interest == Interest::Skip {
             return;
         }
+        if self.spelling_only {
+            // Only where `params` is, to read its keys' spelling.
+            if interest == Interest::Params && object {
+                self.params = Some((Vec::new(), Vec::new()));
+            }
+            return;
+        }
         self.member.clear();
         self.member.extend_from_slice(&self.key);
         self.member.push(b':');
@@ -500,29 +519,30 @@ impl Scan {
     }
 
     fn key_push(&mut self, bytes: &[u8]) {
-        if self.key.len() + bytes.len() > MAX_KEY {
-            self.key_long = true;
-            self.key.clear();
-        } else if !self.key_long {
+        if self.decodes_keys() {
             self.key.extend_from_slice(bytes);
         }
+    }
+
+    /// Whether a peek decodes the keys of the object being read: the top level's, and an
+    /// object `params`'s (to read the tool's name).
+    fn decodes_keys(&self) -> bool {
+        let depth = self.stack.len();
+        depth == 1 || (depth == 2 && self.params.is_some())
     }
 
     /// The key has ended: what its member is to this scan.
     fn key_done(&mut self) {
         self.expect = Expect::Colon;
         self.interest = Interest::Skip;
-        if self.key_long {
+        if !self.decodes_keys() {
             return;
         }
-        let depth = self.stack.len();
-        let in_params = depth == 2 && self.params.is_some();
-        if depth != 1 && !in_params {
-            return;
-        }
+        let in_params = self.stack.len() == 2;
         let Ok(key) = serde_json::from_slice::<String>(&self.key) else {
-            // A key no strict parser reads (a lone surrogate).
-            self.broken = true;
+            // A key a peek does not decode (a lone surrogate, not UTF-8): kept, member and
+            // all, so that a peek at what is kept fails where a peek at the whole line does.
+            self.interest = Interest::Keep;
             return;
         };
         let read = match in_params {
@@ -711,7 +731,15 @@ mod tests {
             let gist = gist(scan_in_parts(&line, &cuts).0);
             let text = String::from_utf8_lossy(&line);
             assert_eq!(decision_of_gist(&gist), decision(&line), "{text}");
-            assert_eq!(gist.smuggles, jsonrpc::smuggles(&line), "{text}");
+            assert_eq!(gist.smuggles, smuggles(&line), "{text}");
+            // Read off the message itself: a key spelled like one MCP reads, where it reads it.
+            let spelled = |v: &serde_json::Value, keys: &[&str]| {
+                v.as_object()
+                    .is_some_and(|m| m.keys().any(|k| jsonrpc::spelled_like(k, keys)))
+            };
+            let expected = spelled(&message, jsonrpc::TOP_KEYS)
+                || spelled(&message["params"], jsonrpc::PARAMS_KEYS);
+            assert_eq!(gist.smuggles, expected, "{text}");
             smuggled += usize::from(gist.smuggles);
         }
         assert!(
@@ -818,6 +846,40 @@ mod tests {
         // Once `params` has ended, the look ahead is what the line kept.
         scan.feed(br#""}},"x":1"#);
         assert_eq!(scan.ahead(), scan.so_far());
+    }
+
+    #[test]
+    fn a_key_a_peek_cannot_decode_fails_a_peek_at_what_was_kept_too() {
+        let long = "k".repeat(200);
+        let lines = [
+            format!(r#"{{"id":1,"method":"m","\udfcb{long}":1}}"#),
+            r#"{"id":1,"method":"m","\udfcb":1}"#.to_owned(),
+            format!(
+                r#"{{"id":1,"method":"tools/call","params":{{"name":"ok","\ud800{long}":{{}}}}}}"#
+            ),
+            // Deeper down, a peek does not decode keys.
+            format!(
+                r#"{{"id":1,"method":"tools/call","params":{{"name":"ok","arguments":{{"\ud800{long}":1}}}}}}"#
+            ),
+        ];
+        for line in &lines {
+            let line = line.as_bytes();
+            every_split(line, |scanned, _| {
+                let gist = gist(scanned);
+                assert_eq!(
+                    decision_of_gist(&gist),
+                    decision(line),
+                    "{}",
+                    String::from_utf8_lossy(line)
+                );
+            });
+        }
+        assert_eq!(decision(lines[0].as_bytes()), None);
+        assert_eq!(decision(lines[2].as_bytes()).and_then(|d| d.2), None);
+        assert_eq!(
+            decision(lines[3].as_bytes()).and_then(|d| d.2).as_deref(),
+            Some("ok")
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mcpmesh_net::errors::{ErrorCode, ErrorFrame};
 use mcpmesh_net::jsonrpc::{self, Kind, Outcome};
 use mcpmesh_net::pump::{Seen, Verdict};
-use mcpmesh_net::scan::{Scan, Scanned};
+use mcpmesh_net::scan::{self, Scan, Scanned};
 use serde_json::value::RawValue;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -151,7 +151,7 @@ impl Ledger {
 
     /// Decides on one line from the caller: forward it, or answer it here.
     pub fn client_line(&mut self, line: &[u8]) -> Verdict {
-        let smuggles = jsonrpc::smuggles(line);
+        let smuggles = scan::smuggles(line);
         self.decide(line, line.len() as u64 + 1, None, smuggles)
     }
 
@@ -210,7 +210,7 @@ impl Ledger {
 
     /// Decides on `line` (or what a scan kept of a longer one, whose `params` hash is then
     /// given), `bytes` long on the wire; `smuggles`: a member of it is spelled like one MCP
-    /// reads ([`jsonrpc::smuggles`]), and it is refused.
+    /// reads ([`scan::smuggles`]), and it is refused.
     fn decide(
         &mut self,
         line: &[u8],
