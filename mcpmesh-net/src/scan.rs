@@ -169,6 +169,17 @@ impl Default for Scan {
 /// streaming by is ([`Gist::smuggles`]), so that both tell the same of any line; `false` for
 /// what is not a JSON object.
 pub fn smuggles(line: &[u8]) -> bool {
+    // A key spelled like one MCP reads without being it has, somewhere in the line, an upper
+    // case letter, an escape or a byte outside ASCII — or is `requestid` or `progresstoken`
+    // (the two keys with an upper case letter, in lower case). Most lines are passed on here.
+    let may = line
+        .iter()
+        .any(|&b| b.is_ascii_uppercase() || b == b'\\' || !b.is_ascii())
+        || memchr::memmem::find(line, b"requestid").is_some()
+        || memchr::memmem::find(line, b"progresstoken").is_some();
+    if !may {
+        return false;
+    }
     let mut scan = Scan {
         spelling_only: true,
         ..Scan::default()
