@@ -253,8 +253,16 @@ fn run_with_rules(rules: &str, received: &std::path::Path) -> (TestNode, TestNod
     (alice, bob)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_server_as_a_message() {
+/// A `run` service behind `tee` (every byte its server was given kept in `received`), whose
+/// rules deny bob `echo`, and bob's session with it: the directory, `received`, alice, bob and
+/// the session.
+async fn denying_echo() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    TestNode,
+    TestNode,
+    McpSession,
+) {
     let dir = tempfile::tempdir().unwrap();
     let received = dir.path().join("received");
     let (alice, bob) = run_with_rules(
@@ -263,6 +271,32 @@ async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_ser
     );
     let mut s = bob.connect("alice/tools");
     s.initialize().await;
+    (dir, received, alice, bob, s)
+}
+
+/// Whether the server behind `tee` (see [`denying_echo`]) was given `mark`, once every byte
+/// sent before now reached it: a `whoami` answered after them.
+async fn server_was_given(s: &mut McpSession, received: &std::path::Path, mark: &[u8]) -> bool {
+    let last = s.call("whoami", json!({})).await;
+    assert!(last["result"].is_object(), "{last}");
+    let bytes = std::fs::read(received).unwrap();
+    bytes.windows(mark.len()).any(|w| w == mark)
+}
+
+/// The answer to request `id`, keeping what came before it in `s.skipped`.
+async fn answer_to(s: &mut McpSession, id: u64) -> Value {
+    loop {
+        let msg = s.recv().await.expect("an answer before EOF");
+        if msg["id"] == id {
+            return msg;
+        }
+        s.skipped.push(msg);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_server_as_a_message() {
+    let (_dir, received, alice, _bob, mut s) = denying_echo().await;
     // Past the length a node holds whole: these go on in parts.
     let text = |mark: &str| format!("{mark}{}", "y".repeat(1 << 20));
 
@@ -325,34 +359,17 @@ async fn a_long_call_goes_on_as_it_arrives_and_one_refused_never_reaches_the_ser
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_long_call_that_names_its_tool_first_never_reaches_the_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let received = dir.path().join("received");
-    let (alice, bob) = run_with_rules(
-        "[[services.tools.tools]]\nwho = [\"peer:bob\"]\ndeny = [\"echo\"]\n",
-        &received,
-    );
-    let mut s = bob.connect("alice/tools");
-    s.initialize().await;
+    let (_dir, received, alice, _bob, mut s) = denying_echo().await;
     // As the SDKs write a call: its tool named before its arguments, here a megabyte long.
     let fill = "z".repeat(1 << 20);
     let line = format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":41,\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"named-first-{fill}\"}}}}}}\n"
     );
     s.send_raw(line.as_bytes()).await;
-    let denied = loop {
-        let msg = s.recv().await.expect("an answer before EOF");
-        if msg["id"] == 41 {
-            break msg;
-        }
-        s.skipped.push(msg);
-    };
+    let denied = answer_to(&mut s, 41).await;
     assert!(refused(&denied, "echo"), "{denied}");
-    let last = s.call("whoami", json!({})).await;
-    assert!(last["result"].is_object(), "{last}");
-    // The whoami answer means every byte before it went through `tee`.
-    let bytes = std::fs::read(&received).unwrap();
     assert!(
-        !bytes.windows(12).any(|w| w == b"named-first-"),
+        !server_was_given(&mut s, &received, b"named-first-").await,
         "some of the refused call reached the server"
     );
     assert!(s.skipped.is_empty(), "{:?}", s.skipped);
@@ -369,14 +386,7 @@ async fn a_refused_long_call_that_names_its_tool_first_never_reaches_the_server(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_with_a_member_spelled_like_one_mcp_reads_never_reaches_the_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let received = dir.path().join("received");
-    let (alice, bob) = run_with_rules(
-        "[[services.tools.tools]]\nwho = [\"peer:bob\"]\ndeny = [\"echo\"]\n",
-        &received,
-    );
-    let mut s = bob.connect("alice/tools");
-    s.initialize().await;
+    let (_dir, received, alice, _bob, mut s) = denying_echo().await;
     // A server whose parser ignores case (Go's encoding/json; CVE-2026-27896) reads the last
     // of `name` and `Name` and calls `echo`, which bob may not use; the node read `size`.
     let smuggled = |id: u64, mark: &str| {
@@ -388,21 +398,11 @@ async fn a_call_with_a_member_spelled_like_one_mcp_reads_never_reaches_the_serve
     let long = format!("long-smuggled-{}", "q".repeat(1 << 20));
     for (id, mark) in [(51, "short-smuggled"), (52, long.as_str())] {
         s.send_raw(smuggled(id, mark).as_bytes()).await;
-        let answer = loop {
-            let msg = s.recv().await.expect("an answer before EOF");
-            if msg["id"] == id {
-                break msg;
-            }
-            s.skipped.push(msg);
-        };
+        let answer = answer_to(&mut s, id).await;
         assert_eq!(answer["error"]["code"], -32600, "{answer}");
     }
-    let last = s.call("whoami", json!({})).await;
-    assert!(last["result"].is_object(), "{last}");
-    // The whoami answer means every byte before it went through `tee`.
-    let bytes = std::fs::read(&received).unwrap();
     assert!(
-        !bytes.windows(9).any(|w| w == b"smuggled-"),
+        !server_was_given(&mut s, &received, b"smuggled-").await,
         "a smuggled call reached the server"
     );
     s.close_stdin();
