@@ -746,31 +746,12 @@ async fn a_typescript_sdk_answer_cut_at_the_cap_still_answers_its_request() {
 /// Runs `cmd` with `input` on its stdin, closed right after, and returns the frames it wrote
 /// before it exited (bounded in time).
 async fn piped(cmd: &[String], input: &str) -> Vec<Value> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("the client's answers come in time")
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    piped_until_answered(cmd, input, 0).await
 }
 
-/// Runs `cmd` with `input` on its stdin, kept open until every request in it is answered
-/// (some servers drop what is in progress when their input ends, directly too), and returns
-/// the frames it wrote before it exited (bounded in time).
+/// Runs `cmd` with `input` on its stdin, kept open until `requests` answers came (0: closed
+/// right after; some servers drop what is in progress when their input ends, directly too),
+/// and returns the frames it wrote before it exited (bounded in time).
 async fn piped_until_answered(cmd: &[String], input: &str, requests: usize) -> Vec<Value> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let mut child = tokio::process::Command::new(&cmd[0])
@@ -781,9 +762,12 @@ async fn piped_until_answered(cmd: &[String], input: &str, requests: usize) -> V
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdin = Some(child.stdin.take().unwrap());
+    let mut stdin = child.stdin.take();
     if let Some(w) = stdin.as_mut() {
         w.write_all(input.as_bytes()).await.unwrap();
+    }
+    if requests == 0 {
+        drop(stdin.take());
     }
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let read = async {
