@@ -489,9 +489,11 @@ pub trait DecideLong: Send {
 /// goes on in parts as it arrives, scanned ([`Scan`]) on the way, and only its top-level
 /// closing bracket (and what follows it) waits for `long`'s verdict: forwarded, it follows;
 /// refused, the line is ended without it, so the server reads no message in it, and the
-/// answer goes to the client. `Replace` cannot be done to a line already on its way and is
-/// a refusal without an answer: a checker that replaces lines passes no `long`, and every
-/// line is then held whole and given to `check`.
+/// answer goes to the client. Before any of it goes on, `long` looks at its start
+/// ([`DecideLong::foresee`]): one it would refuse is held whole and given to `check`.
+/// `Replace` cannot be done to a line already on its way and is a refusal without an answer:
+/// a checker that replaces lines passes no `long`, and every line is then held whole and
+/// given to `check`.
 pub async fn forward_checked<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
