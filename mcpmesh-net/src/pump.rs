@@ -613,8 +613,8 @@ where
 
 /// What a look at the start of a long line made of it.
 enum Ahead {
-    /// Its parts so far: it goes on.
-    Pass(Vec<Bytes>),
+    /// It goes on, from this start.
+    Pass(Box<Start>),
     /// Its parts so far: it is held whole.
     Hold(Vec<Bytes>),
     /// It ended while being looked at.
@@ -623,33 +623,46 @@ enum Ahead {
     Cut(Vec<u8>),
 }
 
+impl Ahead {
+    fn pass(line: Passing, through: Vec<Bytes>, unscanned: Option<Bytes>) -> Self {
+        Ahead::Pass(Box::new(Start {
+            line,
+            through,
+            unscanned,
+        }))
+    }
+}
+
 /// Reads the start of the long line `head` began until `decide` can tell whether it may go on
-/// (see [`DecideLong::foresee`]), for at most [`LOOK_AHEAD`] bytes.
+/// (see [`DecideLong::foresee`]), for at most [`LOOK_AHEAD`] bytes. What it scanned is handed
+/// on with the line, never scanned again.
 async fn look_ahead<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     head: Bytes,
     decide: &mut dyn DecideLong,
 ) -> Result<Ahead, PumpError> {
-    let mut scan = Scan::default();
-    let (mut start, mut len) = (Vec::new(), 0);
+    let mut line = Passing::default();
     // Asked first with nothing read: a decider with nothing to look for lets it go at once.
-    let mut seen = decide.foresee(&scan);
+    match decide.foresee(&line.scan) {
+        Some(true) => return Ok(Ahead::pass(line, Vec::new(), Some(head))),
+        Some(false) => return Ok(Ahead::Hold(vec![head])),
+        None => {}
+    }
+    let (mut start, mut through) = (Vec::new(), Vec::new());
     let mut part = head;
     loop {
-        if seen.is_none() {
-            scan.feed(&part);
-            len += part.len();
-            // A broken line goes on, to be stopped where it broke.
-            seen = match scan.broken() {
-                true => Some(true),
-                false => decide.foresee(&scan),
-            };
-        }
+        let go = line.admit(&part);
+        through.push(part.slice(..go));
         start.push(part);
+        // A broken line goes on, to be stopped where it broke.
+        let seen = match line.scan.broken() {
+            true => Some(true),
+            false => decide.foresee(&line.scan),
+        };
         match seen {
-            Some(true) => return Ok(Ahead::Pass(start)),
+            Some(true) => return Ok(Ahead::pass(line, through, None)),
             Some(false) => return Ok(Ahead::Hold(start)),
-            None if len >= LOOK_AHEAD => return Ok(Ahead::Pass(start)),
+            None if line.len >= LOOK_AHEAD => return Ok(Ahead::pass(line, through, None)),
             None => {}
         }
         part = match reader.next_part().await.map_err(PumpError::Read)? {
@@ -658,18 +671,27 @@ async fn look_ahead<R: AsyncRead + Unpin>(
                 start.push(bytes);
                 return Ok(Ahead::Whole(start.concat()));
             }
-            Part::Cut => return Ok(Ahead::Cut(cut_request(Some(scan.so_far())))),
+            Part::Cut => return Ok(Ahead::Cut(cut_request(Some(line.scan.so_far())))),
         };
     }
 }
 
-/// One long line from the client, its first parts `start`, passed on in parts under `dest`'s
-/// lock with its closing bracket held back, then decided on (see [`forward_checked`]).
+/// A long line's start as [`look_ahead`] left it.
+struct Start {
+    line: Passing,
+    /// Bytes already scanned and let through, not yet written.
+    through: Vec<Bytes>,
+    /// A part not scanned yet.
+    unscanned: Option<Bytes>,
+}
+
+/// One long line from the client, begun by `start`, passed on in parts under `dest`'s lock with
+/// its closing bracket held back, then decided on (see [`forward_checked`]).
 async fn pass_checked_line<R, W, C>(
     reader: &mut FrameReader<R>,
     dest: &Mutex<W>,
     client: &Mutex<C>,
-    start: Vec<Bytes>,
+    start: Box<Start>,
     decide: &mut dyn DecideLong,
     strikes: &mut u8,
 ) -> Result<(), PumpError>
@@ -678,10 +700,17 @@ where
     W: AsyncWrite + Unpin,
     C: AsyncWrite + Unpin,
 {
-    let mut line = Passing::default();
+    let Start {
+        mut line,
+        through,
+        unscanned,
+    } = *start;
     let mut w = dest.lock().await;
-    for part in &start {
-        line.pass(part, &mut *w).await?;
+    for bytes in through.iter().filter(|b| !b.is_empty()) {
+        w.write_all(bytes).await.map_err(PumpError::Write)?;
+    }
+    if let Some(part) = unscanned {
+        line.pass(&part, &mut *w).await?;
     }
     let ended = loop {
         match reader.next_part().await.map_err(PumpError::Read)? {
@@ -780,27 +809,36 @@ struct Passing {
 }
 
 impl Passing {
-    async fn pass<W: AsyncWrite + Unpin>(
-        &mut self,
-        part: &[u8],
-        w: &mut W,
-    ) -> Result<(), PumpError> {
+    /// Scans `part`: how many of its first bytes go on now (the rest is held back). The caller
+    /// writes them.
+    fn admit(&mut self, part: &[u8]) -> usize {
         self.len += part.len();
         if self.scan.broken() {
-            return Ok(());
+            return 0;
         }
         let closed = self.scan.closed();
         let at = self.scan.feed(part);
         if self.scan.broken() {
             // Nothing more goes on: the line ends unclosed.
             self.held.clear();
-            return Ok(());
+            return 0;
         }
         let at = if closed { 0 } else { at.unwrap_or(part.len()) };
         self.held.extend_from_slice(&part[at..]);
         if at > 0 {
-            w.write_all(&part[..at]).await.map_err(PumpError::Write)?;
             self.last = Some(part[at - 1]);
+        }
+        at
+    }
+
+    async fn pass<W: AsyncWrite + Unpin>(
+        &mut self,
+        part: &[u8],
+        w: &mut W,
+    ) -> Result<(), PumpError> {
+        let go = self.admit(part);
+        if go > 0 {
+            w.write_all(&part[..go]).await.map_err(PumpError::Write)?;
         }
         Ok(())
     }
@@ -1317,10 +1355,11 @@ mod tests {
         (read.await.unwrap(), answers)
     }
 
-    /// A [`DecideLong`] whose look ahead holds a call of the tool `no` and cannot tell any
-    /// other start; it keeps the length of each line it decided on.
+    /// A [`DecideLong`] whose look ahead holds a call of the tool `no`, lets one of `yes` go
+    /// and cannot tell any other start; it keeps the length and the tool of each line it
+    /// decided on.
     #[derive(Default)]
-    struct Looks(Vec<usize>);
+    struct Looks(Vec<(usize, Option<String>)>);
 
     impl DecideLong for Looks {
         fn may_pass(&mut self) -> bool {
@@ -1330,10 +1369,20 @@ mod tests {
             let ahead = scan.ahead();
             let peek = crate::jsonrpc::peek(&ahead)?;
             let tool = peek.params.and_then(crate::jsonrpc::subject_name)?;
-            (tool == "no").then_some(false)
+            match tool.as_str() {
+                "no" => Some(false),
+                "yes" => Some(true),
+                _ => None,
+            }
         }
-        fn decide(&mut self, _: Scanned, len: usize) -> Verdict {
-            self.0.push(len);
+        fn decide(&mut self, scanned: Scanned, len: usize) -> Verdict {
+            let Scanned::Object(gist) = scanned else {
+                self.0.push((len, None));
+                return Verdict::Strike(b"bad\n".to_vec());
+            };
+            let peek = crate::jsonrpc::peek(&gist.object);
+            let tool = peek.and_then(|p| p.params.and_then(crate::jsonrpc::subject_name));
+            self.0.push((len, tool));
             Verdict::Forward
         }
     }
@@ -1343,7 +1392,8 @@ mod tests {
      {
         let size = 2 * LOOK_AHEAD;
         let (no, ok) = (long_call(1, "no", size), long_call(2, "ok", size));
-        let input = [&no[..], b"\n", &ok, b"\n{\"id\":3}\n"].concat();
+        let yes = long_call(4, "yes", size);
+        let input = [&no[..], b"\n", &ok, b"\n{\"id\":3}\n", &yes, b"\n"].concat();
         let mut checked = Vec::new();
         let check = |line: &[u8]| {
             checked.push(line.len());
@@ -1354,12 +1404,46 @@ mod tests {
         };
         let mut looks = Looks::default();
         let (out, answers) = pumped(input, 1 << 20, check, &mut looks).await;
-        // The held call was checked whole and answered; the other went on undecided after
-        // the look ahead, and was decided on when it ended.
-        assert_eq!(out, [&ok[..], b"\n{\"id\":3}\n"].concat());
+        // The held call was checked whole and answered; `ok` went on undecided after the look
+        // ahead, `yes` once its start named it, and each was decided on, as scanned whole,
+        // when it ended.
+        assert_eq!(out, [&ok[..], b"\n{\"id\":3}\n", &yes, b"\n"].concat());
         assert_eq!(answers, b"refused\n");
         assert_eq!(checked, [no.len(), b"{\"id\":3}".len()]);
-        assert_eq!(looks.0, [ok.len() + 1]);
+        let tool = |t: &str| Some(t.to_string());
+        assert_eq!(
+            looks.0,
+            [(ok.len() + 1, tool("ok")), (yes.len() + 1, tool("yes"))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_line_that_breaks_while_its_start_is_looked_at_stops_where_it_breaks() {
+        let size = 2 * LOOK_AHEAD;
+        let mut bad = long_call(1, "echo", size);
+        // Its arguments first, so the look ahead cannot tell it before the break.
+        let named = br#""name":"echo","#;
+        let at = memchr::memmem::find(&bad, named).unwrap();
+        bad.drain(at..at + named.len());
+        let end = bad.len() - 2;
+        bad.splice(end..end, *br#","name":"echo""#);
+        let broken_at = LOOK_AHEAD / 2;
+        bad.splice(broken_at..broken_at, *b"\" /* \"");
+        let mut looks = Looks::default();
+        let input = [&bad[..], b"\n{\"id\":2}\n"].concat();
+        let (out, answers) = pumped(input, 1 << 20, |_| Verdict::Forward, &mut looks).await;
+        let first = out.split(|b| *b == b'\n').next().unwrap();
+        assert!(
+            first.len() <= broken_at + 3 && bad.starts_with(first),
+            "nothing past the break: {} bytes went on",
+            first.len()
+        );
+        // What was looked at before the part it broke in (parts are at most the pipe's 64 KiB)
+        // went on.
+        assert!(first.len() + (1 << 16) > broken_at, "{}", first.len());
+        assert!(out.ends_with(b"\n{\"id\":2}\n"));
+        assert_eq!(answers, b"bad\n");
+        assert_eq!(looks.0, [(bad.len() + 1, None)]);
     }
 
     #[tokio::test]

@@ -10,7 +10,9 @@
 //! pids it prints, with `perf record -p`). `--telemetry` also measures a second pair of nodes
 //! with metrics on (`[telemetry] metrics`, scraped after each of its passes) and traces on
 //! (`[telemetry] otlp`, sent to a collector this binary runs that accepts and counts them) in
-//! the same rounds, and prints telemetry on / off.
+//! the same rounds, and prints telemetry on / off. `--rules` serves the service under per-tool
+//! rules (bob may call `echo`, `blob` and `size`, the bench's tools), so that each request is
+//! decided on as a service with rules decides.
 
 #![forbid(unsafe_code)]
 
@@ -51,6 +53,9 @@ struct Args {
     /// Also measure a mesh whose nodes keep metrics and send traces.
     #[arg(long)]
     telemetry: bool,
+    /// Serve the service under per-tool rules.
+    #[arg(long)]
+    rules: bool,
     /// Also write the headline figures there as one JSON object (what `scripts/bench-check`
     /// reads).
     #[arg(long, value_name = "FILE")]
@@ -72,14 +77,17 @@ fn main() -> anyhow::Result<()> {
     let args = <Args as clap::Parser>::parse();
     let (mcpmesh, stub) = bench::sibling_binaries()?;
     bench::read_from_disk(&mcpmesh)?;
-    let mesh = Mesh::start(&mcpmesh, &stub, "")?;
+    let mesh = Mesh::start(&mcpmesh, &stub, "", args.rules)?;
     // The same two nodes again, keeping metrics (each on a port of its own) and sending
     // traces to a collector of this binary's.
     let collector = args.telemetry.then(Collector::start).transpose()?;
     let metered = collector
         .as_ref()
-        .map(|c| Mesh::start(&mcpmesh, &stub, &telemetry_on(c)))
+        .map(|c| Mesh::start(&mcpmesh, &stub, &telemetry_on(c), args.rules))
         .transpose()?;
+    if args.rules {
+        eprintln!("the service is served under per-tool rules");
+    }
     if let [(_, Some(a)), (_, Some(b))] = mesh.pids()[..] {
         eprintln!("nodes: alice pid {a} (serving), bob pid {b} (dialing)");
     }
@@ -851,8 +859,9 @@ struct Mesh {
 }
 
 impl Mesh {
-    /// The pair; `extra` is added to both nodes' config.
-    fn start(mcpmesh: &Path, stub: &Path, extra: &str) -> anyhow::Result<Self> {
+    /// The pair; `extra` is added to both nodes' config; with `rules`, bob may call only the
+    /// tools the bench calls.
+    fn start(mcpmesh: &Path, stub: &Path, extra: &str, rules: bool) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("mcpmesh-bench-")
             .tempdir()?;
@@ -910,6 +919,12 @@ impl Mesh {
                 &stub.display().to_string(),
             ],
         )?;
+        if rules {
+            mesh.cli(
+                &alice,
+                &["grant", "bob", "bench", "--tools", "echo,blob,size"],
+            )?;
+        }
         Ok(mesh)
     }
 
@@ -1175,11 +1190,12 @@ mod tests {
             "--json",
             "out.json",
             "--telemetry",
+            "--rules",
         ])
         .unwrap();
         assert_eq!((args.rounds, args.calls), (3, 2000));
         assert_eq!(args.json.as_deref(), Some(Path::new("out.json")));
-        assert!(args.telemetry && args.only.is_none());
+        assert!(args.telemetry && args.rules && args.only.is_none());
         let args = Args::try_parse_from([
             "bench", "--rounds", "0", "--calls", "5", "--only", "results",
         ])
