@@ -1197,9 +1197,9 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
     };
     let started = std::time::Instant::now();
     let opened = ControlClient::connect_or_start(profile, exe)
-        .and_then(|c| c.open_session(peer, service, attach));
+        .and_then(|c| c.open_session_answered(peer, service, attach));
     match opened {
-        Ok((stream, leftover)) => {
+        Ok((stream, leftover, answer)) => {
             // One line for the client's log: how long the mesh took to reach the peer (node
             // start and dial included). It claims no session: the serving node admits or
             // refuses one only when it reads the first request.
@@ -1213,7 +1213,10 @@ fn connect(profile: &Profile, exe: &Path, target: &str, json: bool) -> Result<()
             }
             let lock = profile.lock_file();
             let end = match attach {
-                Attach::Fds => mcpmesh::proxy::pass_stdio(stream),
+                Attach::Fds => {
+                    let ledger = answer["ledger"].as_bool().unwrap_or(false);
+                    mcpmesh::proxy::pass_stdio(stream, ledger)
+                }
                 Attach::Stream => {
                     mcpmesh::proxy::pipe_stdio(stream, &leftover, || node_running(&lock))
                 }

@@ -154,8 +154,56 @@ impl Outstanding {
 
     /// The report line naming every request still unanswered.
     fn note(&self) -> Vec<u8> {
-        let ids: Vec<&RawValue> = self.ids.values().map(|u| u.id.as_ref()).collect();
-        note_line(&SessionNote::Outstanding(ids))
+        note_line(&SessionNote::Outstanding(self.unanswered()))
+    }
+
+    fn unanswered(&self) -> Vec<&RawValue> {
+        self.ids.values().map(|u| u.id.as_ref()).collect()
+    }
+}
+
+/// The memory file a `connect` passed with its descriptors (an anonymous file, `memfd`), where
+/// the node keeps the set of unanswered requests, overwritten in place: unlike a line on the
+/// control connection, a change wakes nobody. `connect` reads it only when the node went away
+/// without ending the session.
+///
+/// Its content is the set's length in 10 ASCII digits, a newline, then the set as a JSON array
+/// of ids: one write, never a truncation, and what follows the set (a longer set's tail) is
+/// never read.
+pub struct Ledger(std::fs::File);
+
+/// The most of a ledger `connect` reads.
+const MAX_LEDGER: usize = 64 << 20;
+
+impl Ledger {
+    /// `fd` as a ledger, if it is an anonymous file (no name on any disk to overwrite).
+    pub fn of(fd: OwnedFd) -> Option<Ledger> {
+        let stat = rustix::fs::fstat(&fd).ok()?;
+        let regular = rustix::fs::FileType::from_raw_mode(stat.st_mode).is_file();
+        (regular && stat.st_nlink == 0).then(|| Ledger(std::fs::File::from(fd)))
+    }
+
+    /// Keeps `ids` as the set of unanswered requests.
+    fn keep(&self, ids: &[&RawValue]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let set = serde_json::to_vec(ids)?;
+        let mut content = format!("{:010}\n", set.len()).into_bytes();
+        content.extend_from_slice(&set);
+        self.0.write_all_at(&content, 0)
+    }
+
+    /// The set last kept in `file`; `None` when it holds none that reads whole.
+    fn read(file: &std::fs::File) -> Option<Vec<Box<RawValue>>> {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; 11];
+        file.read_exact_at(&mut head, 0).ok()?;
+        let len: usize = std::str::from_utf8(head.strip_suffix(b"\n")?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let mut set = vec![0u8; len.min(MAX_LEDGER)];
+        file.read_exact_at(&mut set, head.len() as u64).ok()?;
+        serde_json::from_slice(&set).ok()
     }
 }
 
@@ -279,6 +327,8 @@ pub struct LocalSide {
     pub gone: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Where [`SessionNote`]s go, when the opener reads them (it passed its descriptors).
     pub report: Option<Box<dyn AsyncWrite + Unpin + Send>>,
+    /// Where the set of unanswered requests is kept instead, when the opener passed one.
+    pub ledger: Option<Ledger>,
 }
 
 /// Runs one session between the AI client (`local`) and the mesh stream, until either side
@@ -303,11 +353,12 @@ pub async fn tunnel(
         leftover,
         mut gone,
         report,
+        ledger,
     } = local;
     let mut local_r = FrameReader::new(input, MAX_FRAME);
     let mut mesh_r = FrameReader::new(recv, MAX_FRAME);
     let tunnel = Tunnel::new(output, send, &connection, shutdown, dialed);
-    let reporter = report.map(|w| tunnel.report_to(w));
+    let reporter = report.map(|w| tunnel.report_to(w, ledger));
     tunnel.pass_leftover(leftover).await;
 
     // One pump for the server's side for the whole session: when the client's side ends first,
@@ -432,12 +483,13 @@ impl<'a> Tunnel<'a> {
         End::Lost(close_reason_code(self.connection.close_reason().as_ref()))
     }
 
-    /// Starts writing the set of unanswered requests to the opener's `w` (see
-    /// [`report_outstanding`]).
-    fn report_to(&self, w: Box<dyn AsyncWrite + Unpin + Send>) -> Reporter {
+    /// Starts writing the set of unanswered requests to the opener's `w`, or keeping it in
+    /// `ledger` (see [`report_outstanding`]).
+    fn report_to(&self, w: Box<dyn AsyncWrite + Unpin + Send>, ledger: Option<Ledger>) -> Reporter {
         let stop = CancellationToken::new();
         let task = tokio::spawn(report_outstanding(
             w,
+            ledger,
             self.outstanding.clone(),
             self.changed.clone(),
             stop.clone(),
@@ -565,10 +617,13 @@ type Reporter = (
     tokio::task::JoinHandle<Box<dyn AsyncWrite + Unpin + Send>>,
 );
 
-/// Writes the set of unanswered requests to the opener whenever it changed (coalesced: a
-/// slow reader gets the newest set, never a queue), until `stop`; returns the writer.
+/// Tells the opener the set of unanswered requests whenever it changed (coalesced: a slow
+/// reader gets the newest set, never a queue), until `stop`; returns the writer. With a
+/// `ledger` the set is kept there; a ledger that cannot be written (its memory refused) is
+/// dropped, and the set goes on `w` from then on, which `connect` reads as the newer.
 async fn report_outstanding(
     mut w: Box<dyn AsyncWrite + Unpin + Send>,
+    mut ledger: Option<Ledger>,
     outstanding: Arc<StdMutex<Outstanding>>,
     changed: Arc<Notify>,
     stop: CancellationToken,
@@ -578,6 +633,16 @@ async fn report_outstanding(
             biased;
             _ = stop.cancelled() => return w,
             _ = changed.notified() => {
+                if let Some(kept) = &ledger {
+                    let o = outstanding.lock().unwrap_or_else(|p| p.into_inner());
+                    match kept.keep(&o.unanswered()) {
+                        Ok(()) => continue,
+                        Err(e) => {
+                            tracing::debug!("the opener's ledger cannot be written ({e}); telling it on the connection");
+                            ledger = None;
+                        }
+                    }
+                }
                 let line = outstanding.lock().unwrap_or_else(|p| p.into_inner()).note();
                 if w.write_all(&line).await.is_err() {
                     return w;
@@ -669,11 +734,20 @@ const ENDED_BY_SERVING_SIDE: &str = "the session ended before the client did: th
 /// session opened with `attach = "fds"`), then reads the node's [`SessionNote`]s until the
 /// session ends. This process moves no bytes of the session; but if the node goes away
 /// without saying the session ended, it answers every request the node last reported
-/// unanswered with `-32055` itself.
-pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<ConnectEnd> {
+/// unanswered with `-32055` itself. With `ledger` (the node offered it), a memory file for
+/// that set goes with the two descriptors (see [`Ledger`]): then nothing wakes this process
+/// until the session ends.
+pub fn pass_stdio(stream: StdUnixStream, ledger: bool) -> std::io::Result<ConnectEnd> {
     let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
-    let fds = [stdin.as_fd(), stdout.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let ledger = match ledger {
+        true => rustix::fs::memfd_create("mcpmesh-unanswered", rustix::fs::MemfdFlags::CLOEXEC)
+            .ok()
+            .map(std::fs::File::from),
+        false => None,
+    };
+    let mut fds = vec![stdin.as_fd(), stdout.as_fd()];
+    fds.extend(ledger.as_ref().map(AsFd::as_fd));
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
     let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
     if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
         return Err(std::io::Error::other("cannot attach descriptors"));
@@ -684,7 +758,9 @@ pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<ConnectEnd> {
         &mut control,
         rustix::net::SendFlags::empty(),
     )?;
-    let mut unanswered: Vec<u8> = b"[]".to_vec();
+    // The set from the last line the node wrote, if it wrote any (it writes lines after it
+    // could not keep the ledger, so they are the newer).
+    let mut unanswered: Option<Vec<u8>> = None;
     let mut lines = std::io::BufReader::new(&stream);
     let mut line = Vec::new();
     loop {
@@ -696,24 +772,32 @@ pub fn pass_stdio(stream: StdUnixStream) -> std::io::Result<ConnectEnd> {
         match serde_json::from_slice::<SessionNote<'_>>(&line) {
             Ok(SessionNote::Ended(ending)) => return Ok(ConnectEnd::of(ending)),
             Ok(SessionNote::Outstanding(ids)) => {
-                unanswered = serde_json::to_vec(&ids).unwrap_or_default();
+                unanswered = Some(serde_json::to_vec(&ids).unwrap_or_default());
             }
             Err(_) => {}
         }
     }
     // The node went away without ending the session: answer what it left unanswered.
-    let ids: Vec<Box<RawValue>> = serde_json::from_slice(&unanswered).unwrap_or_default();
+    let ids: Vec<Box<RawValue>> = match (unanswered, &ledger) {
+        (Some(line), _) => serde_json::from_slice(&line).unwrap_or_default(),
+        (None, Some(file)) => Ledger::read(file).unwrap_or_default(),
+        (None, None) => Vec::new(),
+    };
     let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     let _ = stdout.write_all(&answers(&ids, ErrorCode::Unreachable, NODE_GONE));
     Ok(ConnectEnd::Failed(NODE_GONE.into()))
 }
 
-/// Receives the two descriptors `pass_stdio` sends: (input, output).
-pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// What `pass_stdio` sends: the session's input and output, and a ledger when it passed one.
+pub type Passed = (OwnedFd, OwnedFd, Option<Ledger>);
+
+/// Receives the descriptors `pass_stdio` sends: two, or three with a ledger (see [`Ledger`];
+/// a third that is not an anonymous file is closed, and the set goes on the connection).
+pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<Passed> {
     loop {
         stream.readable().await?;
         let received = stream.try_io(tokio::io::Interest::READABLE, || {
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
             let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
             let mut byte = [0u8; 1];
             let msg = rustix::net::recvmsg(
@@ -735,10 +819,13 @@ pub async fn receive_stdio(stream: &tokio::net::UnixStream) -> std::io::Result<(
         match received {
             Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             Ok((_, fds)) => {
-                let [input, output]: [OwnedFd; 2] = fds
-                    .try_into()
-                    .map_err(|_| std::io::Error::other("expected two descriptors"))?;
-                return Ok((input, output));
+                let mut fds = fds.into_iter();
+                return match (fds.next(), fds.next(), fds.next(), fds.next()) {
+                    (Some(input), Some(output), ledger, None) => {
+                        Ok((input, output, ledger.and_then(Ledger::of)))
+                    }
+                    _ => Err(std::io::Error::other("expected two or three descriptors")),
+                };
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -999,6 +1086,122 @@ fn failed_open(code: i64) -> ErrorFrame {
 mod tests {
     use super::*;
     use crate::telemetry::Metrics;
+
+    fn memfd() -> OwnedFd {
+        rustix::fs::memfd_create("test", rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    fn ids(json: &str) -> Vec<Box<RawValue>> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn texts(ids: &[Box<RawValue>]) -> Vec<&str> {
+        ids.iter().map(|id| id.get()).collect()
+    }
+
+    #[test]
+    fn a_ledger_reads_back_the_set_last_kept_however_it_shrank() {
+        let fd = memfd();
+        let reader = std::fs::File::from(fd.try_clone().unwrap());
+        let ledger = Ledger::of(fd).expect("an anonymous file is a ledger");
+        assert!(Ledger::read(&reader).is_none(), "nothing kept yet");
+        let long = ids(r#"["a long id, longer than the next set", 2, {"x": 1}]"#);
+        ledger
+            .keep(&long.iter().map(AsRef::as_ref).collect::<Vec<_>>())
+            .unwrap();
+        let read = Ledger::read(&reader).unwrap();
+        assert_eq!(
+            texts(&read),
+            [
+                r#""a long id, longer than the next set""#,
+                "2",
+                r#"{"x": 1}"#
+            ]
+        );
+        let short = ids("[7]");
+        ledger
+            .keep(&short.iter().map(AsRef::as_ref).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(texts(&Ledger::read(&reader).unwrap()), ["7"]);
+        ledger.keep(&[]).unwrap();
+        assert!(Ledger::read(&reader).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_named_file_or_a_pipe_is_never_taken_for_a_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let named = std::fs::File::create(dir.path().join("precious")).unwrap();
+        assert!(Ledger::of(OwnedFd::from(named)).is_none());
+        let (r, _w) = std::io::pipe().unwrap();
+        assert!(Ledger::of(OwnedFd::from(r)).is_none());
+    }
+
+    /// A reporter over `ledger`, and the session's first request sent: the reporter's stop and
+    /// task, and what it writes on the connection.
+    fn reporting(ledger: Option<Ledger>) -> (Reporter, tokio::io::DuplexStream) {
+        let (w, r) = tokio::io::duplex(1 << 16);
+        let outstanding = Arc::new(StdMutex::new(Outstanding::default()));
+        let changed = Arc::new(Notify::new());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(report_outstanding(
+            Box::new(w),
+            ledger,
+            outstanding.clone(),
+            changed.clone(),
+            stop.clone(),
+        ));
+        let request = br#"{"jsonrpc":"2.0","id":"q","method":"tools/call","params":{}}"#;
+        outstanding
+            .lock()
+            .unwrap()
+            .client_sent(Seen::Lines(&[&request[..], b"\n"].concat()));
+        changed.notify_one();
+        ((stop, task), r)
+    }
+
+    const ENDED: &str = "{\"ended\":{\"code\":null,\"message\":\"the session ended\"}}\n";
+
+    #[tokio::test]
+    async fn an_opener_that_passed_no_ledger_is_told_the_set_on_its_connection() {
+        let (reporter, mut r) = reporting(None);
+        let mut line = String::new();
+        let mut lines = tokio::io::BufReader::new(&mut r);
+        tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line, "{\"outstanding\":[\"q\"]}\n");
+        finish_report(Some(reporter), Ending::clean()).await;
+        let mut said = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut lines, &mut said)
+            .await
+            .unwrap();
+        assert_eq!(said, ENDED);
+    }
+
+    #[tokio::test]
+    async fn with_a_ledger_the_reporter_keeps_the_set_there_and_writes_nothing_but_the_end() {
+        let fd = memfd();
+        let reader = std::fs::File::from(fd.try_clone().unwrap());
+        let (reporter, mut r) = reporting(Ledger::of(fd));
+        let kept = async {
+            loop {
+                if let Some(set) = Ledger::read(&reader).filter(|s| !s.is_empty()) {
+                    return set;
+                }
+                tokio::task::yield_now().await;
+            }
+        };
+        let set = tokio::time::timeout(Duration::from_secs(10), kept)
+            .await
+            .unwrap();
+        assert_eq!(texts(&set), [r#""q""#]);
+        finish_report(Some(reporter), Ending::clean()).await;
+        let mut said = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut r, &mut said)
+            .await
+            .unwrap();
+        assert_eq!(said, ENDED);
+    }
 
     #[test]
     fn a_session_the_dialer_has_no_room_for_is_answered_32053_with_a_retry_hint() {

@@ -222,21 +222,33 @@ impl ControlClient {
     /// Opens an MCP session to `peer/service`; the returned stream then carries the session's
     /// bytes both ways, and the bytes are whatever the node already sent past its answer.
     pub fn open_session(
-        mut self,
+        self,
         peer: &str,
         service: &str,
         attach: Attach,
     ) -> Result<(UnixStream, Vec<u8>), ControlError> {
+        self.open_session_answered(peer, service, attach)
+            .map(|(stream, leftover, _)| (stream, leftover))
+    }
+
+    /// [`Self::open_session`], with the node's answer (what it offers the opener, such as
+    /// `ledger`; see docs/control-api.md).
+    pub fn open_session_answered(
+        mut self,
+        peer: &str,
+        service: &str,
+        attach: Attach,
+    ) -> Result<(UnixStream, Vec<u8>, Value), ControlError> {
         let params = serde_json::to_value(SessionOpen {
             peer: peer.to_owned(),
             service: service.to_owned(),
             attach,
         })
         .map_err(|e| ControlError::invalid_params(e.to_string()))?;
-        self.call(methods::SESSION_OPEN, params)?;
+        let answer = self.call(methods::SESSION_OPEN, params)?;
         self.untimed()?;
         let leftover = self.reader.buffer().to_vec();
-        Ok((self.writer, leftover))
+        Ok((self.writer, leftover, answer))
     }
 }
 

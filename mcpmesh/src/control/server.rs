@@ -227,12 +227,14 @@ async fn attach_local(
                 leftover,
                 gone: Box::pin(gone),
                 report: None,
+                ledger: None,
             })
         }
         Attach::Fds => {
-            let (input, output) = tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
-                .await
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            let (input, output, ledger) =
+                tokio::time::timeout(FDS_TIMEOUT, proxy::receive_stdio(&stream))
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
             let output_closed = proxy::hung_up(output.try_clone()?);
             let (mut alive, report) = stream.into_split();
             Ok(LocalSide {
@@ -251,6 +253,7 @@ async fn attach_local(
                     }
                 }),
                 report: Some(Box::new(report)),
+                ledger,
             })
         }
     }

@@ -164,8 +164,11 @@ impl ControlHandler for Node {
             methods::SESSION_OPEN => {
                 let open: SessionOpen = params_of(params)?;
                 let session = self.open_session(&open).await?;
+                // An opener that passes its descriptors may pass a memory file for the set of
+                // unanswered requests too (see `proxy::pass_stdio`).
+                let ledger = open.attach == crate::control::Attach::Fds;
                 return Ok(Reply::Tunnel(
-                    json!({ "opened": true }),
+                    json!({ "opened": true, "ledger": ledger }),
                     Box::new(session),
                     open,
                 ));
