@@ -12,7 +12,9 @@
 //! (`[telemetry] otlp`, sent to a collector this binary runs that accepts and counts them) in
 //! the same rounds, and prints telemetry on / off. `--rules` serves the service under per-tool
 //! rules (bob may call `echo`, `blob` and `size`, the bench's tools), so that each request is
-//! decided on as a service with rules decides.
+//! decided on as a service with rules decides. `--no-hub` leaves out the hub's passes, so that
+//! this bench can drive an older build without `mcpmesh hub` (docs/performance.md, "How to
+//! measure").
 
 #![forbid(unsafe_code)]
 
@@ -56,6 +58,9 @@ struct Args {
     /// Serve the service under per-tool rules.
     #[arg(long)]
     rules: bool,
+    /// Leave out the hub's passes (to drive a build that has no `mcpmesh hub`).
+    #[arg(long)]
+    no_hub: bool,
     /// Also write the headline figures there as one JSON object (what `scripts/bench-check`
     /// reads).
     #[arg(long, value_name = "FILE")]
@@ -136,7 +141,8 @@ fn main() -> anyhow::Result<()> {
     let mut meshed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut hubbed: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
     let mut metered_figures: Vec<Vec<f64>> = vec![Vec::new(); figures.len()];
-    let (mut metered_cpu, mut plain_cpu) = (Vec::new(), Vec::new());
+    let mut metered_cpu = Vec::new();
+    // The nodes' CPU per call through `connect` (the hub's passes measure the hub's path).
     let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
@@ -173,16 +179,18 @@ fn main() -> anyhow::Result<()> {
                 (&mesh_cmd, &mut meshed, Some(&mesh), ""),
                 (&hub_cmd, &mut hubbed, Some(&mesh), "alice__bench__"),
             ] {
+                if args.no_hub && !prefix.is_empty() {
+                    continue;
+                }
                 let m = measure(cmd, &phases, args.calls, watch, prefix, false)?;
                 for (slot, v) in into.iter_mut().zip(m.figures) {
                     if !v.is_nan() {
                         slot.push(v);
                     }
                 }
-                cpu_per_call.extend(m.cpu_per_call);
-                cpu_per_x16.extend(m.cpu_per_x16);
                 if prefix.is_empty() {
-                    plain_cpu.extend(m.cpu_per_call);
+                    cpu_per_call.extend(m.cpu_per_call);
+                    cpu_per_x16.extend(m.cpu_per_x16);
                 }
                 for (p, (_, kib)) in peaks.iter_mut().zip(m.peak) {
                     *p = (*p).max(kib);
@@ -210,6 +218,9 @@ fn main() -> anyhow::Result<()> {
                 let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "", false)?;
                 relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
                 relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                if args.no_hub {
+                    continue;
+                }
                 // The hub bridging eras: a 2026-07-28 client over the stub, a 2025 server.
                 let m = measure(
                     &hub_cmd,
@@ -349,7 +360,7 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
-        let (off, on) = (median(&plain_cpu), median(&metered_cpu));
+        let (off, on) = (median(&cpu_per_call), median(&metered_cpu));
         if !on.is_nan() {
             println!(
                 "CPU per sequential call, both nodes: {off:.1} µs off, {on:.1} µs on ({:+.1} µs, {:.3}x)",
@@ -1191,11 +1202,12 @@ mod tests {
             "out.json",
             "--telemetry",
             "--rules",
+            "--no-hub",
         ])
         .unwrap();
         assert_eq!((args.rounds, args.calls), (3, 2000));
         assert_eq!(args.json.as_deref(), Some(Path::new("out.json")));
-        assert!(args.telemetry && args.rules && args.only.is_none());
+        assert!(args.telemetry && args.rules && args.no_hub && args.only.is_none());
         let args = Args::try_parse_from([
             "bench", "--rounds", "0", "--calls", "5", "--only", "results",
         ])
