@@ -320,8 +320,9 @@ const LIVENESS_WAIT: Duration = Duration::from_millis(1500);
 const LOOK_CLOSELY: Duration = Duration::from_millis(2);
 /// Whether anything arrives on `connection` (past the `heard` datagrams counted before the
 /// preamble was written) within [`LIVENESS_WAIT`]. A live peer acknowledges within a round trip:
-/// [`write_preamble_probing`] makes the preamble two packets, which a QUIC receiver acknowledges
-/// at once rather than after its acknowledgement delay (RFC 9000 §13.2.2), and it sends
+/// [`write_preamble_probing`] makes the preamble more packets than the peer may take in without
+/// acknowledging them, so it acknowledges at once rather than after its acknowledgement delay
+/// (RFC 9000 §13.2.2, and the ACK frequency extension's threshold), and it sends
 /// keep-alives every second anyway.
 async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
     let looked_from = tokio::time::Instant::now();
@@ -352,24 +353,36 @@ async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
     }
 }
 
-/// Writes `preamble` as two packets: its first byte, then (once a datagram has left, or after a
-/// millisecond) the rest. Two ack-eliciting packets in a row are acknowledged by the peer
-/// immediately, so a liveness probe costs a round trip rather than the peer's acknowledgement
-/// delay (25 ms); the bytes on the stream are the same either way.
+/// Writes `preamble` as [`PROBE_PACKETS`] packets: a byte at a time, each once the one before
+/// has left as a datagram (or after a millisecond), then the rest. The peer acknowledges that
+/// many ack-eliciting packets in a row immediately, so a liveness probe costs a round trip
+/// rather than the peer's acknowledgement delay (25 ms); the bytes on the stream are the same
+/// either way.
 async fn write_preamble_probing(
     connection: &Connection,
     send: &mut SendStream,
     preamble: &[u8],
 ) -> Result<(), iroh::endpoint::WriteError> {
-    let (first, rest) = preamble.split_at(1.min(preamble.len()));
-    let sent = connection.stats().udp_tx.datagrams;
-    send.write_all(first).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
-    while connection.stats().udp_tx.datagrams == sent && tokio::time::Instant::now() < deadline {
-        tokio::task::yield_now().await;
+    let mut rest = preamble;
+    for _ in 1..PROBE_PACKETS {
+        let Some((first, tail)) = rest.split_first_chunk::<1>() else {
+            break;
+        };
+        let sent = connection.stats().udp_tx.datagrams;
+        send.write_all(first).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1);
+        while connection.stats().udp_tx.datagrams == sent && tokio::time::Instant::now() < deadline
+        {
+            tokio::task::yield_now().await;
+        }
+        rest = tail;
     }
     send.write_all(rest).await
 }
+
+/// How many packets a liveness probe is written as: one more than the peer may take in before
+/// it must acknowledge them ([`crate::endpoint::ACK_ELICITING_THRESHOLD`]).
+const PROBE_PACKETS: usize = crate::endpoint::ACK_ELICITING_THRESHOLD as usize + 1;
 
 /// Opens sessions to peers by key, over one pooled connection per peer.
 #[derive(Debug)]
