@@ -624,12 +624,8 @@ enum Ahead {
 }
 
 impl Ahead {
-    fn pass(line: Passing, through: Vec<Bytes>, unscanned: Option<Bytes>) -> Self {
-        Ahead::Pass(Box::new(Start {
-            line,
-            through,
-            unscanned,
-        }))
+    fn pass(line: Passing, through: Vec<Bytes>) -> Self {
+        Ahead::Pass(Box::new(Start { line, through }))
     }
 }
 
@@ -644,7 +640,10 @@ async fn look_ahead<R: AsyncRead + Unpin>(
     let mut line = Passing::default();
     // Asked first with nothing read: a decider with nothing to look for lets it go at once.
     match decide.foresee(&line.scan) {
-        Some(true) => return Ok(Ahead::pass(line, Vec::new(), Some(head))),
+        Some(true) => {
+            let go = line.admit(&head);
+            return Ok(Ahead::pass(line, vec![head.slice(..go)]));
+        }
         Some(false) => return Ok(Ahead::Hold(vec![head])),
         None => {}
     }
@@ -660,9 +659,9 @@ async fn look_ahead<R: AsyncRead + Unpin>(
             false => decide.foresee(&line.scan),
         };
         match seen {
-            Some(true) => return Ok(Ahead::pass(line, through, None)),
+            Some(true) => return Ok(Ahead::pass(line, through)),
             Some(false) => return Ok(Ahead::Hold(start)),
-            None if line.len >= LOOK_AHEAD => return Ok(Ahead::pass(line, through, None)),
+            None if line.len >= LOOK_AHEAD => return Ok(Ahead::pass(line, through)),
             None => {}
         }
         part = match reader.next_part().await.map_err(PumpError::Read)? {
@@ -681,8 +680,6 @@ struct Start {
     line: Passing,
     /// Bytes already scanned and let through, not yet written.
     through: Vec<Bytes>,
-    /// A part not scanned yet.
-    unscanned: Option<Bytes>,
 }
 
 /// One long line from the client, begun by `start`, passed on in parts under `dest`'s lock with
@@ -700,17 +697,10 @@ where
     W: AsyncWrite + Unpin,
     C: AsyncWrite + Unpin,
 {
-    let Start {
-        mut line,
-        through,
-        unscanned,
-    } = *start;
+    let Start { mut line, through } = *start;
     let mut w = dest.lock().await;
     for bytes in through.iter().filter(|b| !b.is_empty()) {
         w.write_all(bytes).await.map_err(PumpError::Write)?;
-    }
-    if let Some(part) = unscanned {
-        line.pass(&part, &mut *w).await?;
     }
     let ended = loop {
         match reader.next_part().await.map_err(PumpError::Read)? {
@@ -1475,7 +1465,12 @@ mod tests {
             src_w.write_all(b"\n{\"id\":2}\n").await.unwrap();
             drop(src_w);
         };
-        let (r, ()) = tokio::join!(pump, reading);
+        // Bounded: a pump that held the line's start back would leave the reader waiting.
+        let (r, ()) = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            tokio::join!(pump, reading)
+        })
+        .await
+        .expect("the line's start reached the server before its close was sent");
         assert!(r.is_ok());
         drop(dest);
         let mut tail = Vec::new();
