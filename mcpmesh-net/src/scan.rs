@@ -16,6 +16,10 @@
 //! where it is) until it has decided: a refused line ends without it, and no parser takes what
 //! went on for a message.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+
 use crate::jsonrpc;
 
 /// How a line scanned in parts ended.
@@ -172,11 +176,15 @@ pub fn smuggles(line: &[u8]) -> bool {
     // A key spelled like one MCP reads without being it has, somewhere in the line, an upper
     // case letter, an escape or a byte outside ASCII — or is `requestid` or `progresstoken`
     // (the two keys with an upper case letter, in lower case). Most lines are passed on here.
+    // The two finders are built once: building one costs more than a short line's search.
+    static REQUEST_ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"requestid"));
+    static PROGRESS_TOKEN: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new(b"progresstoken"));
     let may = line
         .iter()
         .any(|&b| b.is_ascii_uppercase() || b == b'\\' || !b.is_ascii())
-        || memchr::memmem::find(line, b"requestid").is_some()
-        || memchr::memmem::find(line, b"progresstoken").is_some();
+        || REQUEST_ID.find(line).is_some()
+        || PROGRESS_TOKEN.find(line).is_some();
     if !may {
         return false;
     }
