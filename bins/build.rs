@@ -19,6 +19,13 @@
 //! Only an optimized build for x86_64 Linux, whose default linker (rust-lld) reads the file, and
 //! only when no other linker was asked for: GNU ld does not know the option.
 //! `MCPMESH_SYMBOL_ORDER=0` turns it off.
+//!
+//! It also packs the binary's relative relocations (`-z pack-relative-relocs`, DT_RELR): the
+//! loader read 1.2 MB of them at every start (52,831 entries, 24 bytes each), which stayed
+//! resident in every process; packed they are 15 KB. Each node keeps about 1 MB less, and every
+//! `mcpmesh connect` starts with 25 fewer page faults. The loader must know the packed form
+//! (glibc 2.36 and later, which the binary then requires), so only a native build on such a
+//! glibc packs them, for x86_64 Linux with its default linker as above, in every profile.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -26,6 +33,9 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=symbol-order");
     println!("cargo:rerun-if-env-changed=MCPMESH_SYMBOL_ORDER");
+    if packs_relocations() {
+        println!("cargo:rustc-link-arg-bin=mcpmesh=-Wl,-z,pack-relative-relocs");
+    }
     if let Some(file) = order_file() {
         println!(
             "cargo:rustc-link-arg-bin=mcpmesh=-Wl,--symbol-ordering-file={}",
@@ -35,16 +45,49 @@ fn main() {
     }
 }
 
-/// The file this build links by, if any.
-fn order_file() -> Option<PathBuf> {
-    let var = |key: &str| env::var(key).unwrap_or_default();
+fn var(key: &str) -> String {
+    env::var(key).unwrap_or_default()
+}
+
+/// Whether the build links for x86_64 Linux with its default linker (rust-lld).
+fn default_linker_for_linux() -> bool {
     let flags = var("CARGO_ENCODED_RUSTFLAGS");
     let other_linker = env::var_os("RUSTC_LINKER").is_some()
         || ["linker", "fuse-ld"].iter().any(|f| flags.contains(f));
+    var("TARGET") == "x86_64-unknown-linux-gnu" && !other_linker
+}
+
+/// Whether to pack the binary's relative relocations: a native build, on a glibc whose loader
+/// reads the packed form (2.36 and later, `getconf GNU_LIBC_VERSION`).
+fn packs_relocations() -> bool {
+    if !default_linker_for_linux() || var("HOST") != var("TARGET") {
+        return false;
+    }
+    let Ok(out) = std::process::Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+    else {
+        return false;
+    };
+    // "glibc 2.36"
+    let said = String::from_utf8_lossy(&out.stdout);
+    let mut version = said
+        .trim()
+        .strip_prefix("glibc ")
+        .unwrap_or_default()
+        .split('.')
+        .map(|n| n.parse::<u32>().ok());
+    match (version.next().flatten(), version.next().flatten()) {
+        (Some(major), Some(minor)) => out.status.success() && (major, minor) >= (2, 36),
+        _ => false,
+    }
+}
+
+/// The file this build links by, if any.
+fn order_file() -> Option<PathBuf> {
     if var("MCPMESH_SYMBOL_ORDER") == "0"
         || var("PROFILE") != "release"
-        || var("TARGET") != "x86_64-unknown-linux-gnu"
-        || other_linker
+        || !default_linker_for_linux()
     {
         return None;
     }
