@@ -1159,7 +1159,18 @@ mod tests {
         ((stop, task), r)
     }
 
-    const ENDED: &str = "{\"ended\":{\"code\":null,\"message\":\"the session ended\"}}\n";
+    /// Ends the report cleanly, and checks that all `rest` then carries is the end.
+    async fn ends_with_the_end_line(reporter: Reporter, mut rest: impl AsyncRead + Unpin) {
+        finish_report(Some(reporter), Ending::clean()).await;
+        let mut said = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut rest, &mut said)
+            .await
+            .unwrap();
+        assert_eq!(
+            said,
+            "{\"ended\":{\"code\":null,\"message\":\"the session ended\"}}\n"
+        );
+    }
 
     #[tokio::test]
     async fn an_opener_that_passed_no_ledger_is_told_the_set_on_its_connection() {
@@ -1170,19 +1181,14 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(line, "{\"outstanding\":[\"q\"]}\n");
-        finish_report(Some(reporter), Ending::clean()).await;
-        let mut said = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut lines, &mut said)
-            .await
-            .unwrap();
-        assert_eq!(said, ENDED);
+        ends_with_the_end_line(reporter, lines).await;
     }
 
     #[tokio::test]
     async fn with_a_ledger_the_reporter_keeps_the_set_there_and_writes_nothing_but_the_end() {
         let fd = memfd();
         let reader = std::fs::File::from(fd.try_clone().unwrap());
-        let (reporter, mut r) = reporting(Ledger::of(fd));
+        let (reporter, r) = reporting(Ledger::of(fd));
         let kept = async {
             loop {
                 if let Some(set) = Ledger::read(&reader).filter(|s| !s.is_empty()) {
@@ -1195,12 +1201,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(texts(&set), [r#""q""#]);
-        finish_report(Some(reporter), Ending::clean()).await;
-        let mut said = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut r, &mut said)
-            .await
-            .unwrap();
-        assert_eq!(said, ENDED);
+        ends_with_the_end_line(reporter, r).await;
     }
 
     #[test]
