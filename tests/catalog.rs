@@ -262,11 +262,7 @@ async fn a_peer_gets_its_own_catalog_only_and_a_flood_is_refused_and_recorded_on
 /// A peer that answers catalog requests with `answer` (as many times as asked).
 async fn hostile_catalog_peer(answer: Vec<u8>) -> (iroh::Endpoint, tokio::task::JoinHandle<()>) {
     let key = iroh::SecretKey::generate();
-    let config = mcpmesh_net::endpoint::NetworkConfig {
-        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse().unwrap()],
-        discovery: Default::default(),
-    };
+    let config = mcpmesh_net::endpoint::NetworkConfig::loopback();
     let ep = mcpmesh_net::endpoint::bind(
         key,
         &config,

@@ -51,6 +51,19 @@ pub struct NetworkConfig {
     pub discovery: Discovery,
 }
 
+impl NetworkConfig {
+    /// One socket on 127.0.0.1 (a port the system picks), no relay, no discovery: an endpoint
+    /// that reaches, and is reached by, only this machine's endpoints told its address. What
+    /// the tests and benchmarks build their own endpoints with.
+    pub fn loopback() -> Self {
+        NetworkConfig {
+            relay: RelayPolicy::Disabled,
+            bind: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            discovery: Discovery::default(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
     #[error("cannot bind {addr}: {reason}")]

@@ -6,10 +6,9 @@
 //! The endpoints ask each other to acknowledge after more packets, so a call costs each side
 //! little more than its one datagram.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy, bind};
+use mcpmesh_net::endpoint::{NetworkConfig, bind};
 use mcpmesh_net::transport::FrameReader;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -17,14 +16,6 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 const ALPN: &[u8] = b"mcpmesh-test/acks";
 const WARM_UP: usize = 50;
 const CALLS: usize = 400;
-
-fn hermetic() -> NetworkConfig {
-    NetworkConfig {
-        relay: RelayPolicy::Disabled,
-        bind: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
-        discovery: Default::default(),
-    }
-}
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -37,7 +28,7 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 async fn serve(addr_tx: std::sync::mpsc::Sender<iroh::EndpointAddr>) -> Result<u64> {
     let key = iroh::SecretKey::generate();
     let book = iroh::address_lookup::MemoryLookup::new();
-    let ep = bind(key, &hermetic(), vec![ALPN.to_vec()], book).await?;
+    let ep = bind(key, &NetworkConfig::loopback(), vec![ALPN.to_vec()], book).await?;
     addr_tx.send(ep.addr())?;
     let conn = ep.accept().await.ok_or("no connection")?.await?;
     let (mut send, recv) = conn.accept_bi().await?;
@@ -62,7 +53,13 @@ async fn serve(addr_tx: std::sync::mpsc::Sender<iroh::EndpointAddr>) -> Result<u
 async fn call(addr: iroh::EndpointAddr) -> Result<u64> {
     let book = iroh::address_lookup::MemoryLookup::new();
     book.add_endpoint_info(addr.clone());
-    let ep = bind(iroh::SecretKey::generate(), &hermetic(), vec![], book).await?;
+    let ep = bind(
+        iroh::SecretKey::generate(),
+        &NetworkConfig::loopback(),
+        vec![],
+        book,
+    )
+    .await?;
     let conn = ep.connect(addr, ALPN).await?;
     let (mut send, recv) = conn.open_bi().await?;
     let mut reader = FrameReader::new(recv, 1 << 16);

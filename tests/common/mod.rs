@@ -731,11 +731,7 @@ pub async fn endpoint_accepting(
         addr = addr.with_ip_addr(a.parse().unwrap());
     }
     book.add_endpoint_info(addr);
-    let config = mcpmesh_net::endpoint::NetworkConfig {
-        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse().unwrap()],
-        discovery: Default::default(),
-    };
+    let config = mcpmesh_net::endpoint::NetworkConfig::loopback();
     let ep = mcpmesh_net::endpoint::bind(key, &config, alpns, book)
         .await
         .unwrap();

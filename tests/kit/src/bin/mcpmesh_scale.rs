@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use iroh::address_lookup::MemoryLookup;
 use iroh::{EndpointAddr, EndpointId, SecretKey};
-use mcpmesh_net::endpoint::{NetworkConfig, RelayPolicy};
+use mcpmesh_net::endpoint::NetworkConfig;
 use mcpmesh_net::session::{ALPN_MCP, Preamble};
 use mcpmesh_net::transport::FrameReader;
 use serde_json::{Value, json};
@@ -87,11 +87,7 @@ async fn run(args: Args, mcpmesh: PathBuf, stub: PathBuf) -> anyhow::Result<()> 
 
     let pid = node.pid()?;
     let rss_idle = rss_kib(pid);
-    let config = NetworkConfig {
-        relay: RelayPolicy::Disabled,
-        bind: vec!["127.0.0.1:0".parse()?],
-        discovery: Default::default(),
-    };
+    let config = NetworkConfig::loopback();
     let opened = Instant::now();
     let mut peers = tokio::task::JoinSet::new();
     for key in keys {
