@@ -109,6 +109,11 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|a| a.to_string())
         .collect();
+    // Behind one such process: the mesh's path with its QUIC hop taken out (see "composed").
+    let relayed_once_cmd: Vec<String> = [&stub_s, "--relay", "--", &stub_s]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
     let mesh_cmd = vec![
         mcpmesh.display().to_string(),
         "--home".into(),
@@ -146,6 +151,7 @@ fn main() -> anyhow::Result<()> {
     let (mut cpu_per_call, mut cpu_per_x16) = (Vec::new(), Vec::new());
     let (mut floors, mut floors1) = (Vec::new(), Vec::new());
     let (mut relayed_p50, mut relayed_x16) = (Vec::new(), Vec::new());
+    let (mut once_p50, mut once_x16, mut once_cpu) = (Vec::new(), Vec::new(), Vec::new());
     let (mut bridged_p50, mut bridged_x16) = (Vec::new(), Vec::new());
     let idle = mesh.rss_kib("VmRSS:");
     let idle_anon = mesh.rss_kib("RssAnon:");
@@ -205,7 +211,7 @@ fn main() -> anyhow::Result<()> {
                     &mut metered_cpu,
                 )?;
             }
-            if phases.contains(&"calls") {
+            if phases.contains(&"calls") || phases.contains(&"pipelined") {
                 floors.push(iroh_floor(args.calls, false)?);
                 floors1.push(iroh_floor(args.calls, true)?);
             }
@@ -218,6 +224,17 @@ fn main() -> anyhow::Result<()> {
                 let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "", false)?;
                 relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
                 relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                let m = measure(
+                    &relayed_once_cmd,
+                    &relay_phases,
+                    args.calls,
+                    None,
+                    "",
+                    false,
+                )?;
+                once_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
+                once_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                once_cpu.extend(m.spawned_cpu_per_call);
                 if args.no_hub {
                     continue;
                 }
@@ -338,6 +355,51 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
+    let floor_of = |f: fn(&Floor) -> f64| median(&floors.iter().map(f).collect::<Vec<_>>());
+    let composed = Composed::of(
+        (median(&once_p50), median(&once_x16), median(&once_cpu)),
+        (
+            floor_of(|f| f.p50),
+            floor_of(|f| f.pipelined),
+            floor_of(|f| f.cpu),
+        ),
+    );
+    if !once_p50.is_empty() || !once_x16.is_empty() {
+        println!(
+            "the server behind one process that only copies bytes, and that relay's hand-off \
+             replaced by the floor's QUIC round trip (the mesh's path, composed of this run's parts):"
+        );
+        for (name, unit, once, whole, mesh) in [
+            (
+                "call p50",
+                "µs",
+                median(&once_p50),
+                composed.p50,
+                median(&meshed[1]),
+            ),
+            (
+                "x16 in flight",
+                "calls/s",
+                median(&once_x16),
+                composed.x16,
+                median(&meshed[4]),
+            ),
+            (
+                "CPU per call",
+                "µs",
+                median(&once_cpu),
+                composed.cpu,
+                median(&cpu_per_call),
+            ),
+        ] {
+            if !once.is_nan() {
+                println!(
+                    "  {name}: relayed once {once:.1} {unit}, composed {whole:.1} {unit}, mesh / composed {:.2}x",
+                    mesh / whole
+                );
+            }
+        }
+    }
     if metered.is_some() {
         println!(
             "\nmetrics and traces on both nodes (another pair of nodes, same rounds), against both off:"
@@ -420,7 +482,7 @@ fn main() -> anyhow::Result<()> {
     println!("    idle {}", mb(&idle_anon));
     println!("    at the end {}", mb(&end_anon));
     if let Some(path) = &args.json {
-        let floor = |f: fn(&Floor) -> f64| median(&floors.iter().map(f).collect::<Vec<_>>());
+        let floor = floor_of;
         // NaN (a figure this run did not measure) becomes null.
         let summary = json!({
             "rounds": args.rounds,
@@ -433,13 +495,18 @@ fn main() -> anyhow::Result<()> {
                 "direct": median(&direct[1]), "mesh": median(&meshed[1]),
                 "hub": median(&hubbed[1]), "relayed": median(&relayed_p50),
                 "floor": floor(|f| f.p50), "hub_bridged": median(&bridged_p50),
+                "relayed_once": median(&once_p50), "composed": composed.p50,
             },
             "x16_per_s": {
                 "direct": median(&direct[4]), "mesh": median(&meshed[4]),
                 "hub": median(&hubbed[4]), "relayed": median(&relayed_x16),
                 "floor": floor(|f| f.pipelined), "hub_bridged": median(&bridged_x16),
+                "relayed_once": median(&once_x16), "composed": composed.x16,
             },
-            "cpu_per_call_us": { "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu) },
+            "cpu_per_call_us": {
+                "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu),
+                "relayed_once": median(&once_cpu), "composed": composed.cpu,
+            },
             "request_8mib_mbs": { "direct": median(&direct[7]), "mesh": median(&meshed[7]) },
             "rss_peak_mb": peak_work.iter().sum::<u64>() as f64 / 1024.0,
             "rss_anon_mb": {
@@ -558,6 +625,9 @@ struct Measured {
     cpu_per_x16: Option<f64>,
     /// With a mesh to watch: each node's peak RSS over the pass.
     peak: Vec<(&'static str, u64)>,
+    /// The CPU time the process the client started spent per sequential call (µs): the
+    /// server itself, or the first relay (whose own child is not counted).
+    spawned_cpu_per_call: Option<f64>,
 }
 
 /// One pass over `phases` against the server `cmd` starts.
@@ -598,7 +668,7 @@ fn measure(
     for _ in 0..200 {
         c.call_echo(&text)?;
     }
-    let (mut cpu, mut cpu_x16) = (None, None);
+    let (mut cpu, mut cpu_x16, mut spawned_cpu) = (None, None, None);
     let cpu_since = |before: Option<u64>| {
         watch.zip(before).map(|(m, before)| {
             let ns = m.cpu_ns().saturating_sub(before) as f64;
@@ -608,12 +678,15 @@ fn measure(
     if runs("calls") {
         let mut rtts = Vec::with_capacity(calls);
         let cpu_before = watch.map(Mesh::cpu_ns);
+        let spawned_before = bench::cpu_ns_of(c.child.id());
         for _ in 0..calls {
             let t = Instant::now();
             c.call_echo(&text)?;
             rtts.push(t.elapsed());
         }
         cpu = cpu_since(cpu_before);
+        let spawned_ns = bench::cpu_ns_of(c.child.id()).saturating_sub(spawned_before);
+        spawned_cpu = Some(spawned_ns as f64 / 1e3 / calls as f64);
         rtts.sort();
         for (slot, p) in [(1, 0.50), (2, 0.90), (3, 0.99)] {
             figures[slot] = percentile(&rtts, p);
@@ -650,6 +723,7 @@ fn measure(
         cpu_per_call: cpu,
         cpu_per_x16: cpu_x16,
         peak,
+        spawned_cpu_per_call: spawned_cpu,
     })
 }
 
@@ -1104,21 +1178,19 @@ fn iroh_floor(calls: usize, one_thread: bool) -> anyhow::Result<Floor> {
 
 const ECHO_ALPN: &[u8] = b"mcpmesh-bench/echo";
 
-fn hermetic() -> mcpmesh_net::endpoint::NetworkConfig {
-    mcpmesh_net::endpoint::NetworkConfig {
-        relay: mcpmesh_net::endpoint::RelayPolicy::Disabled,
-        bind: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 0))],
-        discovery: Default::default(),
-    }
-}
-
 /// Accepts one connection and echoes the lines of its first stream.
 async fn echo_server(
     addr_tx: tokio::sync::oneshot::Sender<iroh::EndpointAddr>,
 ) -> anyhow::Result<()> {
     let book = iroh::address_lookup::MemoryLookup::new();
     let key = iroh::SecretKey::generate();
-    let ep = mcpmesh_net::endpoint::bind(key, &hermetic(), vec![ECHO_ALPN.to_vec()], book).await?;
+    let ep = mcpmesh_net::endpoint::bind(
+        key,
+        &mcpmesh_net::endpoint::NetworkConfig::loopback(),
+        vec![ECHO_ALPN.to_vec()],
+        book,
+    )
+    .await?;
     let _ = addr_tx.send(ep.addr());
     let conn = ep.accept().await.context("no connection")?.await?;
     let (mut send, recv) = conn.accept_bi().await?;
@@ -1134,8 +1206,13 @@ async fn echo_server(
 async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<Floor> {
     let book = iroh::address_lookup::MemoryLookup::new();
     book.add_endpoint_info(addr.clone());
-    let ep =
-        mcpmesh_net::endpoint::bind(iroh::SecretKey::generate(), &hermetic(), vec![], book).await?;
+    let ep = mcpmesh_net::endpoint::bind(
+        iroh::SecretKey::generate(),
+        &mcpmesh_net::endpoint::NetworkConfig::loopback(),
+        vec![],
+        book,
+    )
+    .await?;
     let conn = ep.connect(addr, ECHO_ALPN).await?;
     let (mut send, recv) = conn.open_bi().await?;
     let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
@@ -1173,6 +1250,32 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
         cpu: cpu_ns / 1e3 / calls as f64,
         pipelined: rate,
     })
+}
+
+/// The mesh's path built from this run's parts, each measured on its own: a client, one
+/// process that only copies bytes, the server (relayed once), where that process hands a
+/// request on at once, and bob's and alice's nodes hand it on over a QUIC round trip (the
+/// floor on two threads). The mesh adds its own work to that: the scan, the limits, the audit.
+struct Composed {
+    /// Relayed once plus the floor's round trip, µs.
+    p50: f64,
+    /// With 16 in flight on a machine both parts keep busy, their times per call add up:
+    /// `1 / (1 / relayed once + 1 / floor)`, calls/s.
+    x16: f64,
+    /// The relay's CPU per sequential call plus the floor's, µs: what the two nodes do that
+    /// is not their own work.
+    cpu: f64,
+}
+
+impl Composed {
+    /// From relayed once and the floor, each as (p50 µs, x16 calls/s, CPU µs).
+    fn of(once: (f64, f64, f64), floor: (f64, f64, f64)) -> Self {
+        Composed {
+            p50: once.0 + floor.0,
+            x16: 1.0 / (1.0 / once.1 + 1.0 / floor.1),
+            cpu: once.2 + floor.2,
+        }
+    }
 }
 
 /// What the bare transport does on this machine.
@@ -1218,5 +1321,17 @@ mod tests {
         assert_eq!((args.rounds, args.calls, args.telemetry), (3, 2000, false));
         assert!(Args::try_parse_from(["bench", "--only", "nope"]).is_err());
         assert!(Args::try_parse_from(["bench", "--calls", "x"]).is_err());
+    }
+
+    #[test]
+    fn the_composed_path_adds_the_relays_and_the_floors_times_per_call() {
+        // Relayed once: 50 µs, 100,000/s, 20 µs of CPU; the floor: 30 µs, 150,000/s, 40 µs.
+        let c = Composed::of((50.0, 100_000.0, 20.0), (30.0, 150_000.0, 40.0));
+        assert_eq!((c.p50, c.cpu), (80.0, 60.0));
+        // 10 µs + 6.67 µs a call with 16 in flight: 60,000/s.
+        assert!((c.x16 - 60_000.0).abs() < 1e-6, "{}", c.x16);
+        // A part this run did not measure leaves the composed figure unmeasured.
+        let c = Composed::of((f64::NAN, f64::NAN, f64::NAN), (30.0, 150_000.0, 40.0));
+        assert!(c.p50.is_nan() && c.x16.is_nan() && c.cpu.is_nan());
     }
 }
