@@ -222,18 +222,10 @@ fn main() -> anyhow::Result<()> {
                 .collect();
             if !relay_phases.is_empty() {
                 let m = measure(&relayed_cmd, &relay_phases, args.calls, None, "", false)?;
-                relayed_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
-                relayed_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
-                let m = measure(
-                    &relayed_once_cmd,
-                    &relay_phases,
-                    args.calls,
-                    None,
-                    "",
-                    false,
-                )?;
-                once_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
-                once_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                m.keep_call_figures(&mut relayed_p50, &mut relayed_x16);
+                let once = &relayed_once_cmd;
+                let m = measure(once, &relay_phases, args.calls, None, "", false)?;
+                m.keep_call_figures(&mut once_p50, &mut once_x16);
                 once_cpu.extend(m.spawned_cpu_per_call);
                 if args.no_hub {
                     continue;
@@ -247,8 +239,7 @@ fn main() -> anyhow::Result<()> {
                     "alice__bench__",
                     true,
                 )?;
-                bridged_p50.extend(Some(m.figures[1]).filter(|v| !v.is_nan()));
-                bridged_x16.extend(Some(m.figures[4]).filter(|v| !v.is_nan()));
+                m.keep_call_figures(&mut bridged_p50, &mut bridged_x16);
             }
         }
     }
@@ -628,6 +619,14 @@ struct Measured {
     /// The CPU time the process the client started spent per sequential call (µs): the
     /// server itself, or the first relay (whose own child is not counted).
     spawned_cpu_per_call: Option<f64>,
+}
+
+impl Measured {
+    /// Adds the pass's call p50 and 16 in flight to `p50` and `x16`, where it measured them.
+    fn keep_call_figures(&self, p50: &mut Vec<f64>, x16: &mut Vec<f64>) {
+        p50.extend(Some(self.figures[1]).filter(|v| !v.is_nan()));
+        x16.extend(Some(self.figures[4]).filter(|v| !v.is_nan()));
+    }
 }
 
 /// One pass over `phases` against the server `cmd` starts.
