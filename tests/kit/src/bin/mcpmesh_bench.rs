@@ -300,10 +300,13 @@ fn main() -> anyhow::Result<()> {
             ("on one thread", &floors1),
         ] {
             println!(
-                "  {name:<30} p50 {:.1} µs, CPU {:.1} µs per round trip, x16 in flight {:.0}/s",
+                "  {name:<30} p50 {:.1} µs, CPU {:.1} µs per round trip, x16 in flight {:.0}/s, \
+                 after an 8 MiB answer {:.0}/s ({:.2}x)",
                 of(fl, |f| f.p50),
                 of(fl, |f| f.cpu),
-                of(fl, |f| f.pipelined)
+                of(fl, |f| f.pipelined),
+                of(fl, |f| f.after_bulk),
+                of(fl, Floor::after_bulk_ratio)
             );
         }
         let ratios: Vec<String> = [
@@ -493,6 +496,9 @@ fn main() -> anyhow::Result<()> {
                 "hub": median(&hubbed[4]), "relayed": median(&relayed_x16),
                 "floor": floor(|f| f.pipelined), "hub_bridged": median(&bridged_x16),
                 "relayed_once": median(&once_x16), "composed": composed.x16,
+            },
+            "floor_x16_after_8mib": {
+                "per_s": floor(|f| f.after_bulk), "ratio": floor(Floor::after_bulk_ratio),
             },
             "cpu_per_call_us": {
                 "mesh": median(&cpu_per_call), "floor": floor(|f| f.cpu),
@@ -1195,13 +1201,42 @@ async fn echo_server(
     let (mut send, recv) = conn.accept_bi().await?;
     let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
     while let Some(mcpmesh_net::transport::Batch::Lines(run)) = reader.next_batch().await? {
+        if run == BULK_ASK {
+            send.write_all(&[vec![b'y'; BIG], b"\n".to_vec()].concat())
+                .await?;
+            continue;
+        }
         send.write_all(&run).await?;
     }
     Ok(())
 }
 
+/// Asked alone, the echo server answers it with an 8 MiB line.
+const BULK_ASK: &[u8] = b"bulk\n";
+
+/// `calls` round trips of `line` with `PIPELINE` in flight, a new one sent as each echo comes
+/// back; calls per second.
+async fn echo_pipelined(
+    send: &mut iroh::endpoint::SendStream,
+    reader: &mut mcpmesh_net::transport::FrameReader<iroh::endpoint::RecvStream>,
+    line: &[u8],
+    calls: usize,
+) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    for _ in 0..PIPELINE {
+        send.write_all(line).await?;
+    }
+    for i in 0..calls {
+        reader.next_line().await?.context("the echo ended")?;
+        if i + PIPELINE < calls {
+            send.write_all(line).await?;
+        }
+    }
+    Ok(calls as f64 / t.elapsed().as_secs_f64())
+}
+
 /// `calls` sequential 200-byte round trips after a warm-up, then `calls` with `PIPELINE` in
-/// flight.
+/// flight, then an 8 MiB answer and `calls` with `PIPELINE` in flight again.
 async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<Floor> {
     let book = iroh::address_lookup::MemoryLookup::new();
     book.add_endpoint_info(addr.clone());
@@ -1214,7 +1249,7 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
     .await?;
     let conn = ep.connect(addr, ECHO_ALPN).await?;
     let (mut send, recv) = conn.open_bi().await?;
-    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, 1 << 20);
+    let mut reader = mcpmesh_net::transport::FrameReader::new(recv, BIG + 1);
     let line = [&[b'x'; 199][..], b"\n"].concat();
     let mut rtts = Vec::with_capacity(calls);
     let mut cpu_before = 0;
@@ -1230,24 +1265,19 @@ async fn echo_client(addr: iroh::EndpointAddr, calls: usize) -> anyhow::Result<F
         }
     }
     let cpu_ns = bench::cpu_ns_of(std::process::id()).saturating_sub(cpu_before) as f64;
-    // Then PIPELINE lines kept in flight: a new one goes out as each echo comes back.
-    let t = Instant::now();
-    for _ in 0..PIPELINE {
-        send.write_all(&line).await?;
-    }
-    for i in 0..calls {
-        reader.next_line().await?.context("the echo ended")?;
-        if i + PIPELINE < calls {
-            send.write_all(&line).await?;
-        }
-    }
-    let rate = calls as f64 / t.elapsed().as_secs_f64();
+    let pipelined = echo_pipelined(&mut send, &mut reader, &line, calls).await?;
+    // A large answer leaves the side that took it with a congestion window of a few packets
+    // (it loses some of its own to the burst): what 16 in flight do right after one.
+    send.write_all(BULK_ASK).await?;
+    reader.next_line().await?.context("the echo ended")?;
+    let after_bulk = echo_pipelined(&mut send, &mut reader, &line, calls).await?;
     send.finish()?;
     rtts.sort();
     Ok(Floor {
         p50: percentile(&rtts, 0.5),
         cpu: cpu_ns / 1e3 / calls as f64,
-        pipelined: rate,
+        pipelined,
+        after_bulk,
     })
 }
 
@@ -1285,6 +1315,15 @@ struct Floor {
     cpu: f64,
     /// Round trips per second with `PIPELINE` in flight.
     pipelined: f64,
+    /// The same, right after an 8 MiB answer on the same connection.
+    after_bulk: f64,
+}
+
+impl Floor {
+    /// 16 in flight right after an 8 MiB answer against before it.
+    fn after_bulk_ratio(&self) -> f64 {
+        self.after_bulk / self.pipelined
+    }
 }
 
 #[cfg(test)]
