@@ -100,7 +100,7 @@ pub(crate) const ACK_ELICITING_THRESHOLD: u32 = 3;
 /// three packets: after an 8 MiB answer, the side that received it had lost a few of its own
 /// packets to the burst, and 16 requests in flight then went out three packets at a time, each
 /// time waiting out the peer's 25 ms for want of a fourth (two bare endpoints: 16 in flight at
-/// 0.15-0.27x its rate before the answer in five runs of six; 0.57-0.94x with 1 ms). A peer that
+/// 0.16-0.28x its rate before the answer in five runs of six; 0.57-0.95x with 1 ms). A peer that
 /// has fallen silent is acknowledged after 1 ms instead of 25: one datagram either way.
 pub(crate) const MAX_ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 

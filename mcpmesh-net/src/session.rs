@@ -356,7 +356,7 @@ async fn hears_from_peer(connection: &Connection, heard: u64) -> bool {
 /// Writes `preamble` as [`PROBE_PACKETS`] packets: a byte at a time, each once the one before
 /// has left as a datagram (or after a millisecond), then the rest. The peer acknowledges that
 /// many ack-eliciting packets in a row immediately, so a liveness probe costs a round trip
-/// rather than the peer's acknowledgement delay (25 ms); the bytes on the stream are the same
+/// rather than the peer's acknowledgement delay (`MAX_ACK_DELAY`); the stream's bytes are the same
 /// either way.
 async fn write_preamble_probing(
     connection: &Connection,
